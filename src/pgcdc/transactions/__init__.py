@@ -1,0 +1,1 @@
+"""Transaction assembly: the message stream to committed transactions, with spill to disk."""

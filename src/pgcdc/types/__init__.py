@@ -1,0 +1,1 @@
+"""Column values: PostgreSQL types to Arrow and Spark, text and binary formats."""

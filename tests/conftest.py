@@ -1,0 +1,177 @@
+"""Shared fixtures: one real PostgreSQL per session, a fresh database per test, one Spark per session.
+
+``PGCDC_TEST_DSN`` points the suite at an external server instead of the embedded
+PostgreSQL 18 (e.g. ``host=/var/run/postgresql user=postgres dbname=postgres``);
+tests that need a newer server than that one skip with the reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgcdc.embedded import EmbeddedPostgres
+
+warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+
+_databases = itertools.count(1)
+
+
+@dataclass
+class TestServer:
+    """The PostgreSQL server under test; ``embedded`` is None for an external server."""
+
+    __test__ = False  # not a test class
+
+    dsn: str
+    version_num: int
+    embedded: EmbeddedPostgres | None
+
+    def dsn_for(self, dbname: str) -> str:
+        return psycopg.conninfo.make_conninfo(self.dsn, dbname=dbname)
+
+    @property
+    def major(self) -> int:
+        return self.version_num // 10000
+
+    def require(self, major: int, why: str) -> None:
+        if self.major < major:
+            pytest.skip(f"needs PostgreSQL {major}+ ({why}); the server under test is {self.major}")
+
+    def client_program(self, name: str) -> str:
+        if self.embedded is not None:
+            return str(self.embedded.bin_dir / name)
+        found = shutil.which(name)
+        if found is None:
+            pytest.skip(f"{name} is not on PATH for the external server")
+        return found
+
+    def restart(self, mode: str = "fast") -> None:
+        if self.embedded is None:
+            pytest.skip("restarting needs the embedded server")
+        self.embedded.restart(mode=mode)
+
+
+@dataclass
+class TestDatabase:
+    """A fresh database on the server under test."""
+
+    __test__ = False
+
+    server: TestServer
+    name: str
+
+    @property
+    def dsn(self) -> str:
+        return self.server.dsn_for(self.name)
+
+    def connect(self, **kwargs) -> psycopg.Connection:
+        return psycopg.connect(self.dsn, autocommit=True, **kwargs)
+
+    def execute(self, query: str, params: tuple | None = None) -> list[tuple]:
+        with self.connect() as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else []
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[TestServer]:
+    external = os.environ.get("PGCDC_TEST_DSN")
+    if external:
+        with psycopg.connect(external) as conn:
+            version = int(conn.execute("SHOW server_version_num").fetchone()[0])
+            level = conn.execute("SHOW wal_level").fetchone()[0]
+        if level != "logical":
+            pytest.exit(f"PGCDC_TEST_DSN server has wal_level={level}; set wal_level=logical and restart it")
+        yield TestServer(external, version, None)
+        return
+    with EmbeddedPostgres() as server:
+        with psycopg.connect(server.dsn) as conn:
+            version = int(conn.execute("SHOW server_version_num").fetchone()[0])
+        yield TestServer(server.dsn, version, server)
+
+
+def drop_database(server: TestServer, name: str) -> None:
+    """Drop a test database with what would block it: its slots, prepared transactions and sessions."""
+    with psycopg.connect(server.dsn, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+            "WHERE database = %s AND active_pid IS NOT NULL", (name,))
+        for (gid,) in admin.execute("SELECT gid FROM pg_prepared_xacts WHERE database = %s", (name,)).fetchall():
+            with psycopg.connect(server.dsn_for(name), autocommit=True) as conn:
+                conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+        for _ in range(50):
+            slots = admin.execute("SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s",
+                                  (name,)).fetchall()
+            if not slots:
+                break
+            for slot, pid in slots:
+                if pid is not None:
+                    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                    continue
+                try:
+                    admin.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                except psycopg.errors.ObjectInUse:
+                    pass
+            import time
+
+            time.sleep(0.1)
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def pg(pg_server: TestServer) -> Iterator[TestDatabase]:
+    """A fresh, empty database for one test, dropped afterwards with its slots."""
+    name = f"pgcdc_test_{os.getpid()}_{next(_databases)}"
+    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield TestDatabase(pg_server, name)
+    finally:
+        drop_database(pg_server, name)
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory):
+    """One local Spark with Iceberg for the session (start-up costs seconds)."""
+    from pgcdc.spark.session import spark_session
+
+    warehouse = tmp_path_factory.mktemp("warehouse")
+    session = spark_session(warehouse=warehouse)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def iceberg_namespace(spark) -> str:
+    """A fresh Iceberg namespace (``pgcdc.t_<hex>``) in the session warehouse."""
+    namespace = f"t_{uuid.uuid4().hex[:12]}"
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS pgcdc.{namespace}")
+    return namespace
+
+
+@pytest.fixture
+def warehouse_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "warehouse"
+    path.mkdir()
+    return path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Mark by the fixtures a test uses, so `-m "not spark"` selects the fast suite without bookkeeping.
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & {"spark", "iceberg_namespace"}:
+            item.add_marker(pytest.mark.spark)
+        if names & {"pg", "pg_server"}:
+            item.add_marker(pytest.mark.postgres)
