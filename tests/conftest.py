@@ -22,7 +22,16 @@ from psycopg import sql
 
 from pgcdc.embedded import EmbeddedPostgres
 
+from hypothesis import HealthCheck, settings
+
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+
+# Real servers make examples slow and uneven: no per-example deadline, and a bounded example count.
+settings.register_profile("default", deadline=None, max_examples=100,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile("thorough", deadline=None, max_examples=2000,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 _databases = itertools.count(1)
 
