@@ -1,0 +1,92 @@
+"""What a publication publishes, read from the source's catalog, in the shape of pgoutput Relation messages.
+
+The initial snapshot needs each table's columns before the stream has sent a single
+Relation message; describing them as :class:`~pgcdc.pgoutput.Relation` lets the copy
+and the stream share one converter and one mirror schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from pgcdc.errors import ConfigError
+from pgcdc.pgoutput.messages import Column, Relation
+
+_TABLES_SQL = """
+SELECT c.oid, n.nspname, c.relname, c.relreplident::text,
+       COALESCE(c.relpages, 0)::bigint, GREATEST(c.reltuples, 0)::bigint
+FROM pg_publication_tables pt
+JOIN pg_namespace n ON n.nspname = pt.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+WHERE pt.pubname = %s
+ORDER BY n.nspname, c.relname
+"""
+
+# Columns in the publication (PG 15+ column lists), without dropped or generated ones, as pgoutput sends them;
+# key flags follow the replica identity: the identity index's columns, or every column under FULL.
+_COLUMNS_SQL = """
+SELECT a.attname, a.atttypid::bigint, a.atttypmod,
+       CASE
+         WHEN c.relreplident = 'f' THEN true
+         WHEN c.relreplident = 'n' THEN false
+         ELSE EXISTS (
+           SELECT 1 FROM pg_index i
+           WHERE i.indrelid = c.oid AND a.attnum = ANY(i.indkey)
+             AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident)))
+       END AS is_key
+FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+
+
+@dataclass(frozen=True)
+class PublishedTable:
+    relation: Relation
+    estimated_rows: int
+    pages: int
+
+    @property
+    def schema(self) -> str:
+        return self.relation.namespace
+
+    @property
+    def name(self) -> str:
+        return self.relation.name
+
+
+def published_tables(conn: psycopg.Connection, publication: str) -> list[PublishedTable]:
+    """The tables ``publication`` publishes, each described as the Relation message pgoutput would send."""
+    exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
+    if exists is None:
+        raise ConfigError(f"publication {publication!r} does not exist; create it with "
+                          f"CREATE PUBLICATION {publication} FOR TABLE ... (or FOR ALL TABLES)")
+    column_lists = _column_lists(conn, publication)
+    tables = []
+    for oid, namespace, name, identity, pages, rows in conn.execute(_TABLES_SQL, (publication,)).fetchall():
+        published = column_lists.get(oid)
+        columns = tuple(
+            Column(1 if is_key else 0, attname, type_oid, typmod)
+            for attname, type_oid, typmod, is_key in conn.execute(_COLUMNS_SQL, (oid,)).fetchall()
+            if published is None or attname in published
+        )
+        tables.append(PublishedTable(Relation(None, oid, namespace, name, identity, columns), rows, pages))
+    return tables
+
+
+def _column_lists(conn: psycopg.Connection, publication: str) -> dict[int, set[str]]:
+    # Column lists exist since PostgreSQL 15; a table without one publishes every column.
+    if conn.info.server_version < 150000:
+        return {}
+    rows = conn.execute(
+        "SELECT pr.prrelid::bigint, a.attname FROM pg_publication_rel pr "
+        "JOIN pg_publication p ON p.oid = pr.prpubid "
+        "JOIN pg_attribute a ON a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs) "
+        "WHERE p.pubname = %s AND pr.prattrs IS NOT NULL", (publication,)).fetchall()
+    lists: dict[int, set[str]] = {}
+    for oid, attname in rows:
+        lists.setdefault(oid, set()).add(attname)
+    return lists
