@@ -1,0 +1,453 @@
+"""The ``pgcdc`` command line.
+
+Settings come from flags, then ``PGCDC_*`` environment variables, then a TOML
+file (``--config pgcdc.toml``, top-level keys named like the flags with
+underscores), then defaults. Errors are one sentence with the fix; ``--debug``
+adds the traceback.
+
+Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration,
+3 the source is not ready (``pgcdc check`` found problems), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pgcdc.errors import ConfigError, PgcdcError
+from pgcdc.observability import configure_logging, redact, redact_dsn
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_SOURCE_NOT_READY = 3
+EXIT_INTERRUPTED = 130
+
+console = Console(stderr=True)
+out = Console()
+log = logging.getLogger("pgcdc.cli")
+
+app = typer.Typer(
+    name="pgcdc",
+    help="Change data capture for PostgreSQL: stream a logical replication slot (pgoutput, protocol 1-4) "
+         "into Apache Iceberg tables with Spark, exactly once.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+)
+slot_app = typer.Typer(help="Create, drop and list logical replication slots.", no_args_is_help=True)
+embedded_app = typer.Typer(help="A throwaway PostgreSQL 18 to try pgcdc without one of your own.",
+                           no_args_is_help=True)
+app.add_typer(slot_app, name="slot")
+app.add_typer(embedded_app, name="embedded")
+
+_state: dict[str, Any] = {"debug": False}
+
+Dsn = Annotated[str, typer.Option("--dsn", envvar="PGCDC_DSN", show_envvar=True,
+                                  help="Source database: libpq string or URI, e.g. 'host=db dbname=shop user=cdc' "
+                                       "(sslmode, sslrootcert, ... pass through).")]
+Publication = Annotated[str, typer.Option("--publication", "-p", envvar="PGCDC_PUBLICATION", show_envvar=True,
+                                          help="Publication whose tables are mirrored.")]
+SlotName = Annotated[str, typer.Option("--slot", envvar="PGCDC_SLOT", show_envvar=True,
+                                       help="Logical replication slot pgcdc owns.")]
+Warehouse = Annotated[str, typer.Option("--warehouse", envvar="PGCDC_WAREHOUSE", show_envvar=True,
+                                        help="Iceberg warehouse directory or URI (Hadoop catalog).")]
+Catalog = Annotated[str, typer.Option("--catalog", envvar="PGCDC_CATALOG", show_envvar=True,
+                                      help="Spark catalog name for the mirrors.")]
+Namespace = Annotated[str, typer.Option("--namespace", envvar="PGCDC_NAMESPACE", show_envvar=True,
+                                        help="Iceberg namespace holding the mirrors.")]
+Master = Annotated[str | None, typer.Option("--master", envvar="PGCDC_SPARK_MASTER", show_envvar=True,
+                                            help="Spark master, e.g. local[4], spark://host:7077, yarn.")]
+SparkConf = Annotated[list[str] | None, typer.Option(
+    "--conf", "-c", help="Spark setting KEY=VALUE, repeatable (e.g. a REST catalog: "
+                         "spark.sql.catalog.pgcdc.type=rest).")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
+
+
+@app.callback()
+def main_options(
+    config: Annotated[Path | None, typer.Option("--config", envvar="PGCDC_CONFIG", show_envvar=True,
+                                                help="TOML file of settings (keys named like the flags).")] = None,
+    log_format: Annotated[str, typer.Option("--log-format", envvar="PGCDC_LOG_FORMAT",
+                                            help="text or json (JSON lines on stderr).")] = "text",
+    log_level: Annotated[str, typer.Option("--log-level", envvar="PGCDC_LOG_LEVEL")] = "INFO",
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+) -> None:
+    """Stream PostgreSQL changes into Iceberg. Start with `pgcdc demo`, or `pgcdc check --dsn ... -p ...`."""
+    if log_format not in ("text", "json"):
+        raise ConfigError(f"--log-format must be text or json, not {log_format!r}")
+    _state["debug"] = debug
+    configure_logging(log_format, "DEBUG" if debug else log_level)
+
+
+def _spark_conf(pairs: list[str] | None) -> dict[str, str]:
+    conf = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--conf {pair!r} must look like KEY=VALUE")
+        conf[key.strip()] = value
+    return conf
+
+
+def _pipeline_config(**kwargs: Any):
+    from pgcdc.pipeline import PipelineConfig
+
+    return PipelineConfig(**kwargs)
+
+
+@app.command()
+def run(
+    dsn: Dsn,
+    publication: Publication,
+    slot: SlotName = "pgcdc",
+    warehouse: Warehouse = "warehouse",
+    catalog: Catalog = "pgcdc",
+    namespace: Namespace = "mirror",
+    master: Master = None,
+    conf: SparkConf = None,
+    until_caught_up: Annotated[bool, typer.Option(
+        "--until-caught-up", help="Exit once the mirrors reach the server's WAL position at start.")] = False,
+    batch_rows: Annotated[int, typer.Option("--batch-rows", envvar="PGCDC_BATCH_ROWS",
+                                            help="Apply a batch at this many changes.")] = 200_000,
+    batch_seconds: Annotated[float, typer.Option("--batch-seconds", envvar="PGCDC_BATCH_SECONDS",
+                                                 help="... or when its oldest change is this old.")] = 5.0,
+    changelog: Annotated[bool, typer.Option("--changelog", envvar="PGCDC_CHANGELOG",
+                                            help="Also append every change to <table>__changes.")] = False,
+    no_snapshot: Annotated[bool, typer.Option("--no-snapshot", help="Do not copy existing rows first.")] = False,
+    binary: Annotated[bool, typer.Option("--binary", envvar="PGCDC_BINARY",
+                                         help="Ask the server for binary column values.")] = False,
+    proto_version: Annotated[int | None, typer.Option("--proto-version", min=1, max=4,
+                                                      help="pgoutput protocol version (default: highest).")] = None,
+    streaming: Annotated[str | None, typer.Option("--streaming", help="off, on or parallel.")] = None,
+    two_phase: Annotated[bool | None, typer.Option("--two-phase/--no-two-phase",
+                                                   help="Decode prepared transactions at PREPARE.")] = None,
+    origin: Annotated[str | None, typer.Option("--origin", help="any, or none to skip replicated changes.")] = None,
+    numeric: Annotated[str, typer.Option("--numeric", help="Unconstrained numeric as string or decimal38.")
+                       ] = "string",
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", envvar="PGCDC_METRICS_PORT",
+                                                     help="Serve Prometheus metrics on this port.")] = None,
+) -> None:
+    """Snapshot if needed, then stream changes into the Iceberg mirrors until stopped (Ctrl-C stops cleanly)."""
+    from pgcdc.pipeline import Pipeline
+
+    config = _pipeline_config(
+        dsn=dsn, publication=publication, slot=slot, warehouse=warehouse, catalog=catalog, namespace=namespace,
+        spark_master=master, spark_conf=_spark_conf(conf), batch_max_rows=batch_rows,
+        batch_max_seconds=batch_seconds, changelog=changelog, snapshot=not no_snapshot, binary=binary,
+        proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric)
+    from pgcdc.observability import MetricsServer, StatusLine
+
+    metrics = MetricsServer(metrics_port) if metrics_port else None
+    with StatusLine(console) as status:
+        def on_progress(progress):
+            status.update(progress)
+            if metrics:
+                metrics.update(progress)
+
+        progress = Pipeline(config, on_progress=on_progress).run(until_caught_up=until_caught_up)
+    out.print(f"applied {progress.rows_applied} changes in {progress.transactions_applied} transactions; "
+              f"confirmed {progress.confirmed_lsn or 'nothing new'}")
+
+
+@app.command()
+def snapshot(
+    dsn: Dsn,
+    publication: Publication,
+    slot: SlotName = "pgcdc",
+    warehouse: Warehouse = "warehouse",
+    catalog: Catalog = "pgcdc",
+    namespace: Namespace = "mirror",
+    master: Master = None,
+    conf: SparkConf = None,
+) -> None:
+    """Create the slot and copy the published tables into Iceberg, consistent with the slot's start."""
+    from pgcdc.observability import SnapshotProgress
+    from pgcdc.pipeline import Pipeline
+
+    config = _pipeline_config(dsn=dsn, publication=publication, slot=slot, warehouse=warehouse,
+                              catalog=catalog, namespace=namespace, spark_master=master,
+                              spark_conf=_spark_conf(conf))
+    with SnapshotProgress(console) as bars:
+        copied = Pipeline(config, on_progress=bars.update).snapshot()
+    if not copied:
+        out.print("every published table already has its mirror; nothing to copy")
+    for table, rows in copied.items():
+        out.print(f"{table}: {rows} rows")
+
+
+@app.command()
+def status(
+    dsn: Dsn,
+    slot: Annotated[str | None, typer.Option("--slot", envvar="PGCDC_SLOT", help="Only this slot.")] = None,
+    warehouse: Annotated[str | None, typer.Option(
+        "--warehouse", envvar="PGCDC_WAREHOUSE", help="Also show the mirrors in this warehouse.")] = None,
+    catalog: Catalog = "pgcdc",
+    namespace: Namespace = "mirror",
+    conf: SparkConf = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Slots (confirmed LSN, lag, WAL retained, wal_status) and, with --warehouse, each mirror's position."""
+    from pgcdc.status import mirror_status, slot_status
+
+    slots = slot_status(dsn, slot)
+    mirrors = mirror_status(warehouse, catalog, namespace, _spark_conf(conf)) if warehouse else []
+    if as_json:
+        out.print_json(json.dumps({"slots": slots, "mirrors": mirrors}, default=str))
+        return
+    table = Table(title="replication slots")
+    for column in ("slot", "database", "active", "confirmed_flush_lsn", "lag_bytes", "lag_seconds",
+                   "wal_retained_bytes", "wal_status", "two_phase"):
+        table.add_column(column)
+    for row in slots:
+        table.add_row(*(str(row.get(c, "")) for c in (
+            "slot", "database", "active", "confirmed_flush_lsn", "lag_bytes", "lag_seconds",
+            "wal_retained_bytes", "wal_status", "two_phase")))
+    out.print(table)
+    if warehouse:
+        mirror_table = Table(title="mirrors")
+        for column in ("mirror", "source", "pgcdc.lsn", "rows", "snapshots"):
+            mirror_table.add_column(column)
+        for row in mirrors:
+            mirror_table.add_row(row["mirror"], row["source"], str(row["lsn"]), str(row["rows"]),
+                                 str(row["snapshots"]))
+        out.print(mirror_table)
+
+
+@app.command()
+def check(dsn: Dsn, publication: Publication, as_json: JsonFlag = False) -> None:
+    """Verify wal_level, privileges, the publication and replica identities; say how to fix each problem."""
+    from pgcdc.replication import check_source
+
+    problems = check_source(dsn, publication=publication)
+    if as_json:
+        out.print_json(json.dumps([{"problem": p.what, "fix": p.fix} for p in problems]))
+    elif not problems:
+        out.print(f"[green]ready[/green]: {redact_dsn(dsn)} can stream publication {publication!r}")
+    else:
+        for problem in problems:
+            out.print(f"[red]problem[/red]: {problem.what}\n  [yellow]fix[/yellow]: {problem.fix}")
+    if problems:
+        raise typer.Exit(EXIT_SOURCE_NOT_READY)
+
+
+@app.command()
+def decode(
+    dsn: Annotated[str | None, typer.Option("--dsn", envvar="PGCDC_DSN",
+                                            help="Read from a slot on this server (SQL interface).")] = None,
+    slot: Annotated[str | None, typer.Option("--slot", help="Slot to read (peeked unless --consume).")] = None,
+    publication: Annotated[str | None, typer.Option("--publication", "-p", envvar="PGCDC_PUBLICATION")] = None,
+    file: Annotated[Path | None, typer.Option("--file", "-f", help="A file of raw messages instead: one hex "
+                                              "payload per line, or length-prefixed binary (see docs).")] = None,
+    proto_version: Annotated[int, typer.Option("--proto-version", min=1, max=4)] = 1,
+    binary: Annotated[bool, typer.Option("--binary", help="Ask for binary column values.")] = False,
+    streaming: Annotated[bool, typer.Option("--streaming", help="Ask for in-progress transactions (v2+).")] = False,
+    consume: Annotated[bool, typer.Option("--consume", help="Advance the slot past what is printed.")] = False,
+    limit: Annotated[int | None, typer.Option("--limit", "-n", help="Print at most this many messages.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines.")] = False,
+) -> None:
+    """Print the pgoutput messages a slot holds (peek, not consume, unless --consume) or a file holds."""
+    from pgcdc.inspect import decode_file, decode_slot, format_message
+
+    if (file is None) == (slot is None):
+        raise ConfigError("give either --slot (with --dsn and --publication) or --file")
+    if file is not None:
+        messages = decode_file(file, proto_version=proto_version)
+    else:
+        if not dsn or not publication:
+            raise ConfigError("--slot needs --dsn and --publication")
+        messages = decode_slot(dsn, slot, publication=publication, proto_version=proto_version, binary=binary,
+                               streaming=streaming, consume=consume, limit=limit)
+    for count, (lsn, message) in enumerate(messages, start=1):
+        out.print(format_message(lsn, message, as_json=as_json), markup=False, highlight=False, soft_wrap=True)
+        if limit is not None and count >= limit:
+            break
+
+
+@slot_app.command("create")
+def slot_create(
+    name: Annotated[str, typer.Argument(help="Slot name (lower case letters, digits, _).")],
+    dsn: Dsn,
+    two_phase: Annotated[bool, typer.Option("--two-phase", help="Decode prepared transactions (PG 15+).")] = False,
+    failover: Annotated[bool, typer.Option("--failover", help="Sync the slot to standbys (PG 17+).")] = False,
+) -> None:
+    """Create a logical replication slot using pgoutput."""
+    from pgcdc.replication import SlotManager
+
+    created = SlotManager(dsn).create(name, two_phase=two_phase, failover=failover, export_snapshot=False)
+    with created as slot:
+        out.print(f"created slot {name} at {slot.consistent_point}")
+
+
+@slot_app.command("drop")
+def slot_drop(name: Annotated[str, typer.Argument()], dsn: Dsn) -> None:
+    """Drop a replication slot (the server then frees the WAL it held)."""
+    from pgcdc.replication import SlotManager
+
+    SlotManager(dsn).drop(name)
+    out.print(f"dropped slot {name}")
+
+
+@slot_app.command("list")
+def slot_list(dsn: Dsn, as_json: JsonFlag = False) -> None:
+    """List the server's logical replication slots."""
+    from pgcdc.status import slot_status
+
+    rows = slot_status(dsn, None)
+    if as_json:
+        out.print_json(json.dumps(rows, default=str))
+        return
+    table = Table()
+    for column in ("slot", "plugin", "database", "active", "confirmed_flush_lsn", "wal_status", "two_phase"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(str(row.get(c, "")) for c in (
+            "slot", "plugin", "database", "active", "confirmed_flush_lsn", "wal_status", "two_phase")))
+    out.print(table)
+
+
+@embedded_app.command("start")
+def embedded_start(
+    port: Annotated[int | None, typer.Option("--port", help="Port (default: a free one).")] = None,
+    setting: Annotated[list[str] | None, typer.Option("--set", help="postgresql.conf KEY=VALUE, repeatable.")
+                       ] = None,
+) -> None:
+    """Start a PostgreSQL 18 with wal_level=logical in the background and print its DSN."""
+    from pgcdc.embedded import EmbeddedPostgres
+
+    settings = _spark_conf(setting)
+    server = EmbeddedPostgres(settings=settings, port=port, detached=True).start()
+    out.print(server.dsn)
+    console.print(f"running (pid {server.pid}); stop it with: pgcdc embedded stop --port {server.port}")
+
+
+@embedded_app.command("stop")
+def embedded_stop(port: Annotated[int | None, typer.Option("--port", help="Only the server on this port.")
+                                  ] = None) -> None:
+    """Stop embedded servers started with `pgcdc embedded start` and delete their data."""
+    from pgcdc.embedded import stop_detached
+
+    stopped = stop_detached(port)
+    if not stopped:
+        console.print("no embedded server is running" + (f" on port {port}" if port else ""))
+        raise typer.Exit(EXIT_FAILURE)
+    for info in stopped:
+        out.print(f"stopped {info['dsn']}")
+
+
+@embedded_app.command("list")
+def embedded_list() -> None:
+    """List running embedded servers."""
+    from pgcdc.embedded import detached_servers
+
+    for info in detached_servers():
+        out.print(info["dsn"])
+
+
+@app.command()
+def demo(
+    warehouse: Annotated[Path | None, typer.Option(
+        "--warehouse", help="Keep the Iceberg warehouse here (default: a temporary directory).")] = None,
+    rows: Annotated[int, typer.Option("--rows", help="Existing rows per table before the workload.")] = 2000,
+    large_transaction_rows: Annotated[int, typer.Option(
+        "--large-transaction-rows", help="Rows of the streamed large transaction.")] = 20000,
+) -> None:
+    """Run the whole thing on a throwaway PostgreSQL: snapshot, a workload peers cannot mirror, Spark + Iceberg,
+    and a side-by-side verification of source and mirror."""
+    from pgcdc.demo import run_demo
+
+    equal = run_demo(out, warehouse=warehouse, rows=rows, large_transaction_rows=large_transaction_rows)
+    if not equal:
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: load the TOML config into defaults, run, turn errors into one clear line."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        default_map = _config_defaults(argv)
+        app(args=argv, prog_name="pgcdc", default_map=default_map, standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:  # the one place that turns every failure into a sentence and an exit code
+        sys.exit(_report(exc))
+
+
+def _report(exc: BaseException) -> int:
+    import click
+
+    if isinstance(exc, click.exceptions.Abort):
+        console.print("interrupted")
+        return EXIT_INTERRUPTED
+    if isinstance(exc, click.ClickException):
+        exc.show(file=sys.stderr)
+        return EXIT_USAGE
+    if _state["debug"]:
+        console.print_exception(show_locals=False)
+    message, code = _explain(exc)
+    console.print(f"[bold red]error:[/bold red] {redact(message)}", highlight=False)
+    return code
+
+
+def _explain(exc: BaseException) -> tuple[str, int]:
+    import psycopg
+    import psycopg2
+
+    if isinstance(exc, ConfigError):
+        return str(exc), EXIT_USAGE
+    if isinstance(exc, PgcdcError):
+        return str(exc), EXIT_FAILURE
+    if isinstance(exc, psycopg.OperationalError | psycopg2.OperationalError):
+        reason = " ".join(str(exc).split())
+        return (f"cannot connect to PostgreSQL ({reason}); check --dsn (host, port, dbname, user, password, "
+                "sslmode) and that the server accepts connections from here"), EXIT_USAGE
+    if isinstance(exc, psycopg.Error | psycopg2.Error):
+        return f"PostgreSQL said: {' '.join(str(exc).split())}", EXIT_FAILURE
+    return f"{type(exc).__name__}: {exc} (run with --debug for the traceback)", EXIT_FAILURE
+
+
+def _config_defaults(argv: list[str]) -> dict[str, Any] | None:
+    """Read --config / PGCDC_CONFIG before parsing, so the file's values become option defaults."""
+    path = os.environ.get("PGCDC_CONFIG")
+    for index, arg in enumerate(argv):
+        if arg == "--config" and index + 1 < len(argv):
+            path = argv[index + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+    if not path:
+        return None
+    try:
+        settings = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    flat = {k.replace("-", "_"): v for k, v in settings.items() if not isinstance(v, dict)}
+    if isinstance(settings.get("spark"), dict):
+        flat["conf"] = [f"{k}={v}" for k, v in settings["spark"].items()]
+    command = typer.main.get_command(app)
+    return _defaults_for(command, flat)
+
+
+def _defaults_for(command, flat: dict[str, Any]) -> dict[str, Any]:
+    import click
+
+    if isinstance(command, click.Group):
+        return {name: _defaults_for(sub, flat) for name, sub in command.commands.items()}
+    names = {param.name for param in command.params}
+    return {k: v for k, v in flat.items() if k in names}
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

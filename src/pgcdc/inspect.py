@@ -1,0 +1,111 @@
+"""`pgcdc decode`: pgoutput messages from a slot (SQL interface) or from a file, printed for people or tools."""
+
+from __future__ import annotations
+
+import binascii
+import dataclasses
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pgcdc.errors import ConfigError
+from pgcdc.lsn import Lsn
+from pgcdc.pgoutput import AnyMessage, StreamStart, StreamStop, TupleData, decode, pg_timestamp
+
+
+def decode_slot(dsn: str, slot: str, *, publication: str, proto_version: int, binary: bool, streaming: bool,
+                consume: bool, limit: int | None) -> Iterator[tuple[Lsn, AnyMessage]]:
+    """The messages ``slot`` holds, through the SQL interface (peeked unless ``consume``)."""
+    from pgcdc.replication import ReplicationOptions, SqlInterfaceReader
+
+    options = ReplicationOptions(publication=publication, proto_version=proto_version,
+                                 streaming="on" if streaming else "off", binary=binary, messages=True)
+    reader = SqlInterfaceReader(dsn, slot=slot, options=options)
+    yield from reader.messages(consume=consume, limit=limit)
+
+
+def decode_file(path: Path, *, proto_version: int) -> Iterator[tuple[Lsn | None, AnyMessage]]:
+    """Messages from a file: text with one hex payload per line (optionally ``LSN<TAB>hex``), or binary with
+    each payload prefixed by its 4-byte big-endian length."""
+    data = path.read_bytes()
+    in_stream = False
+    for lsn, payload in _payloads(data):
+        message = decode(payload, proto_version=proto_version, in_stream=in_stream)
+        if isinstance(message, StreamStart):
+            in_stream = True
+        elif isinstance(message, StreamStop):
+            in_stream = False
+        yield lsn, message
+
+
+def _payloads(data: bytes) -> Iterator[tuple[Lsn | None, bytes]]:
+    try:
+        text = data.decode("ascii")
+        lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+        parsed = []
+        for line in lines:
+            lsn_text, _, hex_text = line.rpartition("\t") if "\t" in line else ("", "", line)
+            parsed.append((Lsn.parse(lsn_text) if lsn_text else None, binascii.unhexlify(hex_text)))
+        yield from parsed
+        return
+    except (UnicodeDecodeError, binascii.Error, ValueError):
+        pass
+    offset = 0
+    while offset < len(data):
+        if offset + 4 > len(data):
+            raise ConfigError(f"file ends inside a length prefix at byte {offset}")
+        (size,) = struct.unpack_from(">I", data, offset)
+        offset += 4
+        if offset + size > len(data):
+            raise ConfigError(f"message at byte {offset - 4} says {size} bytes, the file has {len(data) - offset}")
+        yield None, data[offset:offset + size]
+        offset += size
+
+
+def message_as_dict(message: AnyMessage) -> dict[str, Any]:
+    """A JSON-ready view: type name, fields, LSNs as text, timestamps as ISO, values as text or hex."""
+    result: dict[str, Any] = {"type": type(message).__name__}
+    for field in dataclasses.fields(message):
+        result[field.name] = _jsonable(field.name, getattr(message, field.name))
+    return result
+
+
+def _jsonable(name: str, value: Any) -> Any:
+    if isinstance(value, Lsn):
+        return str(value)
+    if isinstance(value, TupleData):
+        return [_column(kind, raw) for kind, raw in zip(value.kinds, value.values, strict=True)]
+    if name.endswith("_ts") and isinstance(value, int):
+        return pg_timestamp(value).isoformat()
+    if isinstance(value, bytes | memoryview):
+        raw = bytes(value)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"hex": raw.hex()}
+    if isinstance(value, tuple):
+        return [message_as_dict(v) if dataclasses.is_dataclass(v) else v for v in value]
+    return value
+
+
+def _column(kind: str, raw: bytes | memoryview | None) -> Any:
+    if kind == "n":
+        return None
+    if kind == "u":
+        return {"unchanged_toast": True}
+    if kind == "t":
+        return bytes(raw or b"").decode("utf-8", errors="replace")
+    return {"binary": bytes(raw or b"").hex()}
+
+
+def format_message(lsn: Lsn | None, message: AnyMessage, *, as_json: bool) -> str:
+    view = message_as_dict(message)
+    if as_json:
+        if lsn is not None:
+            view = {"lsn": str(lsn), **view}
+        return json.dumps(view, ensure_ascii=False)
+    kind = view.pop("type")
+    fields = " ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in view.items())
+    return f"{lsn or '-':>12} {kind:<16} {fields}"

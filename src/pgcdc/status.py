@@ -1,0 +1,44 @@
+"""What `pgcdc status` and `pgcdc slot list` report: slots on the server, positions of the mirrors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+
+_SLOTS_SQL = """
+SELECT s.slot_name, s.plugin, s.database, s.active, s.confirmed_flush_lsn::text,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint,
+       s.wal_status, s.two_phase,
+       EXTRACT(EPOCH FROM now() - r.reply_time)::float
+FROM pg_replication_slots s
+LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+WHERE s.slot_type = 'logical' AND (%(slot)s::text IS NULL OR s.slot_name = %(slot)s)
+ORDER BY s.slot_name
+"""
+
+
+def slot_status(dsn: str, slot: str | None) -> list[dict[str, Any]]:
+    """Logical slots with their confirmed position, lag in bytes (and seconds since the consumer's last
+    reply, when one is connected), WAL retained and wal_status."""
+    with psycopg.connect(dsn, autocommit=True, application_name="pgcdc status") as conn:
+        rows = conn.execute(_SLOTS_SQL, {"slot": slot}).fetchall()
+    keys = ("slot", "plugin", "database", "active", "confirmed_flush_lsn", "lag_bytes", "wal_retained_bytes",
+            "wal_status", "two_phase", "lag_seconds")
+    result = [dict(zip(keys, row, strict=True)) for row in rows]
+    for row in result:
+        if row["lag_seconds"] is not None:
+            row["lag_seconds"] = round(row["lag_seconds"], 1)
+    return result
+
+
+def mirror_status(warehouse: str, catalog: str, namespace: str, conf: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Each mirror in the warehouse: its source table, ``pgcdc.lsn`` and row count."""
+    from pgcdc.spark.mirror import MirrorCatalog
+    from pgcdc.spark.session import spark_session
+
+    spark = spark_session(warehouse, catalog, conf=conf)
+    mirrors = MirrorCatalog(spark, catalog=catalog, namespace=namespace)
+    return mirrors.describe()
