@@ -101,6 +101,11 @@ def spark_session(
     conf = dict(conf or {})
     master = master or conf.pop("spark.master", None) or "local[*]"
     local = master.startswith("local")
+    if master.startswith("local-cluster"):
+        # local-cluster launches executor JVMs through $SPARK_HOME/bin; pip's pyspark is a full Spark home
+        import pyspark
+
+        os.environ.setdefault("SPARK_HOME", str(Path(pyspark.__file__).parent))
     warehouse_path = Path(warehouse or "warehouse").resolve()
     prefix = f"spark.sql.catalog.{catalog}"
     settings: dict[str, str] = {
