@@ -18,8 +18,6 @@ from rich.console import Console
 from rich.table import Table
 
 from pgcdc.embedded import EmbeddedPostgres
-from pgcdc.pipeline import Pipeline, PipelineConfig
-from pgcdc.verify import compare_publication
 
 log = logging.getLogger("pgcdc.demo")
 
@@ -54,7 +52,33 @@ CREATE TABLE shop.events (
 );
 CREATE TABLE shop.audit (who text, what text, at timestamptz);
 ALTER TABLE shop.audit REPLICA IDENTITY FULL;
-CREATE PUBLICATION shop FOR TABLE shop.customers, shop.orders, shop.events, shop.audit;
+CREATE DOMAIN shop.positive_int AS integer CHECK (VALUE > 0);
+CREATE TYPE shop.dimensions AS (width numeric, height numeric);
+CREATE TABLE shop.kinds (
+    id int PRIMARY KEY,
+    i2 smallint, i8 bigint, f4 real, f8 double precision, n numeric, n10 numeric(10, 3),
+    vc varchar(20), ch char(5), raw bytea, d date, t time, ttz timetz, ts timestamp, tstz timestamptz,
+    iv interval, u uuid, j json, jb jsonb, ints int[], grid int[][], texts text[],
+    status shop.order_status, qty shop.positive_int, ip inet, net cidr, mac macaddr, price money,
+    flags bit(4), vbits varbit, doc tsvector, span int4range, dims shop.dimensions
+);
+CREATE PUBLICATION shop FOR TABLE shop.customers, shop.orders, shop.events, shop.audit, shop.kinds;
+"""
+
+_KINDS_ROWS = """
+INSERT INTO shop.kinds VALUES
+ (1, -32768, 9223372036854775807, 'NaN', 'Infinity', 'NaN', 1234567.891, 'héllo wörld', 'ab', '\\x00ff10',
+  '2024-02-29', '23:59:59.999999', '12:00+05:30', '2024-01-01 12:34:56.789', '2024-06-30 23:00:00+02',
+  '1 year 2 mons 3 days 04:05:06.7', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{{"a": [1, 2]}}', '{{"b": {{"c": null}}}}',
+  '{{1,NULL,3}}', '{{{{1,2}},{{3,4}}}}', '{{"x y",NULL,"q\\"uote"}}', 'paid', 5, '192.168.0.1/24', '10.0.0.0/8',
+  '08:00:2b:01:02:03', '12.34', B'1010', B'101', 'fat cat sat', '[1,10)', ROW(1.5, 2.25)),
+ (2, 0, -1, '-Infinity', -0.5, '123456789012345678901234567890.123456789', NULL, NULL, NULL, NULL,
+  '0001-01-01', '00:00', '00:00+00', '1999-12-31 23:59:59', '2000-01-01 00:00:00+00',
+  '-1 days -00:00:01', NULL, NULL, '[]', '{{}}', NULL, NULL, 'new', NULL, '::1', '::/0', NULL, '-1.00',
+  B'0000', B'', '', 'empty', NULL),
+ (3, NULL, NULL, NULL, NULL, '-0.000001', -0.001, '', '', '\\x', NULL, NULL, NULL, NULL, NULL,
+  NULL, NULL, 'null', '"text"', NULL, NULL, '{{}}', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+  '(,5]', ROW(NULL, NULL));
 """
 
 _EXISTING_ROWS = """  -- {rows} rows per table
@@ -78,13 +102,19 @@ INSERT INTO shop.audit SELECT 'system', 'seed ' || i, now() FROM generate_series
 """
 
 
-def _workload(conn: psycopg.Connection, rows: int, large_rows: int) -> list[str]:
+def seed_rows(rows: int) -> str:
+    """SQL inserting ``rows`` existing rows per table (and the row kinds of every supported type)."""
+    return _EXISTING_ROWS.format(rows=int(rows)) + _KINDS_ROWS.format()
+
+
+def workload(conn: psycopg.Connection, rows: int, large_rows: int) -> list[str]:
     """Changes made after the snapshot; returns what was done, for the summary."""
     done = []
     conn.execute("UPDATE shop.customers SET balance = balance + 1, tags = tags || 'vip'::text WHERE id % 7 = 0")
     conn.execute("DELETE FROM shop.customers WHERE id % 11 = 0")
     conn.execute("INSERT INTO shop.customers (id, name, email, balance, active) "
-                 "SELECT i, 'new ' || i, NULL, NULL, true FROM generate_series(%s, %s) i", (rows + 1, rows + 100))
+                 "SELECT i, 'new ' || i, NULL, NULL, true FROM generate_series(%s::bigint, %s::bigint) i",
+                 (rows + 1, rows + 100))
     done.append("updates, deletes and inserts in small transactions")
 
     conn.execute("UPDATE shop.customers SET id = id + 1000000 WHERE id IN (2, 4, 6)")
@@ -96,7 +126,7 @@ def _workload(conn: psycopg.Connection, rows: int, large_rows: int) -> list[str]
     with conn.transaction():
         conn.execute("INSERT INTO shop.events (id, payload, at, score, took) SELECT i, "
                      "decode(md5(i::text), 'hex'), now()::timestamp, i, interval '1 hour' "
-                     "FROM generate_series(%s, %s) i", (10_000_000, 10_000_000 + large_rows - 1))
+                     "FROM generate_series(%s::bigint, %s::bigint) i", (10_000_000, 10_000_000 + large_rows - 1))
         conn.execute("SAVEPOINT undo_me")
         conn.execute("INSERT INTO shop.events (id) SELECT i FROM generate_series(20000000, 20000999) i")
         conn.execute("ROLLBACK TO SAVEPOINT undo_me")
@@ -117,6 +147,12 @@ def _workload(conn: psycopg.Connection, rows: int, large_rows: int) -> list[str]
     conn.execute("INSERT INTO shop.audit VALUES ('demo', 'after truncate', now())")
     done.append("TRUNCATE, then new rows")
 
+    conn.execute("UPDATE shop.kinds SET f8 = 'NaN', n = '-Infinity', tstz = 'infinity', ints = '[0:1]={7,8}', "
+                 "grid = '{{{1},{2}},{{3},{4}}}' WHERE id = 1")
+    conn.execute("INSERT INTO shop.kinds (id, d, ts, iv) VALUES (4, '4713-01-01 BC', '-infinity', '-178000000 years')")
+    conn.execute("UPDATE shop.kinds SET id = 30 WHERE id = 3")
+    done.append("values at the edges of every column type: NaN, infinity, BC dates, n-D arrays, lower bounds")
+
     conn.execute("ALTER TABLE shop.customers ADD COLUMN loyalty integer")
     conn.execute("UPDATE shop.customers SET loyalty = id % 100 WHERE id <= 50")
     conn.execute("INSERT INTO shop.customers (id, name, loyalty) VALUES (5000000, 'after alter', 7)")
@@ -127,6 +163,9 @@ def _workload(conn: psycopg.Connection, rows: int, large_rows: int) -> list[str]
 def run_demo(out: Console, *, warehouse: Path | None = None, rows: int = 2000,
              large_transaction_rows: int = 20000) -> bool:
     """Run the demo end to end; returns True when every mirror equals its source."""
+    from pgcdc.pipeline import Pipeline, PipelineConfig
+    from pgcdc.verify import compare_publication
+
     started = time.monotonic()
     settings = {"logical_decoding_work_mem": "64kB"}  # small, so the large transaction streams in chunks
     with EmbeddedPostgres(settings=settings) as server, tempfile.TemporaryDirectory(prefix="pgcdc-demo-") as tmp:
@@ -134,8 +173,8 @@ def run_demo(out: Console, *, warehouse: Path | None = None, rows: int = 2000,
         out.print(f"[bold]1.[/bold] PostgreSQL 18 running at [cyan]{server.dsn}[/cyan]")
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute(SCHEMA)
-            conn.execute(_EXISTING_ROWS.format(rows=int(rows)))
-        out.print(f"   schema [cyan]shop[/cyan]: 4 tables, {rows:,} existing rows each, publication [cyan]shop[/cyan]")
+            conn.execute(seed_rows(rows))
+        out.print(f"   schema [cyan]shop[/cyan]: 5 tables, {rows:,} existing rows each, publication [cyan]shop[/cyan]")
 
         config = PipelineConfig(dsn=server.dsn, publication="shop", slot="pgcdc_demo", warehouse=str(warehouse_dir),
                                 batch_max_seconds=2.0)
@@ -146,7 +185,7 @@ def run_demo(out: Console, *, warehouse: Path | None = None, rows: int = 2000,
 
         out.print("[bold]3.[/bold] workload on the source:")
         with psycopg.connect(server.dsn, autocommit=True) as conn:
-            for line in _workload(conn, rows, large_transaction_rows):
+            for line in workload(conn, rows, large_transaction_rows):
                 out.print(f"   - {line}")
 
         out.print("[bold]4.[/bold] streaming changes into Iceberg until caught up")

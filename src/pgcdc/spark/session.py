@@ -114,6 +114,8 @@ def spark_session(
         prefix: "org.apache.iceberg.spark.SparkCatalog",
         f"{prefix}.type": "hadoop",
         f"{prefix}.warehouse": warehouse_path.as_uri(),
+        # Positions are read back from table metadata: always see other writers' latest commits.
+        f"{prefix}.cache-enabled": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
