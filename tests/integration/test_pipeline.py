@@ -36,19 +36,21 @@ def _assert_mirrors_equal(pipeline, dsn):
         assert result.equal, result.describe()
 
 
-def _config(pg, tmp_path, **overrides) -> PipelineConfig:
+def _config(pg, spark, **overrides) -> PipelineConfig:
+    # the session's warehouse, so that mirrors written by a pipeline subprocess are read back here
+    warehouse = spark.conf.get("spark.sql.catalog.pgcdc.warehouse")
     values = dict(dsn=pg.dsn + f" options='{STREAMING_SETTINGS}'", publication="shop", slot="pgcdc_test",
-                  warehouse=str(tmp_path / "warehouse"), namespace=f"m_{os.getpid()}_{random.randrange(10**9)}",
+                  warehouse=warehouse, namespace=f"m_{os.getpid()}_{random.randrange(10**9)}",
                   batch_max_seconds=1.0)
     values.update(overrides)
     return PipelineConfig(**values)
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
-def test_mixed_workload_mirrors_equal_source(pg, spark, tmp_path, binary):
+def test_mixed_workload_mirrors_equal_source(pg, spark, binary):
     pg.server.require(16, "streaming 'parallel' and two-phase decoding")
     _prepare_source(pg, rows=300)
-    config = _config(pg, tmp_path, binary=binary, changelog=True)
+    config = _config(pg, spark, binary=binary, changelog=True)
     pipeline = Pipeline(config, spark=spark)
     copied = pipeline.snapshot()
     assert copied["shop.customers"] == 300
@@ -107,10 +109,10 @@ def _run_cli(config: PipelineConfig, *args: str) -> subprocess.Popen:
                             env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING"})
 
 
-def test_killed_at_random_points_and_restarted_loses_and_duplicates_nothing(pg, spark, tmp_path):
+def test_killed_at_random_points_and_restarted_loses_and_duplicates_nothing(pg, spark):
     pg.server.require(15, "two-phase decoding")
     _prepare_source(pg, rows=200)
-    config = _config(pg, tmp_path)
+    config = _config(pg, spark)
     stop = threading.Event()
     errors: list[BaseException] = []
     writer = threading.Thread(target=_continuous_workload, args=(pg.dsn, stop, errors))

@@ -106,14 +106,18 @@ def spark_session(
         import pyspark
 
         os.environ.setdefault("SPARK_HOME", str(Path(pyspark.__file__).parent))
-    warehouse_path = Path(warehouse or "warehouse").resolve()
+    warehouse_text = str(warehouse or "warehouse")
+    is_uri = re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", warehouse_text) is not None  # s3a://, file:/, hdfs://
+    warehouse_path = Path(warehouse_text.removeprefix("file:")).resolve() if not is_uri or warehouse_text.startswith(
+        "file:") else None
+    warehouse_uri = warehouse_path.as_uri() if warehouse_path is not None else warehouse_text
     prefix = f"spark.sql.catalog.{catalog}"
     settings: dict[str, str] = {
         "spark.jars": str(iceberg_runtime_jar()),
         "spark.sql.extensions": ICEBERG_EXTENSIONS,
         prefix: "org.apache.iceberg.spark.SparkCatalog",
         f"{prefix}.type": "hadoop",
-        f"{prefix}.warehouse": warehouse_path.as_uri(),
+        f"{prefix}.warehouse": warehouse_uri,
         # Positions are read back from table metadata: always see other writers' latest commits.
         f"{prefix}.cache-enabled": "false",
         "spark.sql.session.timeZone": "UTC",
@@ -127,7 +131,7 @@ def spark_session(
         settings["spark.default.parallelism"] = "4"
         settings["spark.driver.memory"] = "2g"
     settings.update(conf)
-    if settings.get(f"{prefix}.type") == "hadoop" and settings[f"{prefix}.warehouse"].startswith("file:"):
+    if warehouse_path is not None and settings.get(f"{prefix}.warehouse") == warehouse_uri:
         warehouse_path.mkdir(parents=True, exist_ok=True)
 
     builder = SparkSession.builder.master(master).appName(app_name)
