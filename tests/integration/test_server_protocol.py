@@ -5,7 +5,6 @@ import time
 
 import psycopg2
 import psycopg2.extras
-import pytest
 
 
 def test_proto_4_streaming_parallel_two_phase_sends_bytes(pg):
