@@ -374,7 +374,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         default_map = _config_defaults(argv)
-        app(args=argv, prog_name="pgcdc", default_map=default_map, standalone_mode=False)
+        # without standalone mode click returns typer.Exit's code instead of exiting
+        code = app(args=argv, prog_name="pgcdc", default_map=default_map, standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
@@ -385,12 +387,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _report(exc: BaseException) -> int:
-    import click
-
-    if isinstance(exc, click.exceptions.Abort):
+    if isinstance(exc, typer.Abort):
         console.print("interrupted")
         return EXIT_INTERRUPTED
-    if isinstance(exc, click.ClickException):
+    if isinstance(exc, typer.TyperException) and hasattr(exc, "show"):  # usage errors: bad flags and values
         exc.show(file=sys.stderr)
         return EXIT_USAGE
     if _state["debug"]:
@@ -440,11 +440,10 @@ def _config_defaults(argv: list[str]) -> dict[str, Any] | None:
     return _defaults_for(command, flat)
 
 
-def _defaults_for(command, flat: dict[str, Any]) -> dict[str, Any]:
-    import click
-
-    if isinstance(command, click.Group):
-        return {name: _defaults_for(sub, flat) for name, sub in command.commands.items()}
+def _defaults_for(command: Any, flat: dict[str, Any]) -> dict[str, Any]:
+    subcommands = getattr(command, "commands", None)
+    if subcommands is not None:
+        return {name: _defaults_for(sub, flat) for name, sub in subcommands.items()}
     names = {param.name for param in command.params}
     return {k: v for k, v in flat.items() if k in names}
 

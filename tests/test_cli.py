@@ -1,0 +1,176 @@
+"""The `pgcdc` command, run as a user runs it: a subprocess against a real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from pgcdc.embedded import EmbeddedPostgres
+
+SECRET = "s3cret-Passw0rd"
+
+
+def pgcdc(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pgcdc.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+def _output(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout + result.stderr
+
+
+def test_help_teaches_every_command():
+    result = pgcdc("--help")
+    assert result.returncode == 0
+    for command in ("run", "snapshot", "status", "decode", "slot", "check", "demo", "embedded"):
+        assert command in result.stdout
+    run_help = pgcdc("run", "--help")
+    assert "--until-caught-up" in run_help.stdout and "PGCDC_DSN" in run_help.stdout
+
+
+def test_unreachable_dsn_is_one_clear_line_without_password():
+    dsn = f"host=127.0.0.1 port=1 user=cdc password={SECRET} dbname=nowhere connect_timeout=3"
+    result = pgcdc("check", "--dsn", dsn, "--publication", "pub")
+    assert result.returncode == 2
+    text = _output(result)
+    assert "cannot connect to PostgreSQL" in text and "--dsn" in text
+    assert SECRET not in text
+    assert "Traceback" not in text
+    debug = pgcdc("--debug", "check", "--dsn", dsn, "--publication", "pub")
+    assert "Traceback" in _output(debug) and SECRET not in _output(debug)
+
+
+def test_wrong_password_never_echoed(pg):
+    pg.execute(f"CREATE ROLE cdc LOGIN PASSWORD '{SECRET}x'")
+    uri = f"postgresql://cdc:{SECRET}@127.0.0.1:{psycopg.conninfo.conninfo_to_dict(pg.dsn)['port']}/{pg.name}"
+    result = pgcdc("status", "--dsn", uri)
+    assert SECRET not in _output(result)
+
+
+def test_bad_option_values_exit_2():
+    for args in (["decode", "--file", "x", "--proto-version", "7"], ["--log-format", "yaml", "slot", "list",
+                                                                       "--dsn", "host=x"]):
+        result = pgcdc(*args)
+        assert result.returncode == 2, _output(result)
+        assert "Traceback" not in _output(result)
+
+
+def test_check_reports_problems_with_fixes_and_exit_3(pg):
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
+    pg.execute("CREATE TABLE nokey (v text)")
+    pg.execute("ALTER TABLE nokey REPLICA IDENTITY NOTHING")
+    missing = pgcdc("check", "--dsn", pg.dsn, "--publication", "nope")
+    assert missing.returncode == 3
+    assert "nope" in missing.stdout and "CREATE PUBLICATION" in missing.stdout
+
+    pg.execute("CREATE PUBLICATION pub FOR TABLE items, nokey")
+    result = pgcdc("check", "--dsn", pg.dsn, "--publication", "pub", "--json")
+    assert result.returncode == 3
+    problems = json.loads(result.stdout)
+    assert any("nokey" in p["problem"] for p in problems)
+    assert all(p["fix"] for p in problems)
+
+    pg.execute("ALTER PUBLICATION pub DROP TABLE nokey")
+    ok = pgcdc("check", "--dsn", pg.dsn, "--publication", "pub")
+    assert ok.returncode == 0, _output(ok)
+    assert "ready" in ok.stdout
+
+
+def test_check_names_wal_level_on_a_server_without_logical_decoding():
+    with EmbeddedPostgres(settings={"wal_level": "replica"}) as server:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+            conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+        result = pgcdc("check", "--dsn", server.dsn, "--publication", "pub")
+    assert result.returncode == 3
+    assert "wal_level" in result.stdout and "logical" in result.stdout
+
+
+def test_slot_lifecycle_and_decode_peeks_without_consuming(pg):
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
+    pg.execute("CREATE PUBLICATION pub FOR TABLE items")
+    created = pgcdc("slot", "create", "inspect", "--dsn", pg.dsn)
+    assert created.returncode == 0, _output(created)
+    pg.execute("INSERT INTO items VALUES (1, 'one'), (2, 'two')")
+
+    listed = pgcdc("slot", "list", "--dsn", pg.dsn, "--json")
+    assert [s["slot"] for s in json.loads(listed.stdout)] == ["inspect"]
+
+    for _ in range(2):  # peeking twice shows the same messages
+        decoded = pgcdc("decode", "--dsn", pg.dsn, "--slot", "inspect", "--publication", "pub", "--json")
+        assert decoded.returncode == 0, _output(decoded)
+        lines = [json.loads(line) for line in decoded.stdout.splitlines()]
+        assert [m["type"] for m in lines] == ["Begin", "Relation", "Insert", "Insert", "Commit"]
+        assert lines[1]["name"] == "items"
+        assert lines[2]["new"] == ["1", "one"]
+
+    consumed = pgcdc("decode", "--dsn", pg.dsn, "--slot", "inspect", "--publication", "pub", "--consume")
+    assert consumed.returncode == 0 and "Insert" in consumed.stdout
+    after = pgcdc("decode", "--dsn", pg.dsn, "--slot", "inspect", "--publication", "pub")
+    assert after.stdout.strip() == ""
+
+    status = pgcdc("status", "--dsn", pg.dsn, "--json")
+    assert json.loads(status.stdout)["slots"][0]["slot"] == "inspect"
+    dropped = pgcdc("slot", "drop", "inspect", "--dsn", pg.dsn)
+    assert dropped.returncode == 0
+    assert pg.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'inspect'") == [(0,)]
+
+
+def test_decode_file_of_hex_payloads(tmp_path):
+    from pgcdc.lsn import Lsn
+    from pgcdc.pgoutput import Begin, Commit, encode
+
+    path = tmp_path / "messages.hex"
+    begin = encode(Begin(Lsn("0/16B3748"), 0, 731), proto_version=1, in_stream=False)
+    commit = encode(Commit(0, Lsn("0/16B3748"), Lsn("0/16B3778"), 0), proto_version=1, in_stream=False)
+    path.write_text(f"{begin.hex()}\n0/16B3748\t{commit.hex()}\n")
+    result = pgcdc("decode", "--file", str(path), "--json")
+    assert result.returncode == 0, _output(result)
+    first, second = (json.loads(line) for line in result.stdout.splitlines())
+    assert first["type"] == "Begin" and first["xid"] == 731 and first["final_lsn"] == "0/16B3748"
+    assert second["lsn"] == "0/16B3748" and second["end_lsn"] == "0/16B3778"
+
+    bad = tmp_path / "bad.hex"
+    bad.write_text(begin[:-2].hex() + "\n")
+    result = pgcdc("decode", "--file", str(bad))
+    assert result.returncode == 1
+    assert "Begin" in result.stderr and "offset" in result.stderr
+
+
+def test_embedded_start_and_stop():
+    started = pgcdc("embedded", "start")
+    assert started.returncode == 0, _output(started)
+    dsn = started.stdout.strip()
+    try:
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SHOW wal_level").fetchone()[0] == "logical"
+    finally:
+        port = psycopg.conninfo.conninfo_to_dict(dsn)["port"]
+        stopped = pgcdc("embedded", "stop", "--port", str(port))
+    assert stopped.returncode == 0, _output(stopped)
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(dsn, connect_timeout=2)
+
+
+def test_config_file_and_environment_feed_options(pg, tmp_path):
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY)")
+    pg.execute("CREATE PUBLICATION from_file FOR TABLE items")
+    config = tmp_path / "pgcdc.toml"
+    config.write_text('publication = "from_file"\n')
+    result = pgcdc("--config", str(config), "check", env={"PGCDC_DSN": pg.dsn})
+    assert result.returncode == 0, _output(result)
+    flag_wins = pgcdc("--config", str(config), "check", "--publication", "other", env={"PGCDC_DSN": pg.dsn})
+    assert flag_wins.returncode == 3 and "other" in flag_wins.stdout
+
+
+@pytest.mark.slow
+def test_demo_reports_every_mirror_equal(tmp_path):
+    result = pgcdc("demo", "--rows", "200", "--large-transaction-rows", "3000", timeout=900)
+    assert result.returncode == 0, _output(result)[-4000:]
+    assert "every mirror equals its source" in result.stdout
+    assert "NO" not in result.stdout.split("source vs mirror")[1]
