@@ -268,7 +268,7 @@ class Pipeline:
 
         copied = {}
         for table in tables:
-            converter = self._converter(table.relation)
+            converter = self.converter_for(table.relation)
             mirror = self._ensure_mirror(table.relation, converter)
             label = f"{table.schema}.{table.name}"
             binary = self.config.snapshot_binary and not converter.requires_text_mode
@@ -348,7 +348,7 @@ class Pipeline:
                 following = segments[index + 1] if index + 1 < len(segments) else None
                 splits_transaction = following is not None and following.first_lsn == segment.last_lsn
                 position = segment.previous_lsn if splits_transaction else segment.last_lsn
-                mirror = self._ensure_mirror(segment.relation, self._converter(segment.relation))
+                mirror = self._ensure_mirror(segment.relation, self.converter_for(segment.relation))
                 apply_changes(self.spark, mirror, pa.concat_tables(segment.chunks), lsn=position,
                               changelog=self.config.changelog)
         assert batch.last_end_lsn is not None and batch.last_commit_lsn is not None
@@ -400,12 +400,13 @@ class Pipeline:
     def _convert_pending(self, segment: _Segment) -> None:
         if segment.pending:
             relation = segment.relation
-            segment.chunks.append(build_change_table(segment.pending, self._converter(relation),
+            segment.chunks.append(build_change_table(segment.pending, self.converter_for(relation),
                                                      self._key_columns(relation)))
             segment.pending = []
 
     # -- helpers ------------------------------------------------------------------
-    def _converter(self, relation: Relation) -> TableConverter:
+    def converter_for(self, relation: Relation) -> TableConverter:
+        """The converter of a relation version (one per distinct schema, reused)."""
         signature = _schema_signature(relation)
         converter = self._converters.get(signature)
         if converter is None:
