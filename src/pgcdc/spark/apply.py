@@ -1,0 +1,381 @@
+"""Apply one source table's changes of a micro-batch to its Iceberg mirror, in one atomic commit.
+
+Input is an Arrow table (see :class:`ChangeColumns`), not replication objects. The steps:
+
+1. skip changes at or below the mirror's ``pgcdc.lsn`` (a replay after a crash applies nothing twice);
+2. order by (commit LSN, ordinal); keep only what follows the last TRUNCATE, which empties the mirror;
+3. resolve unchanged TOAST values from earlier changes of the batch (following key changes back),
+   leaving for the mirror only what the batch cannot know;
+4. reduce to the last change per key in Spark (Iceberg's MERGE refuses two source rows per key),
+   an UPDATE that changes the key becoming a DELETE of the old key and a write of the new one;
+5. one ``MERGE INTO`` (or, after a TRUNCATE, one overwrite) carrying ``pgcdc.lsn`` in its snapshot summary.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pgcdc.lsn import Lsn
+from pgcdc.spark.arrow import arrow_to_dataframe
+from pgcdc.spark.iceberg import with_commit_properties
+from pgcdc.spark.mirror import POSITION_PROPERTY, MirrorTable, quote, sql_string
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+log = logging.getLogger("pgcdc.spark.apply")
+
+
+class ChangeColumns:
+    """Names of the metadata columns of a change table, beside the source columns."""
+
+    OP = "_pgcdc_op"  # 'I', 'U', 'D' or 'T'
+    LSN = "_pgcdc_lsn"  # commit LSN of the transaction (int64)
+    ORDINAL = "_pgcdc_ordinal"  # position of the change in its transaction
+    UNCHANGED = "_pgcdc_unchanged"  # list<string>: columns holding an unchanged TOAST value
+    OLD_KEY = "_pgcdc_old_key"  # struct of the key columns, set only when an UPDATE changed the key
+    XID = "_pgcdc_xid"
+    COMMIT_TS = "_pgcdc_commit_ts"
+    ORIGIN = "_pgcdc_origin"
+    BEFORE = "_pgcdc_before"  # struct of the source columns: the old image, when the server sent one
+    SEQ = "_pgcdc_seq"  # internal: total order of the events derived from the changes
+    FILL_KEY = "_pgcdc_fill_key"  # internal: take unchanged values from the mirror row under this key
+
+    ALL = (OP, LSN, ORDINAL, UNCHANGED, OLD_KEY, XID, COMMIT_TS, ORIGIN, BEFORE)
+
+
+C = ChangeColumns
+
+
+def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *, lsn: Lsn,
+                  changelog: bool = False) -> int:
+    """Apply ``changes`` to ``mirror`` and record ``lsn`` as its position; returns the changes applied.
+
+    ``lsn`` is the commit LSN of the last transaction ``changes`` holds whole. Nothing is committed when
+    every change is already in the mirror.
+    """
+    ordered = _sorted(changes)
+    if changelog:  # first: the change log's own position makes a replay after a crash here harmless
+        _append_changelog(spark, mirror, _after_position(ordered, mirror.changelog_position), lsn)
+    changes = _after_position(ordered, mirror.position)
+    if changes.num_rows == 0:
+        return 0
+    ops = changes.column(C.OP)
+    truncates = pc.indices_nonzero(pc.equal(ops, "T")).to_pylist()
+    truncated = bool(truncates)
+    if truncated:
+        changes = changes.slice(truncates[-1] + 1)
+    spec = mirror.spec
+    if spec.key_columns:
+        _apply_keyed(spark, mirror, changes, lsn, truncated)
+    elif spec.replica_identity == "n":
+        inserts = changes.filter(pc.equal(changes.column(C.OP), "I"))
+        if inserts.num_rows != changes.num_rows:
+            log.warning("%s has no replica identity: %d updates/deletes cannot be mirrored",
+                        spec.source, changes.num_rows - inserts.num_rows)
+        _write_rows(spark, mirror, _source_frame(spark, mirror, inserts), lsn, overwrite=truncated)
+    else:
+        _apply_keyless(spark, mirror, changes, lsn, truncated)
+    mirror.position = lsn
+    return changes.num_rows
+
+
+# -- ordering and filtering ------------------------------------------------------------------
+
+
+def _after_position(changes: pa.Table, position: Lsn | None) -> pa.Table:
+    if position is None or changes.num_rows == 0:
+        return changes
+    return changes.filter(pc.greater(changes.column(C.LSN), int(position)))
+
+
+def _sorted(changes: pa.Table) -> pa.Table:
+    if changes.num_rows == 0:
+        return changes
+    order = pc.sort_indices(changes, sort_keys=[(C.LSN, "ascending"), (C.ORDINAL, "ascending")])
+    return changes.take(order)
+
+
+def _source_names(mirror: MirrorTable) -> list[str]:
+    return list(mirror.spec.spark_schema.names)
+
+
+# -- keyed tables ----------------------------------------------------------------------------
+
+
+def _apply_keyed(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, lsn: Lsn, truncated: bool) -> None:
+    keys = list(mirror.spec.key_columns)
+    changes, fill_keys = _resolve_unchanged(changes, keys, _source_names(mirror))
+    events = _with_old_key_deletes(changes, keys, fill_keys)
+    frame = arrow_to_dataframe(spark, events, _event_schema(mirror, events))
+    frame.createOrReplaceTempView("_pgcdc_events")
+    names = _source_names(mirror)
+    key_list = ", ".join(quote(k) for k in keys)
+    # Last event per key wins: Iceberg's MERGE allows one source row per target row.
+    reduced = spark.sql(
+        f"SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {C.SEQ} DESC) AS _pgcdc_rank"
+        f" FROM _pgcdc_events) WHERE _pgcdc_rank = 1")
+    if fill_keys is not None and not truncated:
+        reduced = _fill_from_mirror(spark, mirror, reduced, keys, names)
+    reduced.createOrReplaceTempView("_pgcdc_source")
+    if truncated:
+        rows = spark.sql(f"SELECT {', '.join(quote(n) for n in names)} FROM _pgcdc_source WHERE {C.OP} <> 'D'")
+        _write_rows(spark, mirror, rows, lsn, overwrite=True)
+        return
+    maybe_unchanged = _columns_ever_unchanged(changes)
+    assignments = ", ".join(
+        f"{quote(n)} = CASE WHEN array_contains(s.{C.UNCHANGED}, {sql_string(n)}) THEN t.{quote(n)} "
+        f"ELSE s.{quote(n)} END" if n in maybe_unchanged else f"{quote(n)} = s.{quote(n)}"
+        for n in names)
+    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
+    statement = (
+        f"MERGE INTO {mirror.identifier} t USING _pgcdc_source s ON {on} "
+        f"WHEN MATCHED AND s.{C.OP} = 'D' THEN DELETE "
+        f"WHEN MATCHED THEN UPDATE SET {assignments} "
+        f"WHEN NOT MATCHED AND s.{C.OP} <> 'D' THEN INSERT ({', '.join(quote(n) for n in names)}) "
+        f"VALUES ({', '.join('s.' + quote(n) for n in names)})")
+    with_commit_properties(spark, {POSITION_PROPERTY: str(lsn)}, lambda: spark.sql(statement))
+
+
+def _with_old_key_deletes(changes: pa.Table, keys: list[str], fill_keys: pa.Array | None) -> pa.Table:
+    """Each change is one event; an UPDATE that changed the key is preceded by a DELETE of the old key."""
+    count = changes.num_rows
+    seq = pa.array([2 * i + 1 for i in range(count)], pa.int64())
+    events = changes.append_column(C.SEQ, seq)
+    events = events.append_column(C.FILL_KEY, fill_keys if fill_keys is not None
+                                  else pa.nulls(count, changes.schema.field(C.OLD_KEY).type))
+    moved = pc.indices_nonzero(pc.is_valid(changes.column(C.OLD_KEY))).to_pylist()
+    if not moved:
+        return events
+    deletes = events.take(moved)
+    old_keys = deletes.column(C.OLD_KEY).combine_chunks()
+    columns = []
+    for field in deletes.schema:
+        if field.name in keys:
+            columns.append(old_keys.field(field.name))
+        elif field.name == C.OP:
+            columns.append(pa.array(["D"] * len(moved), pa.string()))
+        elif field.name == C.SEQ:
+            columns.append(pa.array([2 * i for i in moved], pa.int64()))
+        elif field.name in (C.LSN, C.ORDINAL, C.XID, C.COMMIT_TS, C.ORIGIN):
+            columns.append(deletes.column(field.name))
+        elif field.name == C.UNCHANGED:
+            columns.append(pa.array([[] for _ in moved], field.type))
+        else:
+            columns.append(pa.nulls(len(moved), field.type))
+    return pa.concat_tables([events, pa.Table.from_arrays(columns, schema=deletes.schema)])
+
+
+def _columns_ever_unchanged(changes: pa.Table) -> set[str]:
+    flat = pc.list_flatten(changes.column(C.UNCHANGED))
+    return set(pc.unique(flat).to_pylist()) if len(flat) else set()
+
+
+def _resolve_unchanged(changes: pa.Table, keys: list[str], names: list[str]
+                       ) -> tuple[pa.Table, pa.Array | None]:
+    """Fill unchanged TOAST values from earlier changes of the same row in this batch.
+
+    A row is followed back through key-changing updates. What the batch cannot tell is left
+    unchanged for the MERGE to keep from the mirror — under the row's own key, or, when its key
+    changed in this batch, under the key it had before the batch (returned as fill keys).
+    """
+    unchanged = changes.column(C.UNCHANGED).to_pylist()
+    wanted = [i for i, cols in enumerate(unchanged) if cols]
+    if not wanted:
+        return changes, None
+    ops = changes.column(C.OP).to_pylist()
+    key_rows = list(zip(*(changes.column(k).to_pylist() for k in keys), strict=True))
+    old_keys = [None if k is None else tuple(k[name] for name in keys)
+                for k in changes.column(C.OLD_KEY).to_pylist()]
+    by_key: dict[tuple, list[int]] = {}
+    for index, key in enumerate(key_rows):
+        by_key.setdefault(key, []).append(index)
+    affected = sorted({c for i in wanted for c in unchanged[i]})
+    values = {name: changes.column(name).to_pylist() for name in affected}
+    fill: list[dict[str, Any] | None] = [None] * changes.num_rows
+
+    for row in wanted:
+        missing = list(unchanged[row])
+        search_key = old_keys[row] if old_keys[row] is not None else key_rows[row]
+        limit = row
+        while missing:
+            earlier = [j for j in by_key.get(search_key, ()) if j < limit]
+            if not earlier:
+                break
+            j = earlier[-1]
+            if ops[j] == "D":
+                missing = []  # the row did not exist before: nothing to keep
+                break
+            for name in list(missing):
+                if name not in unchanged[j]:
+                    values[name][row] = values[name][j]
+                    missing.remove(name)
+            if old_keys[j] is not None:
+                search_key = old_keys[j]
+            limit = j
+        unchanged[row] = missing
+        if missing and search_key != key_rows[row]:
+            fill[row] = dict(zip(keys, search_key, strict=True))
+
+    columns = {name: pa.array(values[name], changes.schema.field(name).type) for name in affected}
+    columns[C.UNCHANGED] = pa.array(unchanged, changes.schema.field(C.UNCHANGED).type)
+    resolved = changes
+    for name, array in columns.items():
+        resolved = resolved.set_column(resolved.schema.get_field_index(name), name, array)
+    fill_type = changes.schema.field(C.OLD_KEY).type
+    fill_keys = pa.array(fill, fill_type) if any(f is not None for f in fill) else None
+    return resolved, fill_keys
+
+
+def _fill_from_mirror(spark: SparkSession, mirror: MirrorTable, reduced: DataFrame, keys: list[str],
+                      names: list[str]) -> DataFrame:
+    """Unchanged values of rows whose key changed in this batch, from the mirror row under the old key."""
+    reduced.createOrReplaceTempView("_pgcdc_reduced")
+    on = " AND ".join(f"f.{quote(k)} = s.{C.FILL_KEY}.{quote(k)}" for k in keys)
+    columns = ", ".join(
+        f"CASE WHEN s.{C.FILL_KEY} IS NOT NULL AND array_contains(s.{C.UNCHANGED}, {sql_string(n)}) "
+        f"THEN f.{quote(n)} ELSE s.{quote(n)} END AS {quote(n)}" for n in names)
+    others = ", ".join(f"s.{c}" for c in (C.OP, C.LSN, C.ORDINAL, C.XID, C.COMMIT_TS, C.ORIGIN, C.SEQ))
+    return spark.sql(
+        f"SELECT {columns}, {others}, CASE WHEN s.{C.FILL_KEY} IS NOT NULL THEN array() "
+        f"ELSE s.{C.UNCHANGED} END AS {C.UNCHANGED} FROM _pgcdc_reduced s "
+        f"LEFT JOIN {mirror.identifier} f ON s.{C.FILL_KEY} IS NOT NULL AND {on}")
+
+
+# -- tables without a key --------------------------------------------------------------------
+
+
+def _apply_keyless(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, lsn: Lsn, truncated: bool) -> None:
+    """REPLICA IDENTITY FULL without a key: rows match on every column. Within the batch a delete first
+    cancels an identical row inserted earlier in it; the rest become one MERGE."""
+    names = _source_names(mirror)
+    after = changes.select(names).to_pylist()
+    before = changes.column(C.BEFORE).to_pylist()
+    unchanged = changes.column(C.UNCHANGED).to_pylist()
+    pending: dict[str, list[dict]] = {}
+    deletes: dict[str, dict] = {}
+    for op, new, old, kept in zip(changes.column(C.OP).to_pylist(), after, before, unchanged, strict=True):
+        if op in ("U", "D") and old is not None:
+            image = repr(tuple(old[n] for n in names))
+            if pending.get(image):
+                pending[image].pop()
+            else:
+                deletes[image] = old
+        if op in ("I", "U"):
+            if kept and old is not None:  # the old image (FULL) carries the value an unchanged column kept
+                new = {**new, **{n: old[n] for n in kept}}
+            pending.setdefault(repr(tuple(new[n] for n in names)), []).append(new)
+    inserts = [row for rows in pending.values() for row in rows]
+    schema = pa.schema([changes.schema.field(n) for n in names])
+    if truncated:
+        table = pa.Table.from_pylist(inserts, schema=schema)
+        _write_rows(spark, mirror, arrow_to_dataframe(spark, table, mirror.spec.spark_schema), lsn, overwrite=True)
+        return
+    marked = [{**row, C.OP: "D"} for row in deletes.values()] + [{**row, C.OP: "I"} for row in inserts]
+    table = pa.Table.from_pylist(marked, schema=schema.append(pa.field(C.OP, pa.string())))
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    frame_schema = StructType([*mirror.spec.spark_schema.fields, StructField(C.OP, StringType())])
+    arrow_to_dataframe(spark, table, frame_schema).createOrReplaceTempView("_pgcdc_source")
+    match = " AND ".join(f"t.{quote(n)} <=> s.{quote(n)}" for n in names)
+    statement = (
+        f"MERGE INTO {mirror.identifier} t USING _pgcdc_source s ON s.{C.OP} = 'D' AND {match} "
+        f"WHEN MATCHED THEN DELETE "
+        f"WHEN NOT MATCHED AND s.{C.OP} = 'I' THEN INSERT ({', '.join(quote(n) for n in names)}) "
+        f"VALUES ({', '.join('s.' + quote(n) for n in names)})")
+    with_commit_properties(spark, {POSITION_PROPERTY: str(lsn)}, lambda: spark.sql(statement))
+
+
+# -- writes ----------------------------------------------------------------------------------
+
+
+def _source_frame(spark: SparkSession, mirror: MirrorTable, changes: pa.Table) -> DataFrame:
+    return arrow_to_dataframe(spark, changes.select(_source_names(mirror)), mirror.spec.spark_schema)
+
+
+def _write_rows(spark: SparkSession, mirror: MirrorTable, rows: DataFrame, lsn: Lsn, *, overwrite: bool) -> None:
+    from pyspark.sql.functions import lit
+
+    writer = (rows.writeTo(mirror.identifier).option(f"snapshot-property.{POSITION_PROPERTY}", str(lsn))
+              # key columns are required in the mirror; the rows carry them, typed nullable by Arrow
+              .option("check-nullability", "false"))
+    if overwrite:
+        writer.overwrite(lit(True))
+    else:
+        writer.append()
+
+
+def _event_schema(mirror: MirrorTable, events: pa.Table) -> StructType:
+    from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType, TimestampType
+
+    key_fields = [f for f in mirror.spec.spark_schema.fields if f.name in mirror.spec.key_columns]
+    key_struct = StructType([StructField(f.name, f.dataType, True) for f in key_fields])
+    return StructType([
+        *mirror.spec.spark_schema.fields,
+        StructField(C.OP, StringType()),
+        StructField(C.LSN, LongType()),
+        StructField(C.ORDINAL, LongType()),
+        StructField(C.UNCHANGED, ArrayType(StringType())),
+        StructField(C.XID, LongType()),
+        StructField(C.COMMIT_TS, TimestampType()),
+        StructField(C.ORIGIN, StringType()),
+        StructField(C.SEQ, LongType()),
+        StructField(C.FILL_KEY, key_struct),
+    ])
+
+
+# -- change log ------------------------------------------------------------------------------
+
+
+def _append_changelog(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, lsn: Lsn) -> None:
+    """Every change as one row of ``<mirror>__changes``: op, position, transaction, before and after images."""
+    if changes.num_rows == 0:
+        return
+    names = _source_names(mirror)
+    after_type = pa.struct([changes.schema.field(n) for n in names])
+    after = pa.StructArray.from_arrays([changes.column(n).combine_chunks() for n in names], fields=list(after_type),
+                                       mask=pc.equal(changes.column(C.OP), "T").combine_chunks())
+    log_table = pa.table({
+        "op": changes.column(C.OP),
+        "commit_lsn": pa.array([str(Lsn(v)) for v in changes.column(C.LSN).to_pylist()], pa.string()),
+        "commit_lsn_value": changes.column(C.LSN),
+        "ordinal": changes.column(C.ORDINAL),
+        "commit_ts": changes.column(C.COMMIT_TS),
+        "xid": changes.column(C.XID),
+        "origin": changes.column(C.ORIGIN),
+        "unchanged_toast": changes.column(C.UNCHANGED),
+        "before": changes.column(C.BEFORE),
+        "after": after,
+    })
+    from pyspark.sql.types import (
+        ArrayType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    image = StructType(list(mirror.spec.spark_schema.fields))
+    schema = StructType([
+        StructField("op", StringType()), StructField("commit_lsn", StringType()),
+        StructField("commit_lsn_value", LongType()), StructField("ordinal", LongType()),
+        StructField("commit_ts", TimestampType()), StructField("xid", LongType()),
+        StructField("origin", StringType()), StructField("unchanged_toast", ArrayType(StringType())),
+        StructField("before", image), StructField("after", image),
+    ])
+    frame = arrow_to_dataframe(spark, log_table, schema)
+    writer = (frame.writeTo(mirror.changelog_identifier)
+              .option(f"snapshot-property.{POSITION_PROPERTY}", str(lsn))
+              .option("merge-schema", "true"))
+    if spark.catalog.tableExists(mirror.changelog_identifier):
+        writer.append()
+    else:
+        (writer.using("iceberg").tableProperty("format-version", "2")
+         .tableProperty("write.spark.accept-any-schema", "true").create())
+    mirror.changelog_position = lsn

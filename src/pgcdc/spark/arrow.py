@@ -1,0 +1,52 @@
+"""Arrow tables into Spark DataFrames, without pandas and without a Python object per value."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+_MAX_ROWS_PER_PARTITION = 64_000
+
+
+def spark_arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow layout Spark expects for ``schema`` (e.g. timestamps as us with UTC, strings as utf8)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema)
+
+
+def arrow_to_dataframe(spark: SparkSession, table: pa.Table, schema: StructType) -> DataFrame:
+    """A DataFrame over ``table``'s rows typed by ``schema``, shipped to the JVM as Arrow IPC.
+
+    This is the path PySpark itself uses for pandas input (one file or socket, one batch per
+    partition), fed with Arrow directly. Executors receive the data through the JVM, so it works
+    on a cluster as well as locally.
+    """
+    from pyspark.serializers import Serializer
+    from pyspark.sql import DataFrame
+
+    expected = spark_arrow_schema(schema)
+    table = table.select(expected.names).cast(expected)
+    batches = table.to_batches(max_chunksize=_MAX_ROWS_PER_PARTITION)  # none for an empty table: schema only
+
+    class _ArrowStream(Serializer):
+        def dump_stream(self, iterator, stream):
+            with pa.RecordBatchStreamWriter(stream, expected) as writer:
+                for batch in iterator:
+                    writer.write_batch(batch)
+
+    context = spark.sparkContext
+    jvm = context._jvm
+    jiter = context._serialize_to_jvm(
+        batches,
+        _ArrowStream(),
+        lambda filename: jvm.PythonSQLUtils.readArrowStreamFromFile(filename),
+        lambda: jvm.ArrowIteratorServer(),
+    )
+    jdf = jvm.PythonSQLUtils.toDataFrame(jiter, schema.json(), spark._jsparkSession)
+    return DataFrame(jdf, spark)

@@ -1,0 +1,257 @@
+"""Iceberg mirror tables: names, creation, schema evolution and the positions they hold.
+
+A source table ``schema.table`` is mirrored as ``<catalog>.<namespace>.<schema>.<table>``: the
+source schema becomes a nested Iceberg namespace, so names stay readable and distinct, case
+included. Characters that would break a file-system path in path-based catalogs are
+percent-encoded (``/`` → ``%2F``, ``\\`` → ``%5C``, ``%`` → ``%25``); everything else, dots,
+spaces, quotes and unicode included, is kept and back-quoted in SQL.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pgcdc.errors import ConfigError
+from pgcdc.lsn import Lsn
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import DataType, StructType
+
+log = logging.getLogger("pgcdc.spark.mirror")
+
+POSITION_PROPERTY = "pgcdc.lsn"
+SOURCE_PROPERTY = "pgcdc.source"
+KEY_PROPERTY = "pgcdc.key"
+CHANGELOG_SUFFIX = "__changes"
+_PATH_UNSAFE = {"%": "%25", "/": "%2F", "\\": "%5C"}
+
+
+def quote(identifier: str) -> str:
+    """A Spark SQL identifier part, back-quoted with back-quotes doubled."""
+    return "`" + identifier.replace("`", "``") + "`"
+
+
+def encode_name(name: str) -> str:
+    return "".join(_PATH_UNSAFE.get(ch, ch) for ch in name)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """What a mirror must look like: the source's name, the Spark schema of its columns, its key."""
+
+    source_schema: str
+    source_table: str
+    spark_schema: StructType
+    key_columns: tuple[str, ...] = ()
+    replica_identity: str = "d"
+
+    @property
+    def source(self) -> str:
+        return f"{self.source_schema}.{self.source_table}"
+
+
+@dataclass
+class MirrorTable:
+    """An Iceberg table mirroring one source table; ``position`` is its ``pgcdc.lsn`` (None before any)."""
+
+    identifier: str
+    changelog_identifier: str
+    spec: TableSpec
+    schema: StructType
+    position: Lsn | None = None
+    changelog_position: Lsn | None = None
+
+
+def _widens(old: DataType, new: DataType) -> bool:
+    from pyspark.sql.types import DecimalType, DoubleType, FloatType, IntegerType, LongType, ShortType
+
+    if old == new:
+        return True
+    if isinstance(old, ShortType | IntegerType) and isinstance(new, IntegerType | LongType):
+        return True
+    if isinstance(old, FloatType) and isinstance(new, DoubleType):
+        return True
+    return (isinstance(old, DecimalType) and isinstance(new, DecimalType) and old.scale == new.scale
+            and new.precision >= old.precision)
+
+
+class MirrorCatalog:
+    """The mirrors of one pgcdc pipeline: ``<catalog>.<namespace>.<source schema>.<source table>``."""
+
+    def __init__(self, spark: SparkSession, *, catalog: str = "pgcdc", namespace: str = "mirror") -> None:
+        if not namespace or "`" in namespace:
+            raise ConfigError(f"mirror namespace {namespace!r} must be a non-empty name without back-quotes")
+        self.spark = spark
+        self.catalog = catalog
+        self.namespace = namespace
+        self._tables: dict[tuple[str, str], MirrorTable] = {}
+
+    def identifier_for(self, source_schema: str, source_table: str) -> str:
+        return ".".join([quote(self.catalog), quote(self.namespace), quote(encode_name(source_schema)),
+                         quote(encode_name(source_table))])
+
+    def changelog_identifier_for(self, source_schema: str, source_table: str) -> str:
+        return self.identifier_for(source_schema, source_table + CHANGELOG_SUFFIX)
+
+    def _exists(self, identifier: str) -> bool:
+        return bool(self.spark.catalog.tableExists(identifier))
+
+    def ensure(self, spec: TableSpec) -> MirrorTable:
+        """The mirror of ``spec``'s source, created or evolved to ``spec.spark_schema``."""
+        key = (spec.source_schema, spec.source_table)
+        known = self._tables.get(key)
+        if known is not None and known.spec == spec:
+            return known
+        identifier = self.identifier_for(spec.source_schema, spec.source_table)
+        changelog = self.changelog_identifier_for(spec.source_schema, spec.source_table)
+        if known is None and not self._exists(identifier):
+            self._create(identifier, spec)
+            mirror = MirrorTable(identifier, changelog, spec, self.spark.table(identifier).schema)
+        else:
+            current = known.schema if known is not None else self.spark.table(identifier).schema
+            mirror = MirrorTable(identifier, changelog, spec, self._evolve(identifier, spec, current))
+            mirror.position = known.position if known is not None else self.read_position(identifier)
+            mirror.changelog_position = (known.changelog_position if known is not None
+                                         else self.read_position(changelog) if self._exists(changelog) else None)
+        self._tables[key] = mirror
+        return mirror
+
+    def _create(self, identifier: str, spec: TableSpec) -> None:
+        missing = [k for k in spec.key_columns if k not in spec.spark_schema.names]
+        if missing:
+            raise ConfigError(f"{spec.source}: key columns {missing} are not among its columns")
+        # Iceberg identifier fields must be required columns.
+        columns = ", ".join(
+            f"{quote(f.name)} {ddl_type(f.dataType)}{' NOT NULL' if f.name in spec.key_columns else ''}"
+            for f in spec.spark_schema.fields)
+        properties = {
+            "format-version": "2",
+            # merge-on-read: a batch's MERGE writes delete files instead of rewriting data files
+            "write.delete.mode": "merge-on-read",
+            "write.update.mode": "merge-on-read",
+            "write.merge.mode": "merge-on-read",
+            SOURCE_PROPERTY: spec.source,
+            KEY_PROPERTY: ",".join(spec.key_columns),
+        }
+        namespace = identifier.rsplit(".", 1)[0]
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
+        self.spark.sql(f"CREATE TABLE {identifier} ({columns}) USING iceberg TBLPROPERTIES ("
+                       + ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items()) + ")")
+        if spec.key_columns:
+            self.spark.sql(f"ALTER TABLE {identifier} SET IDENTIFIER FIELDS "
+                           + ", ".join(quote(k) for k in spec.key_columns))
+        log.info("created mirror %s for %s (key: %s)", identifier, spec.source, ", ".join(spec.key_columns) or "none")
+
+    def _evolve(self, identifier: str, spec: TableSpec, current: StructType) -> StructType:
+        wanted = {f.name: f for f in spec.spark_schema.fields}
+        existing = {f.name: f for f in current.fields}
+        for name, field_ in existing.items():
+            target = wanted.get(name)
+            if target is not None and not _widens(field_.dataType, target.dataType):
+                raise ConfigError(
+                    f"{spec.source}.{name} changed from {field_.dataType.simpleString()} to "
+                    f"{target.dataType.simpleString()}, which Iceberg cannot express in place; resnapshot the "
+                    f"table: DROP TABLE {identifier} in Spark (and its {CHANGELOG_SUFFIX} table if kept), then "
+                    "run pgcdc again, which copies it at a fresh consistent point")
+        statements = []
+        for name, field_ in existing.items():
+            target = wanted.get(name)
+            if target is None:
+                if name in spec.key_columns:
+                    continue
+                statements.append(f"ALTER TABLE {identifier} DROP COLUMN {quote(name)}")
+            elif target.dataType != field_.dataType:
+                statements.append(f"ALTER TABLE {identifier} ALTER COLUMN {quote(name)} TYPE "
+                                  f"{ddl_type(target.dataType)}")
+        for name, target in wanted.items():
+            if name not in existing:
+                statements.append(f"ALTER TABLE {identifier} ADD COLUMN {quote(name)} {ddl_type(target.dataType)}")
+        for statement in statements:
+            log.info("schema change: %s", statement)
+            self.spark.sql(statement)
+        return self.spark.table(identifier).schema if statements else current
+
+    def read_position(self, identifier: str) -> Lsn | None:
+        """The ``pgcdc.lsn`` of the newest snapshot in the table's current lineage that has one (maintenance
+        commits such as compaction carry none)."""
+        rows = self.spark.sql(
+            f"SELECT s.summary['{POSITION_PROPERTY}'] AS lsn FROM {identifier}.snapshots s "
+            f"JOIN {identifier}.history h ON s.snapshot_id = h.snapshot_id "
+            f"WHERE h.is_current_ancestor AND s.summary['{POSITION_PROPERTY}'] IS NOT NULL "
+            "ORDER BY h.made_current_at DESC LIMIT 1").collect()
+        return Lsn.parse(rows[0].lsn) if rows else None
+
+    def _source_tables(self) -> list[tuple[str, str, str]]:
+        """(source schema, source table, identifier) of every mirror in the namespace, from the catalog's
+        own listing (exact names, no parsing of SQL output)."""
+        catalog = self.spark._jsparkSession.sessionState().catalogManager().catalog(self.catalog)
+        gateway = self.spark.sparkContext._gateway
+        root = gateway.new_array(gateway.jvm.java.lang.String, 1)
+        root[0] = self.namespace
+        if not catalog.namespaceExists(root):
+            return []
+        found = []
+        for namespace in catalog.listNamespaces(root):
+            parts = list(namespace)
+            source_schema = _decode(parts[-1])
+            for identifier in catalog.listTables(namespace):
+                name = identifier.name()
+                if name.endswith(CHANGELOG_SUFFIX):
+                    continue
+                source_table = _decode(name)
+                found.append((source_schema, source_table, self.identifier_for(source_schema, source_table)))
+        return sorted(found)
+
+    def positions(self) -> dict[tuple[str, str], Lsn]:
+        """{(source schema, source table): pgcdc.lsn} of every mirror holding a position."""
+        result = {}
+        for source_schema, source_table, identifier in self._source_tables():
+            position = self.read_position(identifier)
+            if position is not None:
+                result[(source_schema, source_table)] = position
+        return result
+
+    def describe(self) -> list[dict[str, Any]]:
+        """For ``pgcdc status``: each mirror with its source, position, rows and snapshot count."""
+        rows = []
+        for source_schema, source_table, identifier in self._source_tables():
+            count = self.spark.sql(f"SELECT count(*) AS n FROM {identifier}").collect()[0].n
+            snapshots = self.spark.sql(f"SELECT count(*) AS n FROM {identifier}.snapshots").collect()[0].n
+            rows.append({"mirror": identifier, "source": f"{source_schema}.{source_table}",
+                         "lsn": self.read_position(identifier), "rows": count, "snapshots": snapshots})
+        return rows
+
+    def drop(self, source_schema: str, source_table: str) -> None:
+        """Drop a mirror (and its change log): the next run copies the table again."""
+        for identifier in (self.identifier_for(source_schema, source_table),
+                           self.changelog_identifier_for(source_schema, source_table)):
+            self.spark.sql(f"DROP TABLE IF EXISTS {identifier} PURGE")
+        self._tables.pop((source_schema, source_table), None)
+
+
+def _decode(name: str) -> str:
+    for raw, encoded in _PATH_UNSAFE.items():
+        if raw != "%":
+            name = name.replace(encoded, raw)
+    return name.replace("%25", "%")
+
+
+def sql_string(value: str) -> str:
+    """A Spark SQL string literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def ddl_type(data_type: DataType) -> str:
+    """A Spark SQL type for DDL, with nested field names quoted (``simpleString`` does not quote them)."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(data_type, StructType):
+        return "STRUCT<" + ", ".join(f"{quote(f.name)}: {ddl_type(f.dataType)}" for f in data_type.fields) + ">"
+    if isinstance(data_type, ArrayType):
+        return f"ARRAY<{ddl_type(data_type.elementType)}>"
+    if isinstance(data_type, MapType):
+        return f"MAP<{ddl_type(data_type.keyType)}, {ddl_type(data_type.valueType)}>"
+    return data_type.simpleString()
