@@ -150,6 +150,23 @@ def pg(pg_server: TestServer) -> Iterator[TestDatabase]:
         drop_database(pg_server, name)
 
 
+@pytest.fixture
+def pg_factory(pg_server: TestServer) -> Iterator:
+    """Fresh databases on demand (one per hypothesis example), all dropped when the test ends."""
+    created: list[str] = []
+
+    def make() -> TestDatabase:
+        name = f"pgcdc_test_{os.getpid()}_{next(_databases)}"
+        with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        created.append(name)
+        return TestDatabase(pg_server, name)
+
+    yield make
+    for name in created:
+        drop_database(pg_server, name)
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory):
     """One local Spark with Iceberg for the session (start-up costs seconds)."""
@@ -182,5 +199,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         names = set(getattr(item, "fixturenames", ()))
         if names & {"spark", "iceberg_namespace"}:
             item.add_marker(pytest.mark.spark)
-        if names & {"pg", "pg_server"}:
+        if names & {"pg", "pg_server", "pg_factory"}:
             item.add_marker(pytest.mark.postgres)

@@ -1,0 +1,165 @@
+"""Typed values against a real server: what the slot sends, converted, equals what PostgreSQL says."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import psycopg
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pgcdc.errors import ConversionError
+from pgcdc.pgoutput import Insert, Relation, Type, decode
+from pgcdc.types import SESSION_SETTINGS, ConversionOptions, TableConverter, TypeRegistry
+
+FORMATS = pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+
+
+def _session(conn: psycopg.Connection) -> None:
+    for key, value in SESSION_SETTINGS.items():
+        conn.execute("SELECT set_config(%s, %s, false)", (key, value))
+
+
+def captured(pg, ddl: str, inserts: list[tuple], *, binary: bool, options: ConversionOptions | None = None,
+             read_back: bool = True):
+    """Create table t, insert the rows, read them back from a slot; returns (converted batch, server rows)."""
+    with pg.connect() as conn:
+        _session(conn)
+        conn.execute(f"CREATE TABLE t (id int PRIMARY KEY, {ddl})")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (pg.name,))
+        placeholders = ", ".join(["%s"] * (len(inserts[0]) + 1))
+        for index, row in enumerate(inserts):
+            conn.execute(f"INSERT INTO t VALUES ({placeholders})", (index, *row))
+        registry = TypeRegistry()
+        registry.load_from_server(conn)
+        rows = conn.execute(
+            "SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+            "'publication_names', 'pub', 'binary', %s)", (pg.name, "true" if binary else "false")).fetchall()
+        relation, tuples = None, []
+        for (data,) in rows:
+            message = decode(data, proto_version=1, in_stream=False)
+            if isinstance(message, Relation):
+                relation = message
+            elif isinstance(message, Type):
+                registry.observe(message)
+            elif isinstance(message, Insert):
+                tuples.append(message.new)
+                assert set(message.new.kinds) <= {"b", "n"} if binary else {"t", "n"}
+    with pg.connect() as conn:  # psycopg's own loaders, default session: the server's view of the values
+        server = conn.execute("SELECT * FROM t ORDER BY id").fetchall() if read_back else []
+    converter = TableConverter(relation, registry, options)
+    return converter.convert(tuples).batch, server, converter
+
+
+@FORMATS
+@settings(max_examples=12)
+@given(ints=st.lists(st.tuples(st.integers(-2**15, 2**15 - 1), st.integers(-2**31, 2**31 - 1),
+                               st.integers(-2**63, 2**63 - 1)), min_size=1, max_size=20))
+def test_integers(pg_factory, binary, ints):
+    pg = pg_factory()
+    batch, server, _ = captured(pg, "a int2, b int4, c int8", ints, binary=binary)
+    assert batch.select(["a", "b", "c"]).to_pylist() == [{"a": r[1], "b": r[2], "c": r[3]} for r in server]
+
+
+@FORMATS
+@settings(max_examples=12)
+@given(values=st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=1, max_size=20))
+def test_float8_keeps_nan_and_infinity(pg_factory, binary, values):
+    pg = pg_factory()
+    batch, server, _ = captured(pg, "f float8", [(v,) for v in values], binary=binary)
+    got = batch.column("f").to_pylist()
+    for mine, (_, theirs) in zip(got, server, strict=True):
+        assert repr(mine) == repr(theirs)
+
+
+@FORMATS
+@settings(max_examples=12)
+@given(values=st.lists(st.decimals(min_value=Decimal("-99999999.99"), max_value=Decimal("99999999.99"), places=2,
+                                   allow_nan=False), min_size=1, max_size=20))
+def test_numeric_with_typmod_is_exact_decimal(pg_factory, binary, values):
+    pg = pg_factory()
+    batch, server, converter = captured(pg, "n numeric(10, 2)", [(v,) for v in values], binary=binary)
+    assert converter.arrow_schema.field("n").type == pa.decimal128(10, 2)
+    assert batch.column("n").to_pylist() == [r[1] for r in server]
+
+
+@FORMATS
+def test_unconstrained_numeric_policies(pg, binary):
+    values = [("NaN",), ("Infinity",), ("-0.000001",), ("123456789012345678901234567890.123456789",), (None,)]
+    batch, server, _ = captured(pg, "n numeric", values, binary=binary)
+    assert batch.column("n").to_pylist() == ["NaN", "Infinity", "-0.000001",
+                                              "123456789012345678901234567890.123456789", None]
+    with pytest.raises(ConversionError, match=r"t\.n"):
+        converter = TableConverter(batch_relation(pg), TypeRegistry(), ConversionOptions(numeric="decimal38"))
+        converter.convert_columns([[b"1"], [b"NaN"]], binary=False)
+
+
+def batch_relation(pg) -> Relation:
+    from pgcdc.replication.published import published_tables
+
+    with pg.connect() as conn:
+        return published_tables(conn, "pub")[0].relation
+
+
+@FORMATS
+def test_times_dates_intervals_and_edges(pg, binary):
+    rows = [("2024-02-29", "23:59:59.999999", "12:00+05:30", "2024-01-01 12:34:56.789", "2024-06-30 23:00:00+02",
+             "1 year 2 mons 3 days 04:05:06.7"),
+            ("4713-01-01 BC", "00:00", "00:00+00", "-infinity", "infinity", "-178000000 years")]
+    batch, _, _ = captured(pg, "d date, t time, ttz timetz, ts timestamp, tstz timestamptz, iv interval",
+                           [tuple(r) for r in rows], binary=binary, read_back=False)
+    bc_days = pg.execute("SELECT '4713-01-01 BC'::date - '1970-01-01'::date")[0][0]  # the server's arithmetic
+    assert batch.column("d").cast(pa.int32()).to_pylist() == [(dt.date(2024, 2, 29) - dt.date(1970, 1, 1)).days,
+                                                              bc_days]
+    assert batch.column("t").to_pylist() == [86_399_999_999, 0]
+    assert batch.column("ttz").to_pylist() == ["12:00:00+05:30", "00:00:00+00"]
+    assert batch.column("ts").to_pylist()[0] == dt.datetime(2024, 1, 1, 12, 34, 56, 789000)
+    assert batch.column("ts").to_pylist()[1] == dt.datetime(1, 1, 1)
+    assert batch.column("tstz").to_pylist() == [dt.datetime(2024, 6, 30, 21, tzinfo=dt.UTC),
+                                                dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)]
+    assert batch.column("iv").to_pylist() == [{"months": 14, "days": 3, "microseconds": 14_706_700_000},
+                                              {"months": -2_136_000_000, "days": 0, "microseconds": 0}]
+
+
+@FORMATS
+def test_text_like_bytes_uuid_json_arrays_enums_domains(pg, binary):
+    with pg.connect() as conn:
+        conn.execute("CREATE TYPE mood AS ENUM ('sad', 'happy')")
+        conn.execute("CREATE DOMAIN small AS int CHECK (VALUE < 10)")
+    rows = [("héllo", "ab", b"\x00\xff", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", '{"a": [1]}', '{"b": null}',
+             [1, None, 3], [["x", None], ["q\"", "y z"]], "happy", 5),
+            (None, None, None, None, None, None, None, None, None, None)]
+    batch, server, _ = captured(pg, "s text, c char(3), b bytea, u uuid, j json, jb jsonb, a int[], g text[][], "
+                                    "m mood, d small", rows, binary=binary)
+    assert batch.column("s").to_pylist() == ["héllo", None]
+    assert batch.column("c").to_pylist() == ["ab ", None]
+    assert batch.column("b").to_pylist() == [b"\x00\xff", None]
+    assert batch.column("u").to_pylist() == [str(server[0][4]), None]
+    assert batch.column("j").to_pylist() == ['{"a": [1]}', None]
+    assert batch.column("jb").to_pylist() == ['{"b": null}', None]
+    assert batch.column("a").to_pylist() == [[1, None, 3], None]
+    assert batch.column("g").to_pylist() == [["x", None, 'q"', "y z"], None]  # flattened row-major
+    assert batch.column("m").to_pylist() == ["happy", None]
+    assert batch.column("d").to_pylist() == [5, None]
+
+
+def test_types_without_binary_decoder_ask_for_text(pg):
+    batch, _, converter = captured(pg, "ip inet, r int4range, price money", [("10.0.0.1", "[1,5)", "1.50")],
+                                   binary=False)
+    assert batch.to_pylist()[0] == {"id": 0, "ip": "10.0.0.1", "r": "[1,5)", "price": "$1.50"}
+    assert converter.requires_text_mode
+
+
+def test_malformed_value_names_table_column_type_and_lsn(pg):
+    _, _, converter = captured(pg, "i int4", [(1,)], binary=False)
+    from pgcdc.lsn import Lsn
+    from pgcdc.pgoutput import TupleData
+
+    with pytest.raises(ConversionError) as info:
+        converter.convert([TupleData("tt", (b"1", b"not a number"))], lsn=Lsn("0/ABC"))
+    message = str(info.value)
+    assert "public.t.i" in message and "int4" in message and "0/ABC" in message
