@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from pgcdc.errors import ConfigError
 from pgcdc.lsn import ZERO, Lsn
-from pgcdc.pgoutput.messages import Relation, TupleData
+from pgcdc.pgoutput.messages import Relation, TupleData, Type
 from pgcdc.replication import (
     LogicalReplicationStream,
     ReplicationOptions,
@@ -74,7 +74,6 @@ class PipelineConfig:
     batch_max_seconds: float = 5.0
     changelog: bool = False
     snapshot: bool = True
-    snapshot_binary: bool = True
     binary: bool = False
     proto_version: int | None = None
     streaming: str | None = None
@@ -197,6 +196,7 @@ class Pipeline:
         self._mirror_keys: dict[int, tuple[str, ...]] = {}
         self._mirrors: MirrorCatalog | None = None
         self._rate_window: list[tuple[float, int]] = []
+        self._mirrored: set[tuple[str, str]] = set()
 
     # -- public -------------------------------------------------------------------
     @property
@@ -271,7 +271,6 @@ class Pipeline:
             converter = self.converter_for(table.relation)
             mirror = self._ensure_mirror(table.relation, converter)
             label = f"{table.schema}.{table.name}"
-            binary = self.config.snapshot_binary and not converter.requires_text_mode
 
             def report(p, label=label):
                 self.progress.snapshot_rows[label] = p.rows
@@ -281,10 +280,11 @@ class Pipeline:
                 self.spark, dsn=self.config.dsn, source_schema=table.schema, source_table=table.name,
                 columns=[c.name for c in table.relation.columns], converter=converter,
                 spark_schema=converter.spark_schema, target_identifier=mirror.identifier,
-                snapshot_name=snapshot_name, consistent_lsn=consistent_lsn, binary=binary,
+                snapshot_name=snapshot_name, consistent_lsn=consistent_lsn,
                 session_settings=dict(SESSION_SETTINGS), progress=report,
             )
             copied[label] = result.rows
+            mirror.position = consistent_lsn
             self.progress.snapshot_rows[label] = result.rows
             log.info("copied %s: %d rows in %.1fs at %s", label, result.rows, result.seconds, consistent_lsn)
         return copied
@@ -292,33 +292,58 @@ class Pipeline:
     # -- streaming ----------------------------------------------------------------
     def _stream(self, *, until_caught_up: bool) -> Progress:
         config = self.config
-        slots = SlotManager(config.dsn)
-        slot = slots.get(config.slot)
+        slot = SlotManager(config.dsn).get(config.slot)
         if slot is None:
             raise ConfigError(f"replication slot {config.slot!r} does not exist; run with snapshot enabled "
                               f"(pgcdc snapshot) or create it with: pgcdc slot create {config.slot}")
+        if slot.invalidated:
+            reason = slot.invalidation_reason or slot.wal_status
+            raise ConfigError(f"replication slot {config.slot!r} was invalidated ({reason}): the WAL it needed is "
+                              f"gone. Drop it (pgcdc slot drop {config.slot}) and the mirrors, then run again to "
+                              "resnapshot")
+        with self._source() as conn:
+            self._registry.load_from_server(conn)
+            tables = published_tables(conn, config.publication)
+        binary = config.binary
+        text_only = [t.relation.qualified_name for t in tables if self.converter_for(t.relation).requires_text_mode]
+        if binary and text_only:
+            log.warning("binary values requested, but %s have types without a binary decoder: streaming text",
+                        ", ".join(text_only))
+            binary = False
         target = self._server_lsn() if until_caught_up else None
         options = ReplicationOptions(publication=config.publication, proto_version=config.proto_version,
                                      streaming=config.streaming, two_phase=config.two_phase,
-                                     binary=config.binary, messages=True, origin=config.origin)
+                                     binary=binary, messages=True, origin=config.origin)
+        stream = LogicalReplicationStream(config.dsn, slot=config.slot, options=options,
+                                          start_lsn=slot.confirmed_flush_lsn)
         assembler = TransactionAssembler(memory_limit_bytes=config.memory_limit_bytes)
-        stream = LogicalReplicationStream(config.dsn, slot=config.slot, options=options)
         self._set_phase("streaming")
         batch = _Batch()
         last_status = 0.0
         try:
             for event in stream.events(idle_timeout=min(1.0, config.batch_max_seconds)):
+                if event.reconnected:  # the server resends everything after the confirmed position
+                    assembler.close()
+                    assembler = TransactionAssembler(memory_limit_bytes=config.memory_limit_bytes)
+                    batch = _Batch()
+                    continue
                 if event.message is not None:
-                    for item in assembler.feed(event.message, data_start=event.data_start, wal_end=event.wal_end):
+                    for item in assembler.feed(event.message):
                         if isinstance(item, Transaction):
                             self._add(batch, item)
                             item.close()
+                        elif isinstance(item, Type):
+                            self._registry.observe(item)
                 idle = event.message is None
                 if batch and (batch.rows >= config.batch_max_rows or self._stop.is_set()
                               or time.monotonic() - batch.started >= config.batch_max_seconds
                               or (target is not None and idle)):
                     self._apply(batch, assembler, stream)
                     batch = _Batch()
+                if idle and not batch and assembler.oldest_pending_lsn() is None and stream.server_wal_end:
+                    # a quiet slot: everything received is applied, so the server's position is safe to
+                    # confirm and WAL does not pile up behind the slot
+                    stream.confirm(stream.server_wal_end)
                 now = time.monotonic()
                 if now - last_status >= 5.0:
                     self._refresh_server_status()
@@ -340,6 +365,7 @@ class Pipeline:
         from pgcdc.spark.apply import apply_changes
 
         started = time.monotonic()
+        self._snapshot_unmirrored(batch)
         for segments in batch.tables.values():
             for index, segment in enumerate(segments):
                 self._convert_pending(segment)
@@ -372,6 +398,27 @@ class Pipeline:
         log.info("applied %d rows of %d transactions up to %s in %.2fs", batch.rows, batch.transactions,
                  batch.last_commit_lsn, elapsed)
         self._emit()
+
+    def _snapshot_unmirrored(self, batch: _Batch) -> None:
+        """Tables the stream started sending without a mirror (added to the publication while running) are
+        copied first; rule 2 then skips the batch's changes that the copy already holds."""
+        relations = [segments[0].relation for segments in batch.tables.values()]
+        missing = [r for r in relations if not self._has_mirror(r)]
+        if missing:
+            with self._source() as conn:
+                tables = [t for t in published_tables(conn, self.config.publication)
+                          if any(t.relation.relation_id == r.relation_id for r in missing)]
+            self._snapshot_missing(tables)
+            self._set_phase("streaming")
+
+    def _has_mirror(self, relation: Relation) -> bool:
+        key = (relation.namespace, relation.name)
+        if key not in self._mirrored:
+            mirror = self._ensure_mirror(relation, self.converter_for(relation))
+            if mirror.position is None:
+                return False
+            self._mirrored.add(key)
+        return True
 
     def _add(self, batch: _Batch, txn: Transaction) -> None:
         for change in txn.changes():

@@ -1,8 +1,8 @@
 """Source vs mirror, row for row: what the demo prints and the end-to-end tests assert.
 
-The source table is read now, each value in PostgreSQL's own text output (the
-server is the oracle for what a value is), and converted with the same typed
-values policy the stream uses; the mirror is read through Spark. Rows compare
+The source table is read now with COPY, each value in PostgreSQL's own text
+output (the server is the oracle for what a value is), and converted with the
+same typed values policy the stream uses; the mirror is read through Spark. Rows compare
 as whole rows (not counts), in any order, NaN equal to NaN.
 """
 
@@ -17,6 +17,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from pgcdc.replication.published import published_tables
+from pgcdc.spark.snapshot import copy_csv_query, read_csv_columns
 from pgcdc.types import SESSION_SETTINGS
 
 if TYPE_CHECKING:
@@ -44,9 +45,23 @@ class TableComparison:
         return "\n".join(lines)
 
 
+def _plain_type(data_type: pa.DataType) -> pa.DataType:
+    """Dates and timestamps as their integers: Python's datetime stops at year 1, PostgreSQL does not."""
+    if pa.types.is_date32(data_type):
+        return pa.int32()
+    if pa.types.is_timestamp(data_type):
+        return pa.int64()
+    if pa.types.is_list(data_type):
+        return pa.list_(_plain_type(data_type.value_type))
+    if pa.types.is_struct(data_type):
+        return pa.struct([pa.field(f.name, _plain_type(f.type)) for f in data_type])
+    return data_type
+
+
 def _canonical_rows(table: pa.Table) -> list[str]:
     # repr makes NaN equal to NaN and keeps types apart ('1' vs 1); sorting makes order irrelevant
-    return sorted(repr(tuple(row.values())) for row in table.to_pylist())
+    plain = table.cast(pa.schema([pa.field(f.name, _plain_type(f.type)) for f in table.schema]))
+    return sorted(repr(tuple(row.values())) for row in plain.to_pylist())
 
 
 def _checksum(rows: list[str]) -> str:
@@ -67,11 +82,11 @@ def compare_publication(pipeline: Pipeline, dsn: str, publication: str) -> list[
             relation = table.relation
             converter = pipeline.converter_for(relation)
             names = [c.name for c in relation.columns]
-            query = sql.SQL("SELECT {} FROM {}.{}").format(
-                sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names),
-                sql.Identifier(relation.namespace), sql.Identifier(relation.name))
-            rows = conn.execute(query).fetchall()
-            columns = [[None if row[i] is None else row[i].encode() for row in rows] for i in range(len(names))]
+            data = bytearray()
+            with conn.cursor().copy(copy_csv_query(relation.namespace, relation.name, names)) as copy:
+                for chunk in copy:
+                    data += chunk
+            columns = read_csv_columns(bytes(data), len(names)) if data else [[] for _ in names]
             source = pa.Table.from_batches([converter.convert_columns(columns, binary=False).batch])
             identifier = pipeline.mirrors.identifier_for(relation.namespace, relation.name)
             mirror_frame = pipeline.spark.table(identifier).select(*[f"`{n}`" for n in names])

@@ -150,7 +150,7 @@ class _Reader:
                 raise self.error(f"truncated at column {index} of {count}", f"{field}[{index}].kind")
             kind = data[pos]
             pos += 1
-            if kind == _T or kind == _B:
+            if kind == _T or kind == _B:  # noqa: SIM109 - two compares beat building a tuple per column
                 if pos + 4 > end:
                     self.pos = pos
                     raise self.error("truncated value length", f"{field}[{index}].length")
@@ -162,7 +162,7 @@ class _Reader:
                     raise self.error(f"{problem} value length {size}", f"{field}[{index}].length")
                 append(data[pos : pos + size])
                 pos += size
-            elif kind == _N or kind == _U:
+            elif kind == _N or kind == _U:  # noqa: SIM109
                 append(None)
             else:
                 self.pos = pos - 1

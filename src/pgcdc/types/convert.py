@@ -89,7 +89,9 @@ class ColumnKind:
 # -- vectorised helpers -------------------------------------------------------------------------
 
 
-def _as_strings(values: Values) -> pa.Array:
+def _as_strings(values: Values | pa.Array) -> pa.Array:
+    if isinstance(values, pa.Array):  # already columnar (the snapshot's CSV reader)
+        return values if pa.types.is_string(values.type) else values.cast(pa.string())
     return pa.array([None if v is None else bytes(v) for v in values], pa.binary()).cast(pa.string())
 
 
@@ -152,13 +154,12 @@ def _jsonb_binary(values: Values) -> pa.Array:
 
 
 def _bytea_text(values: Values) -> pa.Array:
-    def unhex(v: bytes | memoryview) -> bytes:
-        raw = bytes(v)
-        if not raw.startswith(b"\\x"):
+    def unhex(text: str) -> bytes:
+        if not text.startswith("\\x"):
             raise _ValueError("bytea text is not in hex format (set bytea_output = hex)")
-        return bytes.fromhex(raw[2:].decode("ascii"))
+        return bytes.fromhex(text[2:])
 
-    return pa.array([None if v is None else unhex(v) for v in values], pa.binary())
+    return pa.array([None if s is None else unhex(s) for s in _as_strings(values).to_pylist()], pa.binary())
 
 
 def _bytes_binary(values: Values) -> pa.Array:

@@ -1,0 +1,220 @@
+"""Replication slots, server facts, and the checks that say what is wrong with a source and how to fix it."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+
+from pgcdc.errors import ConfigError
+from pgcdc.lsn import Lsn
+from pgcdc.replication.options import with_session_settings
+
+_temporary_names = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    name: str
+    plugin: str | None
+    database: str | None
+    active: bool
+    active_pid: int | None
+    restart_lsn: Lsn | None
+    confirmed_flush_lsn: Lsn | None
+    wal_status: str | None
+    two_phase: bool
+    invalidation_reason: str | None
+
+    @property
+    def invalidated(self) -> bool:
+        return self.wal_status == "lost" or self.invalidation_reason is not None
+
+
+@dataclass(frozen=True)
+class CreatedSlot:
+    """A slot just created; ``snapshot_name`` is usable (SET TRANSACTION SNAPSHOT) while the context is open."""
+
+    name: str
+    consistent_point: Lsn
+    snapshot_name: str | None
+
+
+@dataclass(frozen=True)
+class SourceProblem:
+    what: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    version_num: int
+    wal_level: str
+    system_identifier: str
+    current_lsn: Lsn
+    database: str
+    user: str
+
+
+def _lsn(text: str | None) -> Lsn | None:
+    return Lsn.parse(text) if text else None
+
+
+def server_info(dsn: str) -> ServerInfo:
+    with psycopg.connect(dsn, autocommit=True, application_name="pgcdc") as conn:
+        row = conn.execute(
+            "SELECT current_setting('server_version_num')::int, current_setting('wal_level'), "
+            "(SELECT system_identifier::text FROM pg_control_system()), pg_current_wal_lsn()::text, "
+            "current_database(), current_user").fetchone()
+    assert row is not None
+    return ServerInfo(row[0], row[1], row[2], Lsn.parse(row[3]), row[4], row[5])
+
+
+def replication_connection(dsn: str) -> psycopg2.extras.LogicalReplicationConnection:
+    """A walsender connection in database mode, with pgcdc's session settings."""
+    try:
+        return psycopg2.connect(with_session_settings(dsn),
+                                connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    except psycopg2.OperationalError as exc:
+        message = str(exc)
+        if "replication" in message and ("pg_hba" in message or "permission" in message or "must be" in message):
+            raise ConfigError(f"the server refused a replication connection ({' '.join(message.split())}); grant "
+                              "it: ALTER ROLE <user> REPLICATION, and allow 'replication' for this database in "
+                              "pg_hba.conf") from None
+        raise
+
+
+class SlotManager:
+    """Create, inspect and drop logical replication slots using pgoutput."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+
+    @contextlib.contextmanager
+    def create(self, name: str, *, two_phase: bool = False, failover: bool = False,
+               export_snapshot: bool = True, temporary: bool = False) -> Iterator[CreatedSlot]:
+        """Create slot ``name``; with ``export_snapshot`` the context keeps the snapshot usable by other
+        sessions until it exits (the creating connection stays open and idle)."""
+        conn = replication_connection(self.dsn)
+        try:
+            version = conn.server_version
+            options = [f"SNAPSHOT '{'export' if export_snapshot else 'nothing'}'"]
+            if two_phase:
+                if version < 150000:
+                    raise ConfigError("two-phase decoding needs PostgreSQL 15+; run without two_phase")
+                options.append("TWO_PHASE true")
+            if failover:
+                if version < 170000:
+                    raise ConfigError("failover slots need PostgreSQL 17+; run without failover")
+                options.append("FAILOVER true")
+            if version < 150000:  # the older syntax
+                legacy = {"export": "EXPORT_SNAPSHOT", "nothing": "NOEXPORT_SNAPSHOT"}
+                option_text = legacy["export" if export_snapshot else "nothing"]
+            else:
+                option_text = "(" + ", ".join(options) + ")"
+            cursor = conn.cursor()
+            try:
+                cursor.execute(f"CREATE_REPLICATION_SLOT {psycopg2.extensions.quote_ident(name, cursor)} "
+                               f"{'TEMPORARY ' if temporary else ''}LOGICAL pgoutput {option_text}")
+            except psycopg2.errors.DuplicateObject:
+                raise ConfigError(f"replication slot {name!r} already exists; use it, or drop it with "
+                                  f"pgcdc slot drop {name}") from None
+            except psycopg2.errors.ObjectNotInPrerequisiteState as exc:
+                raise ConfigError(f"cannot create slot {name!r}: {' '.join(str(exc).split())}; set "
+                                  "wal_level = logical and restart PostgreSQL") from None
+            row = cursor.fetchone()
+            yield CreatedSlot(row[0], Lsn.parse(row[1]), row[2])
+        finally:
+            conn.close()
+
+    def create_temporary_snapshot(self) -> contextlib.AbstractContextManager[CreatedSlot]:
+        """A temporary slot with an exported snapshot: a consistent point for copying tables added later."""
+        name = f"pgcdc_copy_{os.getpid()}_{next(_temporary_names)}"
+        return self.create(name, export_snapshot=True, temporary=True)
+
+    def get(self, name: str) -> SlotInfo | None:
+        slots = [s for s in self.list() if s.name == name]
+        return slots[0] if slots else None
+
+    def list(self) -> list[SlotInfo]:
+        with psycopg.connect(self.dsn, autocommit=True, application_name="pgcdc") as conn:
+            version = conn.info.server_version
+            reason = "invalidation_reason" if version >= 170000 else (
+                "CASE WHEN conflicting THEN 'conflicting' END" if version >= 160000 else "NULL")
+            two_phase = "two_phase" if version >= 140000 else "false"
+            wal_status = "wal_status" if version >= 130000 else "NULL"
+            rows = conn.execute(
+                f"SELECT slot_name, plugin, database, active, active_pid, restart_lsn::text, "
+                f"confirmed_flush_lsn::text, {wal_status}, {two_phase}, {reason} "
+                "FROM pg_replication_slots WHERE slot_type = 'logical' ORDER BY slot_name").fetchall()
+        return [SlotInfo(r[0], r[1], r[2], bool(r[3]), r[4], _lsn(r[5]), _lsn(r[6]), r[7], bool(r[8]), r[9])
+                for r in rows]
+
+    def drop(self, name: str, *, wait: bool = True) -> None:
+        with psycopg.connect(self.dsn, autocommit=True, application_name="pgcdc") as conn:
+            try:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+            except psycopg.errors.UndefinedObject:
+                raise ConfigError(f"replication slot {name!r} does not exist") from None
+            except psycopg.errors.ObjectInUse:
+                raise ConfigError(f"replication slot {name!r} is in use by another connection; stop that "
+                                  "consumer first") from None
+
+
+def check_source(dsn: str, *, publication: str) -> list[SourceProblem]:
+    """Everything that would stop pgcdc on this source, each with its fix; empty when ready."""
+    problems: list[SourceProblem] = []
+    with psycopg.connect(dsn, autocommit=True, application_name="pgcdc check") as conn:
+        settings = dict(conn.execute(
+            "SELECT name, setting FROM pg_settings WHERE name IN "
+            "('wal_level', 'max_replication_slots', 'max_wal_senders')").fetchall())
+        if settings.get("wal_level") != "logical":
+            problems.append(SourceProblem(
+                f"wal_level is {settings.get('wal_level')!r}; logical decoding needs 'logical'.",
+                "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL."))
+        for setting in ("max_replication_slots", "max_wal_senders"):
+            if int(settings.get(setting, "0")) == 0:
+                problems.append(SourceProblem(f"{setting} is 0.",
+                                              f"ALTER SYSTEM SET {setting} = 10; then restart PostgreSQL."))
+        role = conn.execute("SELECT current_user, rolreplication OR rolsuper FROM pg_roles "
+                            "WHERE rolname = current_user").fetchone()
+        if role is not None and not role[1]:
+            problems.append(SourceProblem(f"role {role[0]} lacks the REPLICATION attribute.",
+                                          f'ALTER ROLE "{role[0]}" REPLICATION;'))
+        pub = conn.execute("SELECT pubupdate, pubdelete FROM pg_publication WHERE pubname = %s",
+                           (publication,)).fetchone()
+        if pub is None:
+            problems.append(SourceProblem(
+                f"publication {publication!r} does not exist in database {conn.info.dbname!r}.",
+                f"CREATE PUBLICATION {publication} FOR TABLE <tables>;  (or FOR ALL TABLES)"))
+            return problems
+        tables = conn.execute(
+            "SELECT n.nspname, c.relname, c.relreplident::text, "
+            "EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), "
+            "has_table_privilege(c.oid, 'SELECT') "
+            "FROM pg_publication_tables pt JOIN pg_namespace n ON n.nspname = pt.schemaname "
+            "JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename "
+            "WHERE pt.pubname = %s ORDER BY 1, 2", (publication,)).fetchall()
+        if not tables:
+            problems.append(SourceProblem(f"publication {publication!r} publishes no tables.",
+                                          f"ALTER PUBLICATION {publication} ADD TABLE <tables>;"))
+        for schema, table, identity, has_primary_key, readable in tables:
+            qualified = f'"{schema}"."{table}"'
+            no_identity = identity == "n" or (identity == "d" and not has_primary_key)
+            if no_identity and (pub[0] or pub[1]):
+                problems.append(SourceProblem(
+                    f"table {schema}.{table} has no replica identity (REPLICA IDENTITY "
+                    f"{'NOTHING' if identity == 'n' else 'DEFAULT without a primary key'}) but the publication "
+                    "publishes updates/deletes: PostgreSQL will refuse UPDATE and DELETE on it.",
+                    f"ALTER TABLE {qualified} ADD PRIMARY KEY (...); or ALTER TABLE {qualified} REPLICA IDENTITY FULL;"))
+            if not readable:
+                problems.append(SourceProblem(f"the initial copy cannot read {schema}.{table}.",
+                                              f"GRANT SELECT ON {qualified} TO current_user;"))
+    return problems

@@ -1,0 +1,206 @@
+"""Reading a slot: the walsender stream (START_REPLICATION) and the SQL interface, one decoder for both.
+
+The stream reports to the server only what its caller confirmed (``confirm``): the flush
+position never runs ahead of what is durable downstream. Keepalives are answered inside
+``read_message``; connection loss (server restart, terminated backend, network cut) reconnects
+with backoff and resumes from the confirmed position, after a :data:`RECONNECTED` event that tells
+the caller to drop what it had not confirmed (the server sends it again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import select
+import time
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import psycopg
+import psycopg2
+import psycopg2.errors
+
+from pgcdc.errors import ConfigError
+from pgcdc.lsn import Lsn
+from pgcdc.pgoutput import AnyMessage, StreamStart, StreamStop, decode
+from pgcdc.replication.options import ReplicationOptions, with_session_settings
+from pgcdc.replication.slots import replication_connection
+
+log = logging.getLogger("pgcdc.replication")
+
+_STREAM_START = StreamStart.TYPE[0]
+_STREAM_STOP = StreamStop.TYPE[0]
+
+
+class ReplicationEvent(NamedTuple):
+    """A decoded message with its XLogData envelope; ``message`` is None for an idle tick."""
+
+    message: AnyMessage | None
+    data_start: Lsn
+    wal_end: Lsn
+    reconnected: bool = False
+
+
+class LogicalReplicationStream:
+    """``for event in stream.events(): ...`` over a logical slot with pgoutput; see the module docstring."""
+
+    def __init__(self, dsn: str, *, slot: str, options: ReplicationOptions, start_lsn: Lsn | None = None,
+                 status_interval: float = 10.0, max_backoff: float = 30.0, max_retries: int | None = None) -> None:
+        self.dsn = dsn
+        self.slot = slot
+        self.options = options
+        self.status_interval = status_interval
+        self.max_backoff = max_backoff
+        self.max_retries = max_retries
+        self._confirmed = start_lsn or Lsn(0)
+        self._connection: psycopg2.extensions.connection | None = None
+        self._cursor = None
+        self._closed = False
+        self.proto_version = 1
+        self.server_wal_end: Lsn | None = None
+
+    # -- caller interface ------------------------------------------------------------------------
+    @property
+    def confirmed(self) -> Lsn:
+        return self._confirmed
+
+    def confirm(self, flush_lsn: Lsn) -> None:
+        """Everything up to ``flush_lsn`` is durable downstream: tell the server (never goes backwards)."""
+        if flush_lsn <= self._confirmed:
+            return
+        self._confirmed = flush_lsn
+        self._send_feedback(force=True)
+
+    def close(self) -> None:
+        """Send the final flush position and close."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(psycopg2.Error, OSError):
+            self._send_feedback(force=True)
+        self._disconnect()
+
+    def events(self, idle_timeout: float = 1.0) -> Iterator[ReplicationEvent]:
+        """Decoded messages as they arrive, and an idle tick (``message=None``) whenever ``idle_timeout``
+        seconds pass without one."""
+        failures = 0
+        while not self._closed:
+            try:
+                self._start()
+                failures = 0
+                yield from self._read(idle_timeout)
+            except (psycopg2.OperationalError, psycopg2.InterfaceError, psycopg2.errors.AdminShutdown,
+                    OSError) as exc:
+                if self._closed:
+                    return
+                failures += 1
+                if self.max_retries is not None and failures > self.max_retries:
+                    raise
+                delay = min(self.max_backoff, 0.5 * 2 ** (failures - 1))
+                log.warning("replication connection lost (%s); reconnecting in %.1fs from %s",
+                            " ".join(str(exc).split()) or type(exc).__name__, delay, self._confirmed)
+                self._disconnect()
+                time.sleep(delay)
+                yield ReplicationEvent(None, self._confirmed, self._confirmed, reconnected=True)
+
+    # -- internals -------------------------------------------------------------------------------
+    def _start(self) -> None:
+        connection = replication_connection(self.dsn)
+        self._connection = connection
+        options = self.options.negotiate(connection.server_version)
+        self.proto_version = int(options["proto_version"])
+        cursor = connection.cursor()
+        try:
+            cursor.start_replication(slot_name=self.slot, decode=False, start_lsn=int(self._confirmed),
+                                     options=options, status_interval=self.status_interval)
+        except psycopg2.errors.UndefinedObject as exc:
+            raise ConfigError(f"{' '.join(str(exc).split())}: create the slot (pgcdc slot create {self.slot}) or "
+                              "the publication") from None
+        except psycopg2.errors.ObjectInUse:
+            raise ConfigError(f"replication slot {self.slot!r} is active for another process: stop the other "
+                              "consumer (only one may read a slot)") from None
+        except (psycopg2.errors.ObjectNotInPrerequisiteState, psycopg2.errors.FeatureNotSupported,
+                psycopg2.errors.InvalidParameterValue) as exc:
+            raise ConfigError(f"cannot stream slot {self.slot!r}: {' '.join(str(exc).split())}") from None
+        self._cursor = cursor
+        log.info("streaming slot %s from %s (protocol %d, options %s)", self.slot, self._confirmed,
+                 self.proto_version, options)
+
+    def _read(self, idle_timeout: float) -> Iterator[ReplicationEvent]:
+        cursor = self._cursor
+        assert cursor is not None
+        proto = self.proto_version
+        in_stream = False
+        last = time.monotonic()
+        read_message = cursor.read_message
+        while not self._closed:
+            message = read_message()
+            if message is None:
+                wal_end = getattr(cursor, "wal_end", 0)
+                if wal_end:
+                    self.server_wal_end = Lsn(wal_end)
+                now = time.monotonic()
+                if now - last >= idle_timeout:
+                    last = now
+                    yield ReplicationEvent(None, self._confirmed, self.server_wal_end or self._confirmed)
+                    continue
+                select.select([cursor], [], [], max(0.0, idle_timeout - (now - last)))
+                continue
+            payload = message.payload
+            decoded = decode(payload, proto_version=proto, in_stream=in_stream)
+            kind = payload[0]
+            if kind == _STREAM_START:
+                in_stream = True
+            elif kind == _STREAM_STOP:
+                in_stream = False
+            yield ReplicationEvent(decoded, Lsn(message.data_start), Lsn(message.wal_end))
+
+    def _send_feedback(self, *, force: bool) -> None:
+        if self._cursor is None:
+            return
+        lsn = int(self._confirmed)
+        self._cursor.send_feedback(write_lsn=lsn, flush_lsn=lsn, apply_lsn=lsn, force=force)
+
+    def _disconnect(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(psycopg2.Error):
+                self._connection.close()
+        self._connection = None
+        self._cursor = None
+
+
+class SqlInterfaceReader:
+    """The same messages through ``pg_logical_slot_peek_binary_changes`` / ``..._get_binary_changes``:
+    for places where a replication connection is not allowed."""
+
+    def __init__(self, dsn: str, *, slot: str, options: ReplicationOptions) -> None:
+        self.dsn = dsn
+        self.slot = slot
+        self.options = options
+
+    def messages(self, *, consume: bool = False, limit: int | None = None, upto_lsn: Lsn | None = None
+                 ) -> Iterator[tuple[Lsn, AnyMessage]]:
+        """(LSN, message) pairs; ``consume`` advances the slot past what is returned."""
+        function = "pg_logical_slot_get_binary_changes" if consume else "pg_logical_slot_peek_binary_changes"
+        with psycopg.connect(with_session_settings(self.dsn), autocommit=True) as conn:
+            options = self.options.negotiate(conn.info.server_version)
+            proto = int(options["proto_version"])
+            arguments = [value for pair in options.items() for value in pair]
+            placeholders = ", ".join(["%s"] * len(arguments))
+            try:
+                cursor = conn.execute(
+                    f"SELECT lsn::text, data FROM {function}(%s, %s, %s, {placeholders})",
+                    (self.slot, None if upto_lsn is None else str(upto_lsn), limit, *arguments))
+            except psycopg.errors.UndefinedObject as exc:
+                raise ConfigError(f"{' '.join(str(exc).split())}: check --slot and --publication") from None
+            except psycopg.errors.ObjectInUse:
+                raise ConfigError(f"slot {self.slot!r} is being streamed by another process; the SQL interface "
+                                  "cannot read an active slot") from None
+            in_stream = False
+            for lsn_text, data in cursor:
+                message = decode(data, proto_version=proto, in_stream=in_stream)
+                if isinstance(message, StreamStart):
+                    in_stream = True
+                elif isinstance(message, StreamStop):
+                    in_stream = False
+                yield Lsn.parse(lsn_text), message

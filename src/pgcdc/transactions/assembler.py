@@ -1,0 +1,403 @@
+"""From the pgoutput message stream to committed transactions, in commit order.
+
+Handles ordinary transactions (Begin ... Commit), streamed ones (protocol 2+: chunks between
+Stream Start and Stream Stop, released by Stream Commit, dropped whole or per subtransaction by
+Stream Abort, interleaved under ``streaming 'parallel'``), and two-phase ones (protocol 3+: held
+from Prepare, or Stream Prepare, until Commit Prepared or Rollback Prepared).
+
+Memory is bounded: a transaction whose changes outgrow ``memory_limit_bytes`` continues in a
+spill file (pickled chunks) that is read back when it commits and removed when it ends; files
+left by a crashed process are swept when the next assembler starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from pgcdc.errors import ProtocolError
+from pgcdc.lsn import Lsn
+from pgcdc.pgoutput.messages import (
+    AnyMessage,
+    Begin,
+    BeginPrepare,
+    Commit,
+    CommitPrepared,
+    Delete,
+    Insert,
+    Message,
+    Origin,
+    Prepare,
+    Relation,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamPrepare,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    TupleData,
+    Type,
+    Update,
+)
+
+log = logging.getLogger("pgcdc.transactions")
+
+SPILL_PREFIX = "pgcdc-spill-"
+_SPILL_CHUNK = 10_000
+_CHANGE_OVERHEAD = 120  # bytes a buffered change costs beyond its values (objects, references)
+
+
+class Change:
+    """One change of a committed transaction, ordered by ``(commit_lsn, ordinal)``.
+
+    ``op`` is 'I', 'U', 'D', 'T' (truncate: ``truncate_relations``, ``truncate_options``) or 'M'
+    (a transactional logical decoding message: ``message``). ``relation`` is the schema version in
+    force when the change was written.
+    """
+
+    __slots__ = ("commit_lsn", "key", "message", "new", "old", "op", "ordinal", "relation", "truncate_options",
+                 "truncate_relations")
+
+    def __init__(self, commit_lsn: Lsn, ordinal: int, op: str, relation: Relation | None,
+                 new: TupleData | None = None, old: TupleData | None = None, key: TupleData | None = None,
+                 truncate_relations: tuple[Relation, ...] = (), truncate_options: int = 0,
+                 message: Message | None = None) -> None:
+        self.commit_lsn = commit_lsn
+        self.ordinal = ordinal
+        self.op = op
+        self.relation = relation
+        self.new = new
+        self.old = old
+        self.key = key
+        self.truncate_relations = truncate_relations
+        self.truncate_options = truncate_options
+        self.message = message
+
+    def __repr__(self) -> str:
+        table = self.relation.qualified_name if self.relation else ",".join(
+            r.qualified_name for r in self.truncate_relations)
+        return f"Change({self.op} {table} at {self.commit_lsn}#{self.ordinal})"
+
+
+# A buffered change: (subtransaction xid or None, data message, relation version or truncated relations)
+_Item = tuple[int | None, AnyMessage, Any]
+
+
+@dataclass
+class _Buffer:
+    """Changes of one transaction not yet released; spills to disk past the memory limit."""
+
+    xid: int
+    start_lsn: Lsn | None = None
+    commit_ts: int = 0
+    origin: str | None = None
+    items: list[_Item] = field(default_factory=list)
+    size: int = 0
+    count: int = 0
+    spill_path: Path | None = None
+    spill_file: IO[bytes] | None = None
+    aborted_subxids: set[int] = field(default_factory=set)
+    relations: dict[int, Relation] = field(default_factory=dict)  # schema versions sent inside a stream
+
+    def add(self, item: _Item, size: int, limit: int, spill_dir: str | None) -> None:
+        self.items.append(item)
+        self.size += size + _CHANGE_OVERHEAD
+        self.count += 1
+        if self.size > limit:
+            self._spill(spill_dir)
+
+    def _spill(self, spill_dir: str | None) -> None:
+        if self.spill_file is None:
+            handle, name = tempfile.mkstemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-{self.xid}-", dir=spill_dir)
+            self.spill_path = Path(name)
+            self.spill_file = os.fdopen(handle, "wb")
+            log.info("transaction %d exceeds the memory limit: spilling its changes to %s", self.xid, name)
+        for start in range(0, len(self.items), _SPILL_CHUNK):
+            pickle.dump(self.items[start:start + _SPILL_CHUNK], self.spill_file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.items = []
+        self.size = 0
+
+    def iterate(self) -> Iterator[_Item]:
+        if self.spill_file is not None and self.spill_path is not None:
+            self.spill_file.flush()
+            with open(self.spill_path, "rb") as spilled:
+                while True:
+                    try:
+                        chunk = pickle.load(spilled)
+                    except EOFError:
+                        break
+                    yield from chunk
+        yield from self.items
+
+    def close(self) -> None:
+        if self.spill_file is not None:
+            self.spill_file.close()
+            self.spill_file = None
+        if self.spill_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.spill_path.unlink()
+            self.spill_path = None
+        self.items = []
+
+
+class Transaction:
+    """A committed transaction; iterate its changes once with :meth:`changes`, then :meth:`close`."""
+
+    def __init__(self, buffer: _Buffer, commit_lsn: Lsn, end_lsn: Lsn, commit_ts: int, gid: str | None) -> None:
+        self._buffer = buffer
+        self.xid = buffer.xid
+        self.commit_lsn = commit_lsn
+        self.end_lsn = end_lsn
+        self.commit_ts = commit_ts
+        self.origin = buffer.origin
+        self.gid = gid
+        self.change_count = buffer.count
+
+    @property
+    def spilled(self) -> bool:
+        return self._buffer.spill_path is not None
+
+    def changes(self) -> Iterator[Change]:
+        aborted = self._buffer.aborted_subxids
+        ordinal = 0
+        for subxid, message, relation in self._buffer.iterate():
+            if subxid is not None and subxid in aborted:
+                continue
+            if isinstance(message, Insert):
+                yield Change(self.commit_lsn, ordinal, "I", relation, new=message.new)
+            elif isinstance(message, Update):
+                yield Change(self.commit_lsn, ordinal, "U", relation, new=message.new, old=message.old,
+                             key=message.key)
+            elif isinstance(message, Delete):
+                yield Change(self.commit_lsn, ordinal, "D", relation, old=message.old, key=message.key)
+            elif isinstance(message, Truncate):
+                yield Change(self.commit_lsn, ordinal, "T", None, truncate_relations=relation,
+                             truncate_options=message.options)
+            elif isinstance(message, Message):
+                yield Change(self.commit_lsn, ordinal, "M", None, message=message)
+            ordinal += 1
+
+    @property
+    def relation_ids(self) -> set[int]:
+        ids = set()
+        for _, message, relation in self._buffer.iterate():
+            if isinstance(message, Truncate):
+                ids.update(message.relation_ids)
+            elif relation is not None:
+                ids.add(relation.relation_id)
+        return ids
+
+    def close(self) -> None:
+        self._buffer.close()
+
+    def __repr__(self) -> str:
+        return f"Transaction(xid={self.xid}, commit_lsn={self.commit_lsn}, changes={self.change_count})"
+
+
+class TransactionAssembler:
+    """Feed it every decoded message in stream order; it yields committed :class:`Transaction` objects (in
+    commit order), non-transactional logical messages, and Type messages (for the type registry)."""
+
+    def __init__(self, *, memory_limit_bytes: int = 256 << 20, spill_dir: str | os.PathLike[str] | None = None
+                 ) -> None:
+        self.memory_limit_bytes = memory_limit_bytes
+        self.spill_dir = str(spill_dir) if spill_dir is not None else None
+        self.relations: dict[int, Relation] = {}
+        self._current: _Buffer | None = None  # between Begin/Begin Prepare and Commit/Prepare
+        self._streams: dict[int, _Buffer] = {}  # streamed transactions by top-level xid
+        self._stream_xid: int | None = None  # the stream block being received
+        self._prepared: dict[str, tuple[_Buffer, Lsn]] = {}  # gid -> (changes, prepare LSN)
+        sweep_spill_files(self.spill_dir)
+
+    # -- state for the caller ------------------------------------------------------------------
+    def relation(self, relation_id: int) -> Relation | None:
+        return self.relations.get(relation_id)
+
+    @property
+    def in_stream(self) -> bool:
+        """True between Stream Start and Stream Stop: decode the next message with ``in_stream=True``."""
+        return self._stream_xid is not None
+
+    def oldest_pending_lsn(self) -> Lsn | None:
+        """The lowest LSN the slot must not be confirmed past: the prepare LSN of the oldest prepared
+        transaction still held (the server resends a prepared transaction only when its PREPARE lies at or
+        after the confirmed position). Transactions not yet committed need no hold: the server resends any
+        transaction whose commit lies after the confirmed position."""
+        held = [lsn for _, lsn in self._prepared.values()]
+        return min(held) if held else None
+
+    @property
+    def prepared_gids(self) -> list[str]:
+        return list(self._prepared)
+
+    def close(self) -> None:
+        """Drop everything held (its spill files too); the server resends it after a restart."""
+        buffers = [b for b, _ in self._prepared.values()] + list(self._streams.values())
+        if self._current is not None:
+            buffers.append(self._current)
+        for buffer in buffers:
+            buffer.close()
+        self._prepared.clear()
+        self._streams.clear()
+        self._current = None
+
+    # -- the stream ------------------------------------------------------------------------------
+    def feed(self, message: AnyMessage, *, data_start: Lsn | None = None, wal_end: Lsn | None = None
+             ) -> Iterator[Transaction | Message | Type]:
+        """Take one message; yield what it completes."""
+        match message:
+            case Insert() | Update() | Delete():
+                self._add(message, self._relation_for(message.relation_id), _tuple_size(message))
+            case Begin():
+                self._begin(_Buffer(message.xid, start_lsn=message.final_lsn, commit_ts=message.commit_ts))
+            case Commit():
+                buffer = self._end_current("Commit")
+                yield Transaction(buffer, message.commit_lsn, message.end_lsn, message.commit_ts, None)
+            case Relation():
+                self._relation(message)
+            case Type():
+                yield message
+            case Truncate():
+                self._add(message, tuple(self._relation_for(oid) for oid in message.relation_ids), 16)
+            case Message(transactional=True):
+                self._add(message, None, len(message.content))
+            case Message():
+                yield message
+            case Origin():
+                target = self._stream_buffer() if self._stream_xid is not None else self._current
+                if target is None:
+                    raise ProtocolError("Origin outside a transaction")
+                target.origin = message.name
+            case StreamStart():
+                self._stream_start(message)
+            case StreamStop():
+                if self._stream_xid is None:
+                    raise ProtocolError("Stream Stop without Stream Start")
+                self._stream_xid = None
+            case StreamCommit():
+                buffer = self._take_stream(message.xid)
+                self.relations.update(buffer.relations)
+                yield Transaction(buffer, message.commit_lsn, message.end_lsn, message.commit_ts, None)
+            case StreamAbort():
+                self._stream_abort(message)
+            case BeginPrepare():
+                self._begin(_Buffer(message.xid, start_lsn=message.prepare_lsn, commit_ts=message.prepare_ts))
+            case Prepare():
+                self._prepared[message.gid] = (self._end_current("Prepare"), message.prepare_lsn)
+            case StreamPrepare():
+                buffer = self._take_stream(message.xid)
+                self.relations.update(buffer.relations)
+                self._prepared[message.gid] = (buffer, message.prepare_lsn)
+            case CommitPrepared():
+                held = self._prepared.pop(message.gid, None)
+                if held is None:
+                    raise ProtocolError(
+                        f"Commit Prepared for {message.gid!r}, a prepared transaction pgcdc does not hold: the slot "
+                        "was confirmed past its PREPARE by another consumer; its changes are not in this slot")
+                yield Transaction(held[0], message.commit_lsn, message.end_lsn, message.commit_ts, message.gid)
+            case RollbackPrepared():
+                held = self._prepared.pop(message.gid, None)
+                if held is not None:
+                    held[0].close()
+            case _:
+                raise ProtocolError(f"unexpected message {message!r}")
+
+    # -- internals -------------------------------------------------------------------------------
+    def _begin(self, buffer: _Buffer) -> None:
+        if self._current is not None:
+            raise ProtocolError(f"transaction {buffer.xid} began inside transaction {self._current.xid}")
+        self._current = buffer
+
+    def _end_current(self, what: str) -> _Buffer:
+        if self._current is None:
+            raise ProtocolError(f"{what} without a transaction in progress")
+        buffer, self._current = self._current, None
+        return buffer
+
+    def _stream_buffer(self) -> _Buffer:
+        assert self._stream_xid is not None
+        return self._streams[self._stream_xid]
+
+    def _stream_start(self, message: StreamStart) -> None:
+        if self._stream_xid is not None:
+            raise ProtocolError(f"Stream Start for {message.xid} inside the stream of {self._stream_xid}")
+        if message.xid not in self._streams:
+            self._streams[message.xid] = _Buffer(message.xid)
+        self._stream_xid = message.xid
+
+    def _take_stream(self, xid: int) -> _Buffer:
+        buffer = self._streams.pop(xid, None)
+        if buffer is None:
+            # a transaction can be streamed with no change pgcdc was sent (all filtered): nothing to release
+            return _Buffer(xid)
+        return buffer
+
+    def _stream_abort(self, message: StreamAbort) -> None:
+        buffer = self._streams.get(message.xid)
+        if buffer is None:
+            return
+        if message.subxid == message.xid:
+            self._streams.pop(message.xid).close()
+        else:
+            buffer.aborted_subxids.add(message.subxid)
+
+    def _relation(self, message: Relation) -> None:
+        if self._stream_xid is not None:
+            self._stream_buffer().relations[message.relation_id] = message
+        else:
+            self.relations[message.relation_id] = message
+
+    def _relation_for(self, relation_id: int) -> Relation:
+        if self._stream_xid is not None:
+            relation = self._stream_buffer().relations.get(relation_id)
+            if relation is not None:
+                return relation
+        relation = self.relations.get(relation_id)
+        if relation is None:
+            raise ProtocolError(f"a change for relation {relation_id} arrived before its Relation message")
+        return relation
+
+    def _add(self, message: AnyMessage, relation: Any, size: int) -> None:
+        if self._stream_xid is not None:
+            # inside a stream, data messages carry the subtransaction's xid (for Stream Abort of a savepoint)
+            self._stream_buffer().add((getattr(message, "xid", None), message, relation), size,
+                                      self.memory_limit_bytes, self.spill_dir)
+        elif self._current is not None:
+            self._current.add((None, message, relation), size, self.memory_limit_bytes, self.spill_dir)
+        else:
+            raise ProtocolError(f"{type(message).__name__} outside a transaction")
+
+
+def _tuple_size(message: Insert | Update | Delete) -> int:
+    size = 0
+    for tuple_data in (getattr(message, "new", None), getattr(message, "old", None), getattr(message, "key", None)):
+        if tuple_data is not None:
+            size += sum(len(v) for v in tuple_data.values if v is not None) + 8 * len(tuple_data.values)
+    return size
+
+
+def sweep_spill_files(spill_dir: str | None) -> None:
+    """Remove spill files of processes that no longer exist (a crash cannot leave disk behind for long)."""
+    directory = Path(spill_dir or tempfile.gettempdir())
+    for path in directory.glob(f"{SPILL_PREFIX}*"):
+        try:
+            pid = int(path.name[len(SPILL_PREFIX):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        except PermissionError:
+            pass
