@@ -2,6 +2,7 @@
 
 from pgcdc.errors import DecodeError
 from pgcdc.pgoutput.decode import SUPPORTED_PROTO_VERSIONS, decode
+from pgcdc.pgoutput.encode import encode
 from pgcdc.pgoutput.messages import (
     MESSAGE_CLASSES,
     AnyMessage,
@@ -36,6 +37,6 @@ __all__ = [
     "MESSAGE_CLASSES", "SUPPORTED_PROTO_VERSIONS", "AnyMessage", "Begin", "BeginPrepare", "Column", "Commit",
     "CommitPrepared", "DecodeError", "Delete", "Insert", "Message", "Origin", "PgoutputMessage", "Prepare",
     "Relation", "RollbackPrepared", "StreamAbort", "StreamCommit", "StreamPrepare", "StreamStart", "StreamStop",
-    "Truncate", "TupleColumn", "TupleData", "Type", "Update", "decode", "pg_timestamp",
+    "Truncate", "TupleColumn", "TupleData", "Type", "Update", "decode", "encode", "pg_timestamp",
     "pg_timestamp_from_datetime",
 ]
