@@ -18,11 +18,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, settings
 from psycopg import sql
 
 from pgcdc.embedded import EmbeddedPostgres
-
-from hypothesis import HealthCheck, settings
 
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 

@@ -12,10 +12,10 @@ import time
 
 import psycopg
 import pytest
-from pgcdc.verify import compare_publication
 
 from pgcdc.demo import SCHEMA, seed_rows, workload
 from pgcdc.pipeline import Pipeline, PipelineConfig
+from pgcdc.verify import compare_publication
 
 pytestmark = pytest.mark.slow
 

@@ -58,6 +58,7 @@ _BEGIN_PREPARE = struct.Struct(">QQqI")  # prepare_lsn, end_lsn, prepare_ts, xid
 _PREPARE = struct.Struct(">bQQqI")  # flags, lsn, end_lsn, ts, xid (Prepare, Commit Prepared, Stream Prepare)
 _ROLLBACK_PREPARED = struct.Struct(">bQQqqI")
 _COLUMN = struct.Struct(">Ii")  # type oid, typmod
+_XID_RELATION = struct.Struct(">II").unpack_from
 
 _NAMES = {
     b"B"[0]: "Begin", b"M"[0]: "Message", b"C"[0]: "Commit", b"O"[0]: "Origin", b"R"[0]: "Relation",
@@ -135,46 +136,143 @@ class _Reader:
         return message
 
     def tuple_data(self, field: str) -> TupleData:
-        data = self.data
-        end = self.end
-        count = self.int16(f"{field}.number_of_columns")
-        if count < 0:
-            raise self.error(f"negative number of columns {count}", f"{field}.number_of_columns", self.pos - 2)
-        pos = self.pos
-        kinds = bytearray()
-        values: list[bytes | None] = []
-        append = values.append
-        for index in range(count):
-            if pos >= end:
-                self.pos = pos
-                raise self.error(f"truncated at column {index} of {count}", f"{field}[{index}].kind")
-            kind = data[pos]
+        tuple_data, self.pos = _tuple_data(self.data, self.pos, self.end, self.name, field)
+        return tuple_data
+
+
+# Hot-path construction: the messages are frozen dataclasses; the decoder, which owns the objects it
+# builds, fills their slots directly instead of paying for the frozen __init__'s per-field checks.
+_new = object.__new__
+_lsn = int.__new__  # an LSN from an unsigned 64-bit field is always in range
+_SET_TUPLE = (TupleData.kinds.__set__, TupleData.values.__set__)  # type: ignore[attr-defined]
+
+
+def _error(problem: str, msg_type: str, field: str, offset: int) -> DecodeError:
+    return DecodeError(problem, msg_type=msg_type, field=field, offset=offset)
+
+
+def _tuple_data(data: bytes, pos: int, end: int, msg_type: str, field: str) -> tuple[TupleData, int]:
+    if pos + 2 > end:
+        raise _error(f"truncated: 2 bytes needed, {end - pos} left", msg_type, f"{field}.number_of_columns", pos)
+    count = _I16(data, pos)[0]
+    if count < 0:
+        raise _error(f"negative number of columns {count}", msg_type, f"{field}.number_of_columns", pos)
+    pos += 2
+    if count > end - pos:  # every column takes at least one byte: refuse before allocating for them
+        raise _error(f"{count} columns cannot fit in the {end - pos} bytes left", msg_type,
+                     f"{field}.number_of_columns", pos - 2)
+    kinds = bytearray(count)
+    values: list[bytes | None] = [None] * count
+    for index in range(count):
+        if pos >= end:
+            raise _error(f"truncated at column {index} of {count}", msg_type, f"{field}[{index}].kind", pos)
+        kind = data[pos]
+        if kind == _T or kind == _B:  # noqa: SIM109 - two compares beat building a tuple per column
+            start = pos + 5
+            if start > end:
+                raise _error("truncated value length", msg_type, f"{field}[{index}].length", pos + 1)
+            size = _I32(data, pos + 1)[0]
+            stop = start + size
+            if size < 0 or stop > end:
+                problem = "negative" if size < 0 else f"{end - start} bytes left for"
+                raise _error(f"{problem} value length {size}", msg_type, f"{field}[{index}].length", pos + 1)
+            values[index] = data[start:stop]
+            pos = stop
+        elif kind == _N or kind == _U:  # noqa: SIM109
             pos += 1
-            if kind == _T or kind == _B:  # noqa: SIM109 - two compares beat building a tuple per column
-                if pos + 4 > end:
-                    self.pos = pos
-                    raise self.error("truncated value length", f"{field}[{index}].length")
-                size = _I32(data, pos)[0]
-                pos += 4
-                if size < 0 or pos + size > end:
-                    self.pos = pos - 4
-                    problem = "negative" if size < 0 else f"{end - pos} bytes left for"
-                    raise self.error(f"{problem} value length {size}", f"{field}[{index}].length")
-                append(data[pos : pos + size])
-                pos += size
-            elif kind == _N or kind == _U:  # noqa: SIM109
-                append(None)
-            else:
-                self.pos = pos - 1
-                raise self.error(f"unknown tuple column kind {kind!r}", f"{field}[{index}].kind")
-            kinds.append(kind)
-        self.pos = pos
-        return TupleData(kinds.decode("ascii"), tuple(values))
+        else:
+            raise _error(f"unknown tuple column kind {kind!r}", msg_type, f"{field}[{index}].kind", pos)
+        kinds[index] = kind
+    tuple_data = _new(TupleData)
+    _SET_TUPLE[0](tuple_data, kinds.decode("ascii"))
+    _SET_TUPLE[1](tuple_data, tuple(values))
+    return tuple_data, pos
 
 
-def _begin(r: _Reader, in_stream: bool, proto: int) -> AnyMessage:
-    final_lsn, commit_ts, xid = r.struct(_BEGIN, "final_lsn..xid")
-    return r.finish(Begin(Lsn(final_lsn), commit_ts, xid))
+def _head(data: bytes, in_stream: bool, msg_type: str) -> tuple[int | None, int, int]:
+    """xid (inside a stream), relation id, and the position after them, for Insert/Update/Delete."""
+    end = len(data)
+    if in_stream:
+        if end < 9:
+            raise _error(f"truncated: 8 bytes needed, {end - 1} left", msg_type, "xid..relation_id", 1)
+        xid, relation_id = _XID_RELATION(data, 1)
+        return xid, relation_id, 9
+    if end < 5:
+        raise _error(f"truncated: 4 bytes needed, {end - 1} left", msg_type, "relation_id", 1)
+    return None, _U32(data, 1)[0], 5
+
+
+def _marker(data: bytes, pos: int, msg_type: str, field: str) -> int:
+    if pos >= len(data):
+        raise _error("truncated: 1 byte needed, 0 left", msg_type, field, pos)
+    return data[pos]
+
+
+def _trailing(data: bytes, pos: int, msg_type: str) -> None:
+    if pos != len(data):
+        raise _error(f"{len(data) - pos} trailing bytes after the message", msg_type, "end", pos)
+
+
+_SET_INSERT = (Insert.xid.__set__, Insert.relation_id.__set__, Insert.new.__set__)  # type: ignore[attr-defined]
+
+
+def _insert(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
+    xid, relation_id, pos = _head(data, in_stream, "Insert")
+    marker = _marker(data, pos, "Insert", "tuple_marker")
+    if marker != 0x4E:  # 'N'
+        raise _error(f"expected 'N' before the new tuple, got {marker!r}", "Insert", "tuple_marker", pos)
+    new, pos = _tuple_data(data, pos + 1, len(data), "Insert", "new")
+    _trailing(data, pos, "Insert")
+    message = _new(Insert)
+    set_xid, set_relation, set_new = _SET_INSERT
+    set_xid(message, xid)
+    set_relation(message, relation_id)
+    set_new(message, new)
+    return message
+
+
+def _update(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
+    xid, relation_id, pos = _head(data, in_stream, "Update")
+    end = len(data)
+    key = old = None
+    marker = _marker(data, pos, "Update", "tuple_marker")
+    if marker == 0x4B:  # 'K'
+        key, pos = _tuple_data(data, pos + 1, end, "Update", "key")
+        marker = _marker(data, pos, "Update", "new_tuple_marker")
+    elif marker == 0x4F:  # 'O'
+        old, pos = _tuple_data(data, pos + 1, end, "Update", "old")
+        marker = _marker(data, pos, "Update", "new_tuple_marker")
+    if marker != 0x4E:
+        raise _error(f"expected 'N' before the new tuple, got {marker!r}", "Update", "new_tuple_marker", pos)
+    new, pos = _tuple_data(data, pos + 1, end, "Update", "new")
+    _trailing(data, pos, "Update")
+    return Update(xid, relation_id, key, old, new)
+
+
+def _delete(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
+    xid, relation_id, pos = _head(data, in_stream, "Delete")
+    marker = _marker(data, pos, "Delete", "tuple_marker")
+    if marker not in (0x4B, 0x4F):
+        raise _error(f"expected 'K' or 'O' before the old tuple, got {marker!r}", "Delete", "tuple_marker", pos)
+    image, pos = _tuple_data(data, pos + 1, len(data), "Delete", "key" if marker == 0x4B else "old")
+    _trailing(data, pos, "Delete")
+    return Delete(xid, relation_id, image, None) if marker == 0x4B else Delete(xid, relation_id, None, image)
+
+
+def _begin(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
+    if len(data) != 21:
+        problem = "truncated" if len(data) < 21 else f"{len(data) - 21} trailing bytes after the message"
+        raise _error(problem, "Begin", "final_lsn..xid" if len(data) < 21 else "end", min(len(data), 21))
+    final_lsn, commit_ts, xid = _BEGIN.unpack_from(data, 1)
+    return Begin(_lsn(Lsn, final_lsn), commit_ts, xid)
+
+
+def _commit(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
+    if len(data) != 26:
+        problem = "truncated" if len(data) < 26 else f"{len(data) - 26} trailing bytes after the message"
+        raise _error(problem, "Commit", "flags..commit_ts" if len(data) < 26 else "end", min(len(data), 26))
+    flags, commit_lsn, end_lsn, commit_ts = _COMMIT.unpack_from(data, 1)
+    return Commit(flags, _lsn(Lsn, commit_lsn), _lsn(Lsn, end_lsn), commit_ts)
 
 
 def _message(r: _Reader, in_stream: bool, proto: int) -> AnyMessage:
@@ -189,11 +287,6 @@ def _message(r: _Reader, in_stream: bool, proto: int) -> AnyMessage:
         raise r.error(f"negative content length {size}", "content_length", r.pos - 4)
     start = r.need(size, "content")
     return r.finish(Message(xid, bool(flags), lsn, prefix, bytes(r.data[start : start + size])))
-
-
-def _commit(r: _Reader, in_stream: bool, proto: int) -> AnyMessage:
-    flags, commit_lsn, end_lsn, commit_ts = r.struct(_COMMIT, "flags..commit_ts")
-    return r.finish(Commit(flags, Lsn(commit_lsn), Lsn(end_lsn), commit_ts))
 
 
 def _origin(r: _Reader, in_stream: bool, proto: int) -> AnyMessage:
@@ -226,42 +319,6 @@ def _type(r: _Reader, in_stream: bool, proto: int) -> AnyMessage:
     type_oid = r.uint32("type_oid")
     namespace = r.string("namespace")
     return r.finish(Type(xid, type_oid, namespace, r.string("name")))
-
-
-def _insert(r: _Reader, in_stream: bool, proto: int) -> AnyMessage:
-    xid = r.xid_if(in_stream)
-    relation_id = r.uint32("relation_id")
-    marker = r.byte("tuple_marker")
-    if marker != 0x4E:  # 'N'
-        raise r.error(f"expected 'N' before the new tuple, got {marker!r}", "tuple_marker", r.pos - 1)
-    return r.finish(Insert(xid, relation_id, r.tuple_data("new")))
-
-
-def _update(r: _Reader, in_stream: bool, proto: int) -> AnyMessage:
-    xid = r.xid_if(in_stream)
-    relation_id = r.uint32("relation_id")
-    key = old = None
-    marker = r.byte("tuple_marker")
-    if marker == 0x4B:  # 'K'
-        key = r.tuple_data("key")
-        marker = r.byte("new_tuple_marker")
-    elif marker == 0x4F:  # 'O'
-        old = r.tuple_data("old")
-        marker = r.byte("new_tuple_marker")
-    if marker != 0x4E:
-        raise r.error(f"expected 'N' before the new tuple, got {marker!r}", "new_tuple_marker", r.pos - 1)
-    return r.finish(Update(xid, relation_id, key, old, r.tuple_data("new")))
-
-
-def _delete(r: _Reader, in_stream: bool, proto: int) -> AnyMessage:
-    xid = r.xid_if(in_stream)
-    relation_id = r.uint32("relation_id")
-    marker = r.byte("tuple_marker")
-    if marker == 0x4B:
-        return r.finish(Delete(xid, relation_id, r.tuple_data("key"), None))
-    if marker == 0x4F:
-        return r.finish(Delete(xid, relation_id, None, r.tuple_data("old")))
-    raise r.error(f"expected 'K' or 'O' before the old tuple, got {marker!r}", "tuple_marker", r.pos - 1)
 
 
 def _truncate(r: _Reader, in_stream: bool, proto: int) -> AnyMessage:
@@ -321,12 +378,22 @@ def _rollback_prepared(r: _Reader, in_stream: bool, proto: int) -> AnyMessage:
                                      r.string("gid")))
 
 
+def _cold(decoder):
+    """A decoder of a rare message, reading through the bounds-checked :class:`_Reader`."""
+
+    def decode_cold(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
+        return decoder(_Reader(data, _NAMES[data[0]]), in_stream, proto)
+
+    return decode_cold
+
+
 _DECODERS = {
-    b"B"[0]: _begin, b"M"[0]: _message, b"C"[0]: _commit, b"O"[0]: _origin, b"R"[0]: _relation,
-    b"Y"[0]: _type, b"I"[0]: _insert, b"U"[0]: _update, b"D"[0]: _delete, b"T"[0]: _truncate,
-    b"S"[0]: _stream_start, b"E"[0]: _stream_stop, b"c"[0]: _stream_commit, b"A"[0]: _stream_abort,
-    b"b"[0]: _begin_prepare, b"P"[0]: _prepare_like(Prepare), b"K"[0]: _prepare_like(CommitPrepared),
-    b"r"[0]: _rollback_prepared, b"p"[0]: _prepare_like(StreamPrepare),
+    b"I"[0]: _insert, b"U"[0]: _update, b"D"[0]: _delete, b"B"[0]: _begin, b"C"[0]: _commit,
+    b"M"[0]: _cold(_message), b"O"[0]: _cold(_origin), b"R"[0]: _cold(_relation), b"Y"[0]: _cold(_type),
+    b"T"[0]: _cold(_truncate), b"S"[0]: _cold(_stream_start), b"E"[0]: _cold(_stream_stop),
+    b"c"[0]: _cold(_stream_commit), b"A"[0]: _cold(_stream_abort), b"b"[0]: _cold(_begin_prepare),
+    b"P"[0]: _cold(_prepare_like(Prepare)), b"K"[0]: _cold(_prepare_like(CommitPrepared)),
+    b"r"[0]: _cold(_rollback_prepared), b"p"[0]: _cold(_prepare_like(StreamPrepare)),
 }
 _MIN_VERSION = {key[0]: version for key, version in MIN_PROTO_VERSION.items()}
 
@@ -346,23 +413,38 @@ def decode(data: bytes | bytearray | memoryview, *, proto_version: int, in_strea
             data = bytes(data)
         except (TypeError, ValueError, BufferError) as exc:
             raise DecodeError(f"cannot read {type(data).__name__} as bytes: {exc}") from None
-    if proto_version not in SUPPORTED_PROTO_VERSIONS:
-        raise DecodeError(f"unsupported protocol version {proto_version!r}; pgoutput defines versions 1 to 4")
     if not data:
         raise DecodeError("empty message", field="type", offset=0)
     kind = data[0]
-    decoder = _DECODERS.get(kind)
-    if decoder is None:
-        raise DecodeError(f"unknown message type {chr(kind)!r} (0x{kind:02x})", field="type", offset=0)
-    name = _NAMES[kind]
+    if proto_version in _ALLOWED.get((kind, in_stream), ()):
+        return _DECODERS[kind](data, in_stream, proto_version)
+    raise _refusal(kind, proto_version, in_stream)
+
+
+def _refusal(kind: int, proto_version: int, in_stream: bool) -> DecodeError:
+    """Why a message type cannot be decoded in this protocol version and stream state."""
+    if proto_version not in SUPPORTED_PROTO_VERSIONS:
+        return DecodeError(f"unsupported protocol version {proto_version!r}; pgoutput defines versions 1 to 4")
+    name = _NAMES.get(kind)
+    if name is None:
+        return DecodeError(f"unknown message type {chr(kind)!r} (0x{kind:02x})", field="type", offset=0)
     if proto_version < _MIN_VERSION[kind]:
-        raise DecodeError(f"{name} needs protocol version {_MIN_VERSION[kind]}, the stream uses {proto_version}",
-                          msg_type=name, field="type", offset=0)
-    if in_stream and kind in _NEVER_IN_STREAM:
-        raise DecodeError(f"{name} cannot appear between Stream Start and Stream Stop",
-                          msg_type=name, field="type", offset=0)
-    if not in_stream and kind in _ONLY_IN_STREAM:
-        raise DecodeError(f"{name} outside a streamed block", msg_type=name, field="type", offset=0)
+        return DecodeError(f"{name} needs protocol version {_MIN_VERSION[kind]}, the stream uses {proto_version}",
+                           msg_type=name, field="type", offset=0)
     if in_stream and proto_version < 2:
-        raise DecodeError("streamed transactions need protocol version 2 or later", msg_type=name, offset=0)
-    return decoder(_Reader(data, name), in_stream, proto_version)
+        return DecodeError("streamed transactions need protocol version 2 or later", msg_type=name, offset=0)
+    if in_stream:
+        return DecodeError(f"{name} cannot appear between Stream Start and Stream Stop", msg_type=name,
+                           field="type", offset=0)
+    return DecodeError(f"{name} outside a streamed block", msg_type=name, field="type", offset=0)
+
+
+# (message type, in_stream) -> the protocol versions in which it may appear there
+_ALLOWED: dict[tuple[int, bool], frozenset[int]] = {
+    (kind, in_stream): frozenset(
+        v for v in SUPPORTED_PROTO_VERSIONS
+        if v >= _MIN_VERSION[kind] and not (in_stream and (kind in _NEVER_IN_STREAM or v < 2))
+        and not (not in_stream and kind in _ONLY_IN_STREAM))
+    for kind in _DECODERS for in_stream in (False, True)
+}
+

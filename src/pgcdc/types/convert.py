@@ -26,9 +26,10 @@ Policies (also in docs/types.md):
 
 from __future__ import annotations
 
+import functools
+import itertools
 import re
 import struct
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -92,17 +93,20 @@ class ColumnKind:
 def _as_strings(values: Values | pa.Array) -> pa.Array:
     if isinstance(values, pa.Array):  # already columnar (the snapshot's CSV reader)
         return values if pa.types.is_string(values.type) else values.cast(pa.string())
-    return pa.array([None if v is None else bytes(v) for v in values], pa.binary()).cast(pa.string())
+    return pa.array(values, pa.binary()).cast(pa.string())
 
 
 def _fixed(values: Values, width: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """Fixed-width big-endian binary values as a native NumPy array and a null mask."""
-    zero = bytes(width)
-    mask = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
-    buffer = b"".join(zero if v is None else bytes(v) for v in values)
-    if len(buffer) != width * len(values):
-        raise _ValueError(f"binary values of {width} bytes expected")
-    return np.frombuffer(buffer, dtype=np.dtype(dtype).newbyteorder(">")).astype(dtype), mask
+    """Fixed-width big-endian binary values as a native NumPy array and a null mask (no Python per value:
+    Arrow gathers the bytes into one buffer, NumPy swaps them)."""
+    try:
+        gathered = pa.array(values, pa.binary(width))
+    except pa.ArrowInvalid:
+        raise _ValueError(f"binary values of {width} bytes expected") from None
+    mask = gathered.is_null().to_numpy(zero_copy_only=False)
+    big_endian = np.dtype(dtype).newbyteorder(">")
+    raw = np.frombuffer(gathered.buffers()[1], dtype=big_endian, count=len(gathered) * width // big_endian.itemsize)
+    return raw.astype(dtype), mask
 
 
 def _cast_text(target: pa.DataType, fallback: Callable[[str], object] | None = None) -> Callable[[Values], pa.Array]:
@@ -356,8 +360,22 @@ def _uuid_text(values: Values) -> pa.Array:
     return _as_strings(values)
 
 
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype="S1")
+_UUID_DASHES = (8, 12, 16, 20)
+
+
 def _uuid_binary(values: Values) -> pa.Array:
-    return pa.array([None if v is None else str(uuid.UUID(bytes=bytes(v))) for v in values], pa.string())
+    """16-byte uuids to their canonical text, with NumPy over all values at once."""
+    data, mask = _fixed(values, 16, "u1") if values else (np.empty(0, "u1"), np.empty(0, bool))
+    octets = data.reshape(-1, 16)
+    digits = np.empty((len(octets), 32), dtype="S1")
+    digits[:, 0::2] = _HEX_DIGITS[octets >> 4]
+    digits[:, 1::2] = _HEX_DIGITS[octets & 0x0F]
+    parts = np.split(digits, _UUID_DASHES, axis=1)
+    dash = np.full((len(octets), 1), b"-", dtype="S1")
+    text = np.concatenate([parts[0], dash, parts[1], dash, parts[2], dash, parts[3], dash, parts[4]], axis=1)
+    strings = text.view("S36").ravel()
+    return pa.array(strings, pa.binary(36), mask=mask).cast(pa.string())
 
 
 # -- numeric ------------------------------------------------------------------------------------
@@ -438,9 +456,25 @@ def _numeric_decoders(typmod: int, options: ConversionOptions) -> tuple[pa.DataT
             return from_strings(strings.to_pylist())
 
     def binary(values: Values) -> pa.Array:
-        return from_strings([None if v is None else _numeric_binary_text(v) for v in values])
+        load = _psycopg_loader(1700, binary=True)
+        decimals = [None if v is None else load(v) for v in values]
+        try:
+            return pa.array(decimals, target)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            # NaN/infinity or too many digits: the exact checks (and their message) of the text path
+            return from_strings([None if v is None else _numeric_binary_text(v) for v in values])
 
     return target, text, binary
+
+
+@functools.cache
+def _psycopg_loader(oid: int, *, binary: bool) -> Callable[[bytes], object]:
+    """psycopg's own (C) loader of a built-in type, for values no Arrow kernel parses. Looked up at run time
+    (and cached per process), never captured: converters travel to Spark executors by pickling."""
+    from psycopg.adapt import Transformer
+    from psycopg.pq import Format
+
+    return Transformer().get_loader(oid, Format.BINARY if binary else Format.TEXT).load
 
 
 # -- arrays -------------------------------------------------------------------------------------
@@ -581,6 +615,29 @@ def _scalar_kind(pg_type: PgType, typmod: int, options: ConversionOptions) -> Co
     return ColumnKind(name, pa.string(), _as_strings, None)
 
 
+# Arrays whose elements psycopg's C loaders produce as values Arrow takes as they are.
+_NATIVE_ARRAY_ELEMENTS = frozenset({"int2", "int4", "int8", "float4", "float8", "text", "varchar", "bpchar",
+                                    "name", "bool"})
+
+
+def _flatten(value: list) -> list:
+    if any(isinstance(e, list) for e in value):
+        return [x for e in value for x in (_flatten(e) if isinstance(e, list) else [e])]
+    return value
+
+
+def _native_array(array_oid: int, arrow_type: pa.DataType, binary: bool, fallback: Callable) -> Callable:
+    def decode(values: Values) -> pa.Array:
+        load = _psycopg_loader(array_oid, binary=binary)
+        try:
+            lists = [None if v is None else _flatten(load(v)) for v in values]
+            return pa.array(lists, arrow_type)
+        except (ValueError, TypeError, pa.ArrowInvalid, OverflowError):
+            return fallback(values)  # a value psycopg will not load as is: the exact parser says why
+
+    return decode
+
+
 def column_kind(registry: TypeRegistry, type_oid: int, typmod: int, options: ConversionOptions) -> ColumnKind:
     pg_type = registry.resolve(type_oid)
     if pg_type is None:
@@ -590,7 +647,12 @@ def column_kind(registry: TypeRegistry, type_oid: int, typmod: int, options: Con
         element = (_scalar_kind(element_type, typmod, options) if element_type is not None
                    else ColumnKind(f"oid {pg_type.element_oid}", pa.string(), _as_strings, None))
         text, binary = _array_decoders(element)
-        return ColumnKind(f"{element.type_name}[]", pa.list_(element.arrow_type), text, binary)
+        arrow_type = pa.list_(element.arrow_type)
+        if element.type_name in _NATIVE_ARRAY_ELEMENTS and pg_type.oid < 16384:
+            text = _native_array(pg_type.oid, arrow_type, False, text)
+            if binary is not None:
+                binary = _native_array(pg_type.oid, arrow_type, True, binary)
+        return ColumnKind(f"{element.type_name}[]", arrow_type, text, binary)
     if pg_type.namespace == "pg_catalog" or pg_type.is_enum:
         return _scalar_kind(pg_type, typmod, options)
     return ColumnKind(pg_type.name, pa.string(), _as_strings, None)
@@ -675,16 +737,19 @@ class TableConverter:
                                       f"(at LSN {lsn})")
         if not rows:
             return self.convert_columns([[] for _ in range(width)], binary=False, lsn=lsn)
-        column_values = list(zip(*(row.values for row in rows), strict=True))
-        column_kinds = list(zip(*(row.kinds for row in rows), strict=True))
+        # Column-wise views by slicing one flat sequence (C speed), not a Python loop per value.
+        all_kinds = "".join([row.kinds for row in rows])
+        all_values = list(itertools.chain.from_iterable([row.values for row in rows]))
         arrays = []
         unchanged: dict[str, pa.BooleanArray] = {}
-        for index, (values, kinds) in enumerate(zip(column_values, column_kinds, strict=True)):
+        for index in range(width):
+            kinds = all_kinds[index::width]
+            values = all_values[index::width]
             binary = "b" in kinds
             if binary and "t" in kinds:
                 raise ConversionError(f"{self._column(index)}: text and binary values mixed in one batch")
             if "u" in kinds:
-                mask = [k == "u" for k in kinds]
+                mask = np.frombuffer(kinds.encode("ascii"), dtype="u1") == ord("u")
                 unchanged[self.relation.columns[index].name] = pa.array(mask, pa.bool_())
             arrays.append(self._decode(index, values, binary, lsn))
         return ConvertedRows(pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema), unchanged)
