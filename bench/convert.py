@@ -16,13 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import psycopg  # noqa: E402
-from psycopg.adapt import Transformer  # noqa: E402
-from psycopg.pq import Format  # noqa: E402
+import psycopg
+from psycopg.adapt import Transformer
+from psycopg.pq import Format
 
-from pgcdc.embedded import EmbeddedPostgres  # noqa: E402
-from pgcdc.pgoutput import Insert, Relation, decode  # noqa: E402
-from pgcdc.types import SESSION_SETTINGS, TableConverter, TypeRegistry  # noqa: E402
+from pgcdc.embedded import EmbeddedPostgres
+from pgcdc.pgoutput import Insert, Relation, decode
+from pgcdc.types import SESSION_SETTINGS, TableConverter, TypeRegistry
 
 TABLE = """
 CREATE TABLE mixed (id int8 PRIMARY KEY, amount numeric(12, 2), name text, at timestamptz, flag bool,

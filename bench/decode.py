@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import psycopg  # noqa: E402
+import psycopg
 
-from pgcdc.embedded import EmbeddedPostgres  # noqa: E402
-from pgcdc.pgoutput import decode  # noqa: E402
+from pgcdc.embedded import EmbeddedPostgres
+from pgcdc.pgoutput import decode
 
 TABLE = """
 CREATE TABLE bench (id bigint PRIMARY KEY, a int, b text, c numeric(12, 2), d timestamptz, e bool,

@@ -7,9 +7,11 @@ tests that need a newer server than that one skip with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -127,12 +129,8 @@ def drop_database(server: TestServer, name: str) -> None:
                 if pid is not None:
                     admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
                     continue
-                try:
+                with contextlib.suppress(psycopg.errors.ObjectInUse):
                     admin.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-                except psycopg.errors.ObjectInUse:
-                    pass
-            import time
-
             time.sleep(0.1)
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 

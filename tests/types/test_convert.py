@@ -90,7 +90,7 @@ def test_numeric_with_typmod_is_exact_decimal(pg_factory, binary, values):
 @FORMATS
 def test_unconstrained_numeric_policies(pg, binary):
     values = [("NaN",), ("Infinity",), ("-0.000001",), ("123456789012345678901234567890.123456789",), (None,)]
-    batch, server, _ = captured(pg, "n numeric", values, binary=binary)
+    batch, _, _ = captured(pg, "n numeric", values, binary=binary)
     assert batch.column("n").to_pylist() == ["NaN", "Infinity", "-0.000001",
                                               "123456789012345678901234567890.123456789", None]
     with pytest.raises(ConversionError, match=r"t\.n"):

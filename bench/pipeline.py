@@ -1,0 +1,214 @@
+"""The pipeline end to end: sustained apply rate and replication lag, and the initial snapshot's speed.
+
+1. Snapshot: a table of N rows copied into Iceberg by pgcdc (Spark tasks over page ranges, inside the
+   slot's exported snapshot), beside ``COPY ... TO STDOUT`` drained into nothing (the server's own limit)
+   and beside Spark's JDBC reader writing the same Iceberg table.
+2. Apply: a writer commits transactions of 100 rows (inserts and updates) as fast as it can while the
+   pipeline streams them into Iceberg: rows/s from commit to Iceberg commit. Then the writer is paced at
+   50% and 90% of that rate and the lag from each source commit to the mirror commit holding it is
+   measured (p50, p99).
+Last line: one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import psycopg
+
+from pgcdc.embedded import EmbeddedPostgres
+from pgcdc.lsn import Lsn
+from pgcdc.pipeline import Pipeline, PipelineConfig
+from pgcdc.spark.session import iceberg_runtime_jar, spark_session
+
+TABLE = """
+CREATE TABLE big (id bigint PRIMARY KEY, a int, b text, c numeric(12, 2), d timestamptz, e bool, f float8,
+                  g uuid, h jsonb, i date);
+CREATE TABLE flow (id bigint PRIMARY KEY, n int, note text, at timestamptz);
+CREATE PUBLICATION snap FOR TABLE big;
+CREATE PUBLICATION flow FOR TABLE flow;
+"""
+FILL = """
+INSERT INTO big SELECT i, i %% 1000, 'name ' || i, i * 1.25, now(), i %% 2 = 0, i / 3.0, md5(i::text)::uuid,
+       jsonb_build_object('k', i), date '2024-01-01' + (i %% 365)::int
+FROM generate_series(%s::bigint, %s::bigint) i
+"""
+JDBC_JAR = Path("/usr/share/java/postgresql.jar")
+
+
+def raw_copy_rate(dsn: str, rows: int) -> float:
+    with psycopg.connect(dsn) as conn:
+        started = time.perf_counter()
+        with conn.cursor().copy("COPY big TO STDOUT") as copy:
+            for _ in copy:
+                pass
+        return rows / (time.perf_counter() - started)
+
+
+def pgcdc_snapshot_rate(dsn: str, spark, rows: int) -> float:
+    pipeline = Pipeline(PipelineConfig(dsn=dsn, publication="snap", slot="bench_snap", namespace="bench_snap"),
+                        spark=spark)
+    started = time.perf_counter()
+    copied = pipeline.snapshot()
+    seconds = time.perf_counter() - started
+    assert copied["public.big"] == rows, copied
+    return rows / seconds
+
+
+def ensure_jdbc_driver() -> str | None:
+    if JDBC_JAR.exists():
+        return None
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return "the PostgreSQL JDBC driver (Debian: libpostgresql-jdbc-java) is not installed"
+    result = subprocess.run(["apt-get", "install", "-y", "-q", "libpostgresql-jdbc-java"], capture_output=True,
+                            text=True, timeout=600)
+    if result.returncode != 0 or not JDBC_JAR.exists():
+        return f"installing libpostgresql-jdbc-java failed: {result.stderr.strip()[-200:]}"
+    return None
+
+
+def jdbc_rate(server: EmbeddedPostgres, spark, rows: int) -> float:
+    url = f"jdbc:postgresql://{server.host}:{server.port}/postgres"
+    frame = spark.read.jdbc(url, "big", column="id", lowerBound=0, upperBound=rows, numPartitions=2,
+                            properties={"user": "postgres", "driver": "org.postgresql.Driver", "fetchsize": "10000"})
+    started = time.perf_counter()
+    frame.writeTo("pgcdc.bench_jdbc.big").using("iceberg").createOrReplace()
+    return rows / (time.perf_counter() - started)
+
+
+class Writer(threading.Thread):
+    """Commits transactions of 100 rows into ``flow`` (paced when ``rate`` is set); records (commit time,
+    commit LSN) of each."""
+
+    def __init__(self, dsn: str, seconds: float, rate: float | None, first_id: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.seconds, self.rate, self.next_id = dsn, seconds, rate, first_id
+        self.commits: list[tuple[float, Lsn]] = []
+        self.rows = 0
+
+    def run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            started = time.monotonic()
+            while time.monotonic() - started < self.seconds:
+                with conn.transaction():
+                    conn.execute("INSERT INTO flow SELECT i, i %% 7, 'row ' || i, now() FROM "
+                                 "generate_series(%s::bigint, %s::bigint) i", (self.next_id, self.next_id + 79))
+                    conn.execute("UPDATE flow SET n = n + 1 WHERE id BETWEEN %s AND %s",
+                                 (self.next_id - 200, self.next_id - 181))
+                lsn = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+                self.commits.append((time.monotonic(), Lsn.parse(lsn)))
+                self.next_id += 80
+                self.rows += 100
+                if self.rate:
+                    due = started + self.rows / self.rate
+                    time.sleep(max(0.0, due - time.monotonic()))
+
+
+def streaming_phase(dsn: str, spark, seconds: float, rate: float | None, first_id: int
+                    ) -> tuple[float, list[float], int]:
+    """Run the writer and the pipeline together; returns (applied rows/s, lags in s, next id)."""
+    applied: list[tuple[float, Lsn]] = []
+
+    def on_progress(progress) -> None:
+        if progress.applied_lsn is not None and (not applied or applied[-1][1] != progress.applied_lsn):
+            applied.append((time.monotonic(), progress.applied_lsn))
+
+    config = PipelineConfig(dsn=dsn, publication="flow", slot="bench_flow", namespace="bench_flow",
+                            batch_max_seconds=1.0, snapshot=False)
+    pipeline = Pipeline(config, spark=spark, on_progress=on_progress)
+    runner = threading.Thread(target=lambda: pipeline.run(handle_signals=False), daemon=True)
+    writer = Writer(dsn, seconds, rate, first_id)
+    runner.start()
+    time.sleep(3)  # the stream is up before the load starts
+    before = pipeline.progress.rows_applied
+    started = time.monotonic()
+    writer.start()
+    writer.join()
+    target = writer.commits[-1][1]
+    while not applied or applied[-1][1] < target:
+        time.sleep(0.2)
+    elapsed = time.monotonic() - started
+    rows = pipeline.progress.rows_applied - before
+    pipeline.stop()
+    runner.join(timeout=120)
+    lags = []
+    for committed_at, lsn in writer.commits:
+        mirrored_at = next(t for t, applied_lsn in applied if applied_lsn >= lsn)
+        lags.append(max(0.0, mirrored_at - committed_at))
+    return rows / elapsed, lags, writer.next_id
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="300,000-row snapshot, 15-second load phases")
+    args = parser.parse_args()
+    rows = 300_000 if args.quick else 5_000_000
+    phase_seconds = 15.0 if args.quick else 60.0
+    notes: dict[str, str] = {}
+    jdbc_problem = ensure_jdbc_driver()
+    warehouse = tempfile.mkdtemp(prefix="pgcdc-bench-")
+    jars = [str(iceberg_runtime_jar())] + ([str(JDBC_JAR)] if JDBC_JAR.exists() else [])
+    with EmbeddedPostgres(settings={"max_wal_size": "8GB"}) as server:
+        spark = spark_session(warehouse, conf={"spark.jars": ",".join(jars)})
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute(TABLE)
+            for start in range(0, rows, 500_000):
+                conn.execute(FILL, (start, min(rows, start + 500_000) - 1))
+            conn.execute("VACUUM ANALYZE big")
+        copy_rate = raw_copy_rate(server.dsn, rows)
+        snapshot_rate = pgcdc_snapshot_rate(server.dsn, spark, rows)
+        jdbc = None
+        if jdbc_problem:
+            notes["jdbc"] = jdbc_problem
+        else:
+            jdbc = jdbc_rate(server, spark, rows)
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_create_logical_replication_slot('bench_flow', 'pgoutput')")
+        apply_rate, _, next_id = streaming_phase(server.dsn, spark, phase_seconds, None, 1)
+        results = {}
+        for share in (0.5, 0.9):
+            _, lags, next_id = streaming_phase(server.dsn, spark, phase_seconds, apply_rate * share, next_id)
+            results[share] = (percentile(lags, 0.5), percentile(lags, 0.99), statistics.mean(lags))
+        spark.stop()
+    shutil.rmtree(warehouse, ignore_errors=True)
+    print(f"snapshot of {rows:,} rows (10 columns)")
+    print(f"  COPY TO STDOUT, drained          {copy_rate:>12,.0f} rows/s")
+    print(f"  pgcdc snapshot into Iceberg      {snapshot_rate:>12,.0f} rows/s  ({snapshot_rate / copy_rate:.0%} of COPY)")
+    if jdbc:
+        print(f"  Spark JDBC reader into Iceberg   {jdbc:>12,.0f} rows/s  (pgcdc is {snapshot_rate / jdbc:.1f}x)")
+    else:
+        print(f"  Spark JDBC reader: not measured ({notes['jdbc']})")
+    print(f"apply under an unpaced writer: {apply_rate:,.0f} rows/s from source commit to Iceberg commit")
+    for share, (p50, p99, mean) in results.items():
+        print(f"  lag at {share:.0%} of that rate: p50 {p50:.1f}s, p99 {p99:.1f}s, mean {mean:.1f}s")
+    print(json.dumps({
+        "snapshot_rows": rows, "snapshot_rows_per_s": round(snapshot_rate), "copy_rows_per_s": round(copy_rate),
+        "jdbc_rows_per_s": round(jdbc) if jdbc else None,
+        "snapshot_ratio_vs_copy": round(snapshot_rate / copy_rate, 2),
+        "snapshot_ratio_vs_jdbc": round(snapshot_rate / jdbc, 2) if jdbc else None,
+        "apply_rows_per_s": round(apply_rate),
+        "lag_p50_s": round(results[0.9][0], 2), "lag_p99_s": round(results[0.9][1], 2),
+        "lag_p50_s_at_50pct": round(results[0.5][0], 2), "lag_p99_s_at_50pct": round(results[0.5][1], 2),
+        "notes": notes,
+    }))
+
+
+if __name__ == "__main__":
+    main()
