@@ -42,12 +42,24 @@ def fill(conn: psycopg.Connection, rows: int, per_transaction: int) -> None:
 
 def pgcdc_drain(dsn: str, slot: str, transactions: int) -> tuple[float, int]:
     from pgcdc.replication import LogicalReplicationStream, ReplicationOptions
-    from pgcdc.transactions import Transaction, TransactionAssembler
+    from pgcdc.runtime import streaming_gc
+    from pgcdc.transactions import TransactionAssembler
 
     stream = LogicalReplicationStream(dsn, slot=slot, options=ReplicationOptions(publication="pub", proto_version=1))
     assembler = TransactionAssembler()
-    changes = done = 0
     started = time.perf_counter()
+    with streaming_gc():
+        changes = _drain(stream, assembler, transactions)
+    seconds = time.perf_counter() - started
+    stream.close()
+    return seconds, changes
+
+
+def _drain(stream, assembler, transactions: int) -> int:
+    """Changes received until ``transactions`` transactions have been assembled."""
+    from pgcdc.transactions import Transaction
+
+    changes = done = 0
     for event in stream.events(idle_timeout=5.0):
         if event.message is None:
             continue
@@ -59,9 +71,7 @@ def pgcdc_drain(dsn: str, slot: str, transactions: int) -> tuple[float, int]:
                 item.close()
         if done >= transactions:
             break
-    seconds = time.perf_counter() - started
-    stream.close()
-    return seconds, changes
+    return changes
 
 
 def recvlogical_drain(server: EmbeddedPostgres, slot: str, end: Lsn) -> float:

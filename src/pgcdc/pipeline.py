@@ -40,6 +40,7 @@ from pgcdc.replication import (
     check_source,
 )
 from pgcdc.replication.published import PublishedTable, published_tables
+from pgcdc.runtime import streaming_gc
 from pgcdc.transactions import Change, Transaction, TransactionAssembler
 from pgcdc.types import SESSION_SETTINGS, ConversionOptions, TableConverter, TypeRegistry
 
@@ -242,7 +243,7 @@ class Pipeline:
 
     def run(self, *, until_caught_up: bool = False, handle_signals: bool = True) -> Progress:
         """Snapshot if needed, then stream into the mirrors until stopped (or caught up)."""
-        with self._signals(handle_signals):
+        with self._signals(handle_signals), streaming_gc():
             if self.config.snapshot:
                 self.snapshot()
             else:

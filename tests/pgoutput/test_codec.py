@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -41,6 +42,17 @@ from pgcdc.pgoutput import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pg18.jsonl"
+DECODER = sys.modules["pgcdc.pgoutput.decode"]
+
+
+@pytest.fixture(params=["C", "python"], autouse=True)
+def tuple_parser(request, monkeypatch):
+    """Every codec test runs with the C tuple parser (where built) and with the pure-Python one."""
+    if request.param == "python":
+        monkeypatch.setattr(DECODER, "_parse_tuple_c", None)
+    elif DECODER._parse_tuple_c is None:
+        pytest.skip("the C tuple parser is not built here")
+    return request.param
 RECORDS = [json.loads(line) for line in FIXTURES.read_text().splitlines()]
 
 
@@ -286,8 +298,6 @@ def test_huge_declared_counts_do_not_allocate():
 
 def test_live_server_still_sends_what_the_fixtures_hold(pg):
     """The capture path works against the running server, so the fixtures cannot silently rot."""
-    import sys
-
     sys.path.insert(0, str(Path(__file__).parent))
     from capture_fixtures import basic, capture
 

@@ -11,6 +11,7 @@ values and one string of kind characters (see :class:`TupleData`).
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 from pgcdc.errors import DecodeError
@@ -151,7 +152,25 @@ def _error(problem: str, msg_type: str, field: str, offset: int) -> DecodeError:
     return DecodeError(problem, msg_type=msg_type, field=field, offset=offset)
 
 
+try:
+    from pgcdc.pgoutput._tuple import parse as _parse_tuple_c
+except ImportError:  # the C accelerator is optional: the Python loop below does the same, slower
+    _parse_tuple_c = None
+
+
 def _tuple_data(data: bytes, pos: int, end: int, msg_type: str, field: str) -> tuple[TupleData, int]:
+    if _parse_tuple_c is not None:
+        parsed = _parse_tuple_c(data, pos)
+        if parsed is not None:
+            tuple_data = _new(TupleData)
+            _SET_TUPLE[0](tuple_data, parsed[0])
+            _SET_TUPLE[1](tuple_data, parsed[1])
+            return tuple_data, parsed[2]
+        # malformed: the Python loop finds the exact problem and raises it
+    return _tuple_data_python(data, pos, end, msg_type, field)
+
+
+def _tuple_data_python(data: bytes, pos: int, end: int, msg_type: str, field: str) -> tuple[TupleData, int]:
     if pos + 2 > end:
         raise _error(f"truncated: 2 bytes needed, {end - pos} left", msg_type, f"{field}.number_of_columns", pos)
     count = _I16(data, pos)[0]
@@ -213,7 +232,22 @@ def _trailing(data: bytes, pos: int, msg_type: str) -> None:
         raise _error(f"{len(data) - pos} trailing bytes after the message", msg_type, "end", pos)
 
 
-_SET_INSERT = (Insert.xid.__set__, Insert.relation_id.__set__, Insert.new.__set__)  # type: ignore[attr-defined]
+def _setters(cls: type) -> tuple:
+    return tuple(getattr(cls, field.name).__set__ for field in dataclasses.fields(cls))
+
+
+_SET_INSERT = _setters(Insert)
+_SET_UPDATE = _setters(Update)
+_SET_DELETE = _setters(Delete)
+_SET_BEGIN = _setters(Begin)
+_SET_COMMIT = _setters(Commit)
+
+
+def _build(cls: type, setters: tuple, *values: object):
+    message = _new(cls)
+    for setter, value in zip(setters, values):  # noqa: B905 - both come from the same dataclass
+        setter(message, value)
+    return message
 
 
 def _insert(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
@@ -228,7 +262,7 @@ def _insert(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
     set_xid(message, xid)
     set_relation(message, relation_id)
     set_new(message, new)
-    return message
+    return message  # type: ignore[no-any-return]
 
 
 def _update(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
@@ -246,7 +280,7 @@ def _update(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
         raise _error(f"expected 'N' before the new tuple, got {marker!r}", "Update", "new_tuple_marker", pos)
     new, pos = _tuple_data(data, pos + 1, end, "Update", "new")
     _trailing(data, pos, "Update")
-    return Update(xid, relation_id, key, old, new)
+    return _build(Update, _SET_UPDATE, xid, relation_id, key, old, new)
 
 
 def _delete(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
@@ -256,7 +290,9 @@ def _delete(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
         raise _error(f"expected 'K' or 'O' before the old tuple, got {marker!r}", "Delete", "tuple_marker", pos)
     image, pos = _tuple_data(data, pos + 1, len(data), "Delete", "key" if marker == 0x4B else "old")
     _trailing(data, pos, "Delete")
-    return Delete(xid, relation_id, image, None) if marker == 0x4B else Delete(xid, relation_id, None, image)
+    if marker == 0x4B:
+        return _build(Delete, _SET_DELETE, xid, relation_id, image, None)
+    return _build(Delete, _SET_DELETE, xid, relation_id, None, image)
 
 
 def _begin(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
@@ -264,7 +300,7 @@ def _begin(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
         problem = "truncated" if len(data) < 21 else f"{len(data) - 21} trailing bytes after the message"
         raise _error(problem, "Begin", "final_lsn..xid" if len(data) < 21 else "end", min(len(data), 21))
     final_lsn, commit_ts, xid = _BEGIN.unpack_from(data, 1)
-    return Begin(_lsn(Lsn, final_lsn), commit_ts, xid)
+    return _build(Begin, _SET_BEGIN, _lsn(Lsn, final_lsn), commit_ts, xid)
 
 
 def _commit(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
@@ -272,7 +308,7 @@ def _commit(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
         problem = "truncated" if len(data) < 26 else f"{len(data) - 26} trailing bytes after the message"
         raise _error(problem, "Commit", "flags..commit_ts" if len(data) < 26 else "end", min(len(data), 26))
     flags, commit_lsn, end_lsn, commit_ts = _COMMIT.unpack_from(data, 1)
-    return Commit(flags, _lsn(Lsn, commit_lsn), _lsn(Lsn, end_lsn), commit_ts)
+    return _build(Commit, _SET_COMMIT, flags, _lsn(Lsn, commit_lsn), _lsn(Lsn, end_lsn), commit_ts)
 
 
 def _message(r: _Reader, in_stream: bool, proto: int) -> AnyMessage:

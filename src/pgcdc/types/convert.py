@@ -27,6 +27,7 @@ Policies (also in docs/types.md):
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import re
 import struct
@@ -730,6 +731,16 @@ class TableConverter:
         return any(kind.binary is None for kind in self.kinds)
 
     def convert(self, rows: Sequence[TupleData], *, lsn: Lsn | None = None) -> ConvertedRows:
+        # the conversion allocates per-value objects but no reference cycles: collecting during it is pure cost
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._convert(rows, lsn)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _convert(self, rows: Sequence[TupleData], lsn: Lsn | None) -> ConvertedRows:
         width = len(self.kinds)
         for row in rows:
             if len(row.kinds) != width:
