@@ -69,7 +69,11 @@ class LogicalReplicationStream:
         if flush_lsn <= self._confirmed:
             return
         self._confirmed = flush_lsn
-        self._send_feedback(force=True)
+        try:
+            self._send_feedback(force=True)
+        except psycopg2.DatabaseError as exc:
+            # the connection is gone: the reader notices and reconnects, starting from this position
+            log.debug("feedback not sent (%s); it goes with the reconnection", exc)
 
     def close(self) -> None:
         """Send the final flush position and close."""
