@@ -133,3 +133,20 @@ def test_killed_at_random_points_and_restarted_loses_and_duplicates_nothing(pg, 
     assert final.returncode == 0, output
     spark.catalog.clearCache()
     _assert_mirrors_equal(Pipeline(config, spark=spark), pg.dsn)
+
+
+def test_on_a_local_cluster_executors_share_no_driver_state(pg, spark):
+    """The same workload with separate executor processes (local-cluster): conversion, reduce and MERGE run
+    in Spark tasks, so nothing may rely on state in the driver."""
+    pg.server.require(16, "streaming 'parallel' and two-phase decoding")
+    _prepare_source(pg, rows=100)
+    config = _config(pg, spark)
+    snapshot = _run_cli(config, "--master", "local-cluster[2,1,1024]", "--until-caught-up")
+    output, _ = snapshot.communicate(timeout=600)
+    assert snapshot.returncode == 0, output
+    with pg.connect() as conn:
+        workload(conn, rows=100, large_rows=2000)
+    streamed = _run_cli(config, "--master", "local-cluster[2,1,1024]", "--until-caught-up")
+    output, _ = streamed.communicate(timeout=600)
+    assert streamed.returncode == 0, output
+    _assert_mirrors_equal(Pipeline(config, spark=spark), pg.dsn)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
@@ -125,6 +133,11 @@ def test_schema_evolution_and_refused_narrowing(spark, mirrors):
     mirror = mirrors.ensure(TableSpec("s", "evolve", wider, ("id",)))
     fields = {f.name: f.dataType for f in spark.table(mirror.identifier).schema.fields}
     assert fields == {"id": LongType(), "n": LongType(), "new": StringType()}
+    # a fresh process reads the table back: smallint is stored as int, which is no change
+    small = StructType([*wider.fields, StructField("s", ShortType())])
+    mirrors.ensure(TableSpec("s", "evolve", small, ("id",)))
+    reopened = MirrorCatalog(spark, catalog="pgcdc", namespace=mirrors.namespace)
+    assert reopened.ensure(TableSpec("s", "evolve", small, ("id",))).schema["s"].dataType == IntegerType()
     narrower = StructType([StructField("id", LongType()), StructField("n", StringType()),
                            StructField("new", StringType())])
     with pytest.raises(ConfigError, match="resnapshot"):

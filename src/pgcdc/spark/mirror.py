@@ -65,6 +65,29 @@ class MirrorTable:
     changelog_position: Lsn | None = None
 
 
+def stored_type(data_type: DataType) -> DataType:
+    """The type Iceberg stores for a Spark type: it has no 8- or 16-bit integers (they become int)."""
+    from pyspark.sql.types import (
+        ArrayType,
+        ByteType,
+        IntegerType,
+        MapType,
+        ShortType,
+        StructField,
+        StructType,
+    )
+
+    if isinstance(data_type, ByteType | ShortType):
+        return IntegerType()
+    if isinstance(data_type, ArrayType):
+        return ArrayType(stored_type(data_type.elementType), data_type.containsNull)
+    if isinstance(data_type, MapType):
+        return MapType(stored_type(data_type.keyType), stored_type(data_type.valueType), data_type.valueContainsNull)
+    if isinstance(data_type, StructType):
+        return StructType([StructField(f.name, stored_type(f.dataType), f.nullable) for f in data_type.fields])
+    return data_type
+
+
 def _widens(old: DataType, new: DataType) -> bool:
     from pyspark.sql.types import DecimalType, DoubleType, FloatType, IntegerType, LongType, ShortType
 
@@ -150,7 +173,7 @@ class MirrorCatalog:
         existing = {f.name: f for f in current.fields}
         for name, field_ in existing.items():
             target = wanted.get(name)
-            if target is not None and not _widens(field_.dataType, target.dataType):
+            if target is not None and not _widens(stored_type(field_.dataType), stored_type(target.dataType)):
                 raise ConfigError(
                     f"{spec.source}.{name} changed from {field_.dataType.simpleString()} to "
                     f"{target.dataType.simpleString()}, which Iceberg cannot express in place; resnapshot the "
@@ -163,9 +186,9 @@ class MirrorCatalog:
                 if name in spec.key_columns:
                     continue
                 statements.append(f"ALTER TABLE {identifier} DROP COLUMN {quote(name)}")
-            elif target.dataType != field_.dataType:
+            elif stored_type(target.dataType) != stored_type(field_.dataType):
                 statements.append(f"ALTER TABLE {identifier} ALTER COLUMN {quote(name)} TYPE "
-                                  f"{ddl_type(target.dataType)}")
+                                  f"{ddl_type(stored_type(target.dataType))}")
         for name, target in wanted.items():
             if name not in existing:
                 statements.append(f"ALTER TABLE {identifier} ADD COLUMN {quote(name)} {ddl_type(target.dataType)}")

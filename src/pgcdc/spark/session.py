@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 DEFAULT_CATALOG = "pgcdc"
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 MIN_JAVA = 17
+LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 
 def iceberg_runtime_jar() -> Path:
@@ -124,7 +125,8 @@ def spark_session(
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.adaptive.enabled": "true",
-        "spark.driver.extraJavaOptions": "-Dlog4j2.level=ERROR",
+        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={LOG_CONFIG.as_uri()}",
+        "spark.executor.extraJavaOptions": f"-Dlog4j.configurationFile={LOG_CONFIG.as_uri()}",
     }
     if local:
         settings["spark.sql.shuffle.partitions"] = "4"
