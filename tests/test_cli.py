@@ -174,3 +174,38 @@ def test_demo_reports_every_mirror_equal(tmp_path):
     assert result.returncode == 0, _output(result)[-4000:]
     assert "every mirror equals its source" in result.stdout
     assert "NO" not in result.stdout.split("source vs mirror")[1]
+
+
+def test_run_logs_json_lines_and_never_prints_the_password(pg, spark):
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, note text)")
+    pg.execute("INSERT INTO items SELECT i, 'n' FROM generate_series(1, 20) i")
+    pg.execute("CREATE PUBLICATION pub FOR TABLE items")
+    warehouse = spark.conf.get("spark.sql.catalog.pgcdc.warehouse")
+    dsn = pg.dsn + f" password={SECRET}"  # the embedded server trusts local users: the password is only carried
+    result = pgcdc("--log-format", "json", "run", "--dsn", dsn, "--publication", "pub", "--slot", "json_run",
+                   "--warehouse", warehouse, "--namespace", f"cli_{pg.name}", "--until-caught-up", timeout=600)
+    assert result.returncode == 0, _output(result)[-3000:]
+    assert SECRET not in _output(result)
+    entries = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    assert any(e["logger"].startswith("pgcdc") and e["level"] == "info" for e in entries)
+    assert all({"ts", "level", "logger", "message"} <= set(e) for e in entries)
+    assert "applied" in result.stdout
+
+
+def test_metrics_endpoint_serves_pipeline_progress():
+    import urllib.request
+
+    from pgcdc.embedded import free_port
+    from pgcdc.lsn import Lsn
+    from pgcdc.observability import MetricsServer
+    from pgcdc.pipeline import Progress
+
+    port = free_port()
+    metrics = MetricsServer(port)
+    metrics.update(Progress(rows_applied=1500, batches_applied=3, applied_lsn=Lsn("0/100"),
+                            server_lsn=Lsn("0/180"), wal_retained_bytes=4096))
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert "pgcdc_rows_applied_total 1500.0" in body
+    assert "pgcdc_batches_applied_total 3.0" in body
+    assert "pgcdc_lag_bytes 128.0" in body
+    assert "pgcdc_wal_retained_bytes 4096.0" in body

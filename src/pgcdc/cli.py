@@ -135,6 +135,9 @@ def run(
                        ] = "string",
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", envvar="PGCDC_METRICS_PORT",
                                                      help="Serve Prometheus metrics on this port.")] = None,
+    heartbeat_seconds: Annotated[float | None, typer.Option(
+        "--heartbeat-seconds", envvar="PGCDC_HEARTBEAT_SECONDS",
+        help="When idle, emit a logical message this often so a quiet slot keeps advancing.")] = None,
 ) -> None:
     """Snapshot if needed, then stream changes into the Iceberg mirrors until stopped (Ctrl-C stops cleanly)."""
     from pgcdc.pipeline import Pipeline
@@ -143,7 +146,8 @@ def run(
         dsn=dsn, publication=publication, slot=slot, warehouse=warehouse, catalog=catalog, namespace=namespace,
         spark_master=master, spark_conf=_spark_conf(conf), batch_max_rows=batch_rows,
         batch_max_seconds=batch_seconds, changelog=changelog, snapshot=not no_snapshot, binary=binary,
-        proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric)
+        proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
+        heartbeat_seconds=heartbeat_seconds)
     from pgcdc.observability import MetricsServer, StatusLine
 
     metrics = MetricsServer(metrics_port) if metrics_port else None

@@ -82,6 +82,7 @@ class PipelineConfig:
     origin: str | None = None
     numeric: str = "string"
     memory_limit_bytes: int = 256 << 20
+    heartbeat_seconds: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -102,6 +103,8 @@ class PipelineConfig:
             problems.append("batch_max_rows must be at least 1")
         if self.batch_max_seconds <= 0:
             problems.append("batch_max_seconds must be positive")
+        if self.heartbeat_seconds is not None and self.heartbeat_seconds <= 0:
+            problems.append("heartbeat_seconds must be positive")
         if self.proto_version is not None and self.proto_version not in (1, 2, 3, 4):
             problems.append(f"proto_version {self.proto_version} is not one of 1, 2, 3, 4")
         if self.streaming not in (None, "off", "on", "parallel"):
@@ -320,7 +323,7 @@ class Pipeline:
         assembler = TransactionAssembler(memory_limit_bytes=config.memory_limit_bytes)
         self._set_phase("streaming")
         batch = _Batch()
-        last_status = 0.0
+        last_status = last_heartbeat = 0.0
         try:
             for event in stream.events(idle_timeout=min(1.0, config.batch_max_seconds)):
                 if event.reconnected:  # the server resends everything after the confirmed position
@@ -349,6 +352,9 @@ class Pipeline:
                 if now - last_status >= 5.0:
                     self._refresh_server_status()
                     last_status = now
+                if idle and config.heartbeat_seconds and now - last_heartbeat >= config.heartbeat_seconds:
+                    self._heartbeat()
+                    last_heartbeat = now
                 if self._stop.is_set():
                     break
                 if (target is not None and idle and not batch and assembler.oldest_pending_lsn() is None
@@ -509,6 +515,15 @@ class Pipeline:
     def _server_lsn(self) -> Lsn:
         with self._source() as conn:
             return Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
+    def _heartbeat(self) -> None:
+        """A tiny non-transactional logical message in the source database: when the published tables are
+        quiet but other databases write WAL, the slot still gets something to confirm, so WAL does not pile up."""
+        try:
+            with self._source() as conn:
+                conn.execute("SELECT pg_logical_emit_message(false, 'pgcdc.heartbeat', '')")
+        except psycopg.Error as exc:
+            log.warning("heartbeat failed: %s", exc)
 
     def _refresh_server_status(self) -> None:
         try:

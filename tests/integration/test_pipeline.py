@@ -150,3 +150,48 @@ def test_on_a_local_cluster_executors_share_no_driver_state(pg, spark):
     output, _ = streamed.communicate(timeout=600)
     assert streamed.returncode == 0, output
     _assert_mirrors_equal(Pipeline(config, spark=spark), pg.dsn)
+
+
+def test_quiet_slot_keeps_advancing_and_tables_added_later_are_copied_while_streaming(pg, spark):
+    from pgcdc.lsn import Lsn
+
+    pg.execute("CREATE TABLE first (id int PRIMARY KEY, v text)")
+    pg.execute("INSERT INTO first VALUES (1, 'a')")
+    pg.execute("CREATE TABLE later (id int PRIMARY KEY, v text)")
+    pg.execute("INSERT INTO later SELECT i, 'existing' FROM generate_series(1, 500) i")
+    pg.execute("CREATE PUBLICATION pub FOR TABLE first")
+    config = _config(pg, spark, publication="pub", heartbeat_seconds=0.5)
+    pipeline = Pipeline(config, spark=spark)
+    runner = threading.Thread(target=lambda: pipeline.run(handle_signals=False))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 120
+        while pipeline.progress.phase != "streaming" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # WAL written elsewhere (another database): the idle slot confirms past it, so WAL does not pile up
+        with psycopg.connect(pg.server.dsn, autocommit=True) as other:
+            other.execute("CREATE TABLE IF NOT EXISTS elsewhere AS SELECT generate_series(1, 20000) AS i")
+            target = Lsn.parse(other.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+        while time.monotonic() < deadline:
+            confirmed = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                                   "WHERE slot_name = %s", (config.slot,))[0][0]
+            if Lsn.parse(confirmed) >= target:
+                break
+            time.sleep(0.5)
+        assert Lsn.parse(confirmed) >= target
+
+        # a table joins the publication while streaming: copied at a fresh consistent point, then streamed
+        pg.execute("ALTER PUBLICATION pub ADD TABLE later")
+        pg.execute("INSERT INTO later VALUES (501, 'streamed')")
+        pg.execute("UPDATE later SET v = 'changed' WHERE id <= 10")
+        pg.execute("INSERT INTO first VALUES (2, 'b')")
+        while time.monotonic() < deadline and ("public", "later") not in pipeline.mirrors.positions():
+            time.sleep(0.5)
+        time.sleep(3)
+    finally:
+        pipeline.stop()
+        runner.join(timeout=120)
+    results = {r.table: r for r in compare_publication(pipeline, pg.dsn, "pub")}
+    assert set(results) == {"public.first", "public.later"}
+    assert all(r.equal for r in results.values()), [r.describe() for r in results.values()]
+    assert results["public.later"].source_rows == 501

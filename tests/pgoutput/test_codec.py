@@ -49,8 +49,8 @@ DECODER = sys.modules["pgcdc.pgoutput.decode"]
 def tuple_parser(request, monkeypatch):
     """Every codec test runs with the C tuple parser (where built) and with the pure-Python one."""
     if request.param == "python":
-        monkeypatch.setattr(DECODER, "_parse_tuple_c", None)
-    elif DECODER._parse_tuple_c is None:
+        monkeypatch.setattr(DECODER, "_parse_change_c", None)
+    elif DECODER._parse_change_c is None:
         pytest.skip("the C tuple parser is not built here")
     return request.param
 RECORDS = [json.loads(line) for line in FIXTURES.read_text().splitlines()]

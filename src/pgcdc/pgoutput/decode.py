@@ -152,25 +152,7 @@ def _error(problem: str, msg_type: str, field: str, offset: int) -> DecodeError:
     return DecodeError(problem, msg_type=msg_type, field=field, offset=offset)
 
 
-try:
-    from pgcdc.pgoutput._tuple import parse as _parse_tuple_c
-except ImportError:  # the C accelerator is optional: the Python loop below does the same, slower
-    _parse_tuple_c = None
-
-
 def _tuple_data(data: bytes, pos: int, end: int, msg_type: str, field: str) -> tuple[TupleData, int]:
-    if _parse_tuple_c is not None:
-        parsed = _parse_tuple_c(data, pos)
-        if parsed is not None:
-            tuple_data = _new(TupleData)
-            _SET_TUPLE[0](tuple_data, parsed[0])
-            _SET_TUPLE[1](tuple_data, parsed[1])
-            return tuple_data, parsed[2]
-        # malformed: the Python loop finds the exact problem and raises it
-    return _tuple_data_python(data, pos, end, msg_type, field)
-
-
-def _tuple_data_python(data: bytes, pos: int, end: int, msg_type: str, field: str) -> tuple[TupleData, int]:
     if pos + 2 > end:
         raise _error(f"truncated: 2 bytes needed, {end - pos} left", msg_type, f"{field}.number_of_columns", pos)
     count = _I16(data, pos)[0]
@@ -414,6 +396,34 @@ def _rollback_prepared(r: _Reader, in_stream: bool, proto: int) -> AnyMessage:
                                      r.string("gid")))
 
 
+def _accelerated(decoder):
+    """Insert/Update/Delete through the C parser when it is built; malformed bytes (None) go to the Python
+    decoder, which raises the DecodeError naming the field and offset."""
+    if _parse_change_c is None:
+        return decoder
+
+    def decode_change(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
+        parse = _parse_change_c
+        if parse is not None:  # tests switch the accelerator off at run time
+            message = parse(data, in_stream)
+            if message is not None:
+                return message  # type: ignore[no-any-return]
+        return decoder(data, in_stream, proto)
+
+    return decode_change
+
+
+try:
+    from pgcdc.pgoutput import _tuple as _accelerator
+except ImportError:  # the C accelerator is optional: the Python decoders do the same, slower
+    _parse_change_c = None
+else:
+    _accelerator.configure(
+        TupleData, (TupleData.kinds, TupleData.values),  # type: ignore[attr-defined]
+        tuple((cls, *(getattr(cls, f.name) for f in dataclasses.fields(cls))) for cls in (Insert, Update, Delete)))
+    _parse_change_c = _accelerator.parse_change
+
+
 def _cold(decoder):
     """A decoder of a rare message, reading through the bounds-checked :class:`_Reader`."""
 
@@ -424,7 +434,8 @@ def _cold(decoder):
 
 
 _DECODERS = {
-    b"I"[0]: _insert, b"U"[0]: _update, b"D"[0]: _delete, b"B"[0]: _begin, b"C"[0]: _commit,
+    b"I"[0]: _accelerated(_insert), b"U"[0]: _accelerated(_update), b"D"[0]: _accelerated(_delete),
+    b"B"[0]: _begin, b"C"[0]: _commit,
     b"M"[0]: _cold(_message), b"O"[0]: _cold(_origin), b"R"[0]: _cold(_relation), b"Y"[0]: _cold(_type),
     b"T"[0]: _cold(_truncate), b"S"[0]: _cold(_stream_start), b"E"[0]: _cold(_stream_stop),
     b"c"[0]: _cold(_stream_commit), b"A"[0]: _cold(_stream_abort), b"b"[0]: _cold(_begin_prepare),
