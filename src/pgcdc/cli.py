@@ -266,7 +266,7 @@ def decode(
     if file is not None:
         messages = decode_file(file, proto_version=proto_version)
     else:
-        if not dsn or not publication:
+        if not dsn or not publication or slot is None:
             raise ConfigError("--slot needs --dsn and --publication")
         messages = decode_slot(dsn, slot, publication=publication, proto_version=proto_version, binary=binary,
                                streaming=streaming, consume=consume, limit=limit)

@@ -98,7 +98,7 @@ class StatusLine:
     def __init__(self, console: Console, every_seconds: float = 10.0) -> None:
         self.console = console
         self.every = every_seconds
-        self._live = None
+        self._live: Any = None
         self._last = 0.0
 
     def __enter__(self) -> StatusLine:

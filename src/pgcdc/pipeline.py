@@ -241,7 +241,7 @@ class Pipeline:
         if slots.get(self.config.slot) is None:
             self._set_phase("snapshot")
             with slots.create(self.config.slot, two_phase=self._two_phase_wanted(), export_snapshot=True) as created:
-                return self._copy_tables(tables, created.snapshot_name, created.consistent_point)
+                return self._copy_tables(tables, created.exported_snapshot, created.consistent_point)
         return self._snapshot_missing(tables)
 
     def run(self, *, until_caught_up: bool = False, handle_signals: bool = True) -> Progress:
@@ -265,7 +265,7 @@ class Pipeline:
         self._set_phase("snapshot")
         slots = SlotManager(self.config.dsn)
         with slots.create_temporary_snapshot() as temporary:
-            return self._copy_tables(missing, temporary.snapshot_name, temporary.consistent_point)
+            return self._copy_tables(missing, temporary.exported_snapshot, temporary.consistent_point)
 
     def _copy_tables(self, tables: list[PublishedTable], snapshot_name: str, consistent_lsn: Lsn) -> dict[str, int]:
         from pgcdc.spark.snapshot import copy_table
@@ -429,9 +429,10 @@ class Pipeline:
 
     def _add(self, batch: _Batch, txn: Transaction) -> None:
         for change in txn.changes():
+            targets: tuple[Relation, ...]
             if change.op == "T":
                 targets = change.truncate_relations
-            elif change.op in ("I", "U", "D"):
+            elif change.op in ("I", "U", "D") and change.relation is not None:
                 targets = (change.relation,)
             else:  # transactional logical messages are not table data
                 continue
@@ -514,7 +515,9 @@ class Pipeline:
 
     def _server_lsn(self) -> Lsn:
         with self._source() as conn:
-            return Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            assert row is not None
+            return Lsn.parse(row[0])
 
     def _heartbeat(self) -> None:
         """A tiny non-transactional logical message in the source database: when the published tables are

@@ -156,19 +156,20 @@ def test_origin_none_skips_replicated_changes(items):
     items.server.require(16, "the origin option")
     make_slot(items, "any_origin")
     make_slot(items, "no_origin")
+    origin = f"upstream_{items.name}"  # origins are cluster-wide: one per test database
     with items.connect() as conn:
-        conn.execute("SELECT pg_replication_origin_create('upstream')")
-        conn.execute("SELECT pg_replication_origin_session_setup('upstream')")
+        conn.execute("SELECT pg_replication_origin_create(%s)", (origin,))
+        conn.execute("SELECT pg_replication_origin_session_setup(%s)", (origin,))
         conn.execute("INSERT INTO items VALUES (1, 'replicated')")
         conn.execute("SELECT pg_replication_origin_session_reset()")
         conn.execute("INSERT INTO items VALUES (2, 'local')")
     everything = consume(items.dsn, "any_origin", ReplicationOptions("pub", origin="any"),
                          lambda r: len(r.transactions) == 2)
     assert everything.ids("items") == [1, 2]
-    assert [t.origin for t, _ in everything.transactions] == ["upstream", None]
+    assert [t.origin for t, _ in everything.transactions] == [origin, None]
     local = consume(items.dsn, "no_origin", ReplicationOptions("pub", origin="none"), lambda r: r.transactions)
     assert local.ids("items") == [2]
-    items.execute("SELECT pg_replication_origin_drop('upstream')")
+    items.execute("SELECT pg_replication_origin_drop(%s)", (origin,))
 
 
 def test_schema_changes_and_truncates_carry_their_relation_versions(items):

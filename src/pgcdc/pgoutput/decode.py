@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from typing import Any
 
 from pgcdc.errors import DecodeError
 from pgcdc.lsn import Lsn
@@ -145,7 +146,7 @@ class _Reader:
 # builds, fills their slots directly instead of paying for the frozen __init__'s per-field checks.
 _new = object.__new__
 _lsn = int.__new__  # an LSN from an unsigned 64-bit field is always in range
-_SET_TUPLE = (TupleData.kinds.__set__, TupleData.values.__set__)  # type: ignore[attr-defined]
+_SET_TUPLE = (TupleData.__dict__["kinds"].__set__, TupleData.__dict__["values"].__set__)
 
 
 def _error(problem: str, msg_type: str, field: str, offset: int) -> DecodeError:
@@ -215,7 +216,7 @@ def _trailing(data: bytes, pos: int, msg_type: str) -> None:
 
 
 def _setters(cls: type) -> tuple:
-    return tuple(getattr(cls, field.name).__set__ for field in dataclasses.fields(cls))
+    return tuple(cls.__dict__[field.name].__set__ for field in dataclasses.fields(cls))
 
 
 _SET_INSERT = _setters(Insert)
@@ -225,8 +226,8 @@ _SET_BEGIN = _setters(Begin)
 _SET_COMMIT = _setters(Commit)
 
 
-def _build(cls: type, setters: tuple, *values: object):
-    message = _new(cls)
+def _build(cls: type, setters: tuple, *values: object) -> Any:
+    message: Any = _new(cls)
     for setter, value in zip(setters, values):  # noqa: B905 - both come from the same dataclass
         setter(message, value)
     return message
@@ -239,12 +240,12 @@ def _insert(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
         raise _error(f"expected 'N' before the new tuple, got {marker!r}", "Insert", "tuple_marker", pos)
     new, pos = _tuple_data(data, pos + 1, len(data), "Insert", "new")
     _trailing(data, pos, "Insert")
-    message = _new(Insert)
+    message: Insert = _new(Insert)
     set_xid, set_relation, set_new = _SET_INSERT
     set_xid(message, xid)
     set_relation(message, relation_id)
     set_new(message, new)
-    return message  # type: ignore[no-any-return]
+    return message
 
 
 def _update(data: bytes, in_stream: bool, proto: int) -> AnyMessage:
@@ -407,19 +408,19 @@ def _accelerated(decoder):
         if parse is not None:  # tests switch the accelerator off at run time
             message = parse(data, in_stream)
             if message is not None:
-                return message  # type: ignore[no-any-return]
+                return message
         return decoder(data, in_stream, proto)
 
     return decode_change
 
 
 try:
-    from pgcdc.pgoutput import _tuple as _accelerator
+    from pgcdc.pgoutput import _tuple as _accelerator  # type: ignore[attr-defined]
 except ImportError:  # the C accelerator is optional: the Python decoders do the same, slower
     _parse_change_c = None
 else:
     _accelerator.configure(
-        TupleData, (TupleData.kinds, TupleData.values),  # type: ignore[attr-defined]
+        TupleData, (TupleData.__dict__["kinds"], TupleData.__dict__["values"]),
         tuple((cls, *(getattr(cls, f.name) for f in dataclasses.fields(cls))) for cls in (Insert, Update, Delete)))
     _parse_change_c = _accelerator.parse_change
 

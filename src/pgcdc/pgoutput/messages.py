@@ -82,7 +82,7 @@ class TupleData(Sequence[TupleColumn]):
     def __len__(self) -> int:
         return len(self.kinds)
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         if isinstance(index, slice):
             return [TupleColumn(k, v) for k, v in zip(self.kinds[index], self.values[index], strict=True)]
         return TupleColumn(self.kinds[index], self.values[index])

@@ -67,7 +67,7 @@ def with_session_settings(dsn: str, **extra: str) -> str:
     """The DSN with pgcdc's session settings (stable text output) added to its ``options``."""
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     settings = " ".join(f"-c {key}={value.replace(' ', '')}" for key, value in SESSION_SETTINGS.items())
-    params["options"] = " ".join(p for p in (params.get("options"), settings) if p)
+    params["options"] = " ".join(str(p) for p in (params.get("options"), settings) if p)
     params.setdefault("application_name", "pgcdc")
     params.update(extra)
     return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items()})

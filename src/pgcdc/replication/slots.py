@@ -13,7 +13,7 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
 
-from pgcdc.errors import ConfigError
+from pgcdc.errors import ConfigError, ProtocolError
 from pgcdc.lsn import Lsn
 from pgcdc.replication.options import with_session_settings
 
@@ -45,6 +45,13 @@ class CreatedSlot:
     name: str
     consistent_point: Lsn
     snapshot_name: str | None
+
+    @property
+    def exported_snapshot(self) -> str:
+        """The exported snapshot's name; only slots created with ``export_snapshot`` have one."""
+        if self.snapshot_name is None:
+            raise ProtocolError(f"slot {self.name} was created without an exported snapshot")
+        return self.snapshot_name
 
 
 @dataclass(frozen=True)
@@ -172,7 +179,7 @@ def check_source(dsn: str, *, publication: str) -> list[SourceProblem]:
     """Everything that would stop pgcdc on this source, each with its fix; empty when ready."""
     problems: list[SourceProblem] = []
     with psycopg.connect(dsn, autocommit=True, application_name="pgcdc check") as conn:
-        settings = dict(conn.execute(
+        settings: dict[str, str] = dict(conn.execute(
             "SELECT name, setting FROM pg_settings WHERE name IN "
             "('wal_level', 'max_replication_slots', 'max_wal_senders')").fetchall())
         if settings.get("wal_level") != "logical":

@@ -190,7 +190,7 @@ def _resolve_unchanged(changes: pa.Table, keys: list[str], names: list[str]
         return changes, None
     ops = changes.column(C.OP).to_pylist()
     key_rows = list(zip(*(changes.column(k).to_pylist() for k in keys), strict=True))
-    old_keys = [None if k is None else tuple(k[name] for name in keys)
+    old_keys: list[tuple[Any, ...] | None] = [None if k is None else tuple(k[name] for name in keys)
                 for k in changes.column(C.OLD_KEY).to_pylist()]
     by_key: dict[tuple, list[int]] = {}
     for index, key in enumerate(key_rows):
@@ -201,7 +201,7 @@ def _resolve_unchanged(changes: pa.Table, keys: list[str], names: list[str]
 
     for row in wanted:
         missing = list(unchanged[row])
-        search_key = old_keys[row] if old_keys[row] is not None else key_rows[row]
+        search_key: tuple[Any, ...] = old_keys[row] or key_rows[row]
         limit = row
         while missing:
             earlier = [j for j in by_key.get(search_key, ()) if j < limit]
@@ -215,8 +215,9 @@ def _resolve_unchanged(changes: pa.Table, keys: list[str], names: list[str]
                 if name not in unchanged[j]:
                     values[name][row] = values[name][j]
                     missing.remove(name)
-            if old_keys[j] is not None:
-                search_key = old_keys[j]
+            previous_key = old_keys[j]
+            if previous_key is not None:
+                search_key = previous_key
             limit = j
         unchanged[row] = missing
         if missing and search_key != key_rows[row]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -41,7 +41,7 @@ def arrow_to_dataframe(spark: SparkSession, table: pa.Table, schema: StructType)
                     writer.write_batch(batch)
 
     context = spark.sparkContext
-    jvm = context._jvm
+    jvm: Any = context._jvm
     jiter = context._serialize_to_jvm(
         batches,
         _ArrowStream(),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -35,9 +35,9 @@ def with_commit_properties(spark: SparkSession, properties: Mapping[str, str], f
     from pyspark.java_gateway import ensure_callback_server_started
 
     context = spark.sparkContext
-    gateway = context._gateway
+    gateway: Any = context._gateway
     ensure_callback_server_started(gateway)
-    jvm = context._jvm
+    jvm: Any = context._jvm
     java_properties = jvm.java.util.HashMap()
     for key, value in properties.items():
         java_properties.put(str(key), str(value))

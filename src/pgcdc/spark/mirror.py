@@ -211,7 +211,7 @@ class MirrorCatalog:
         """(source schema, source table, identifier) of every mirror in the namespace, from the catalog's
         own listing (exact names, no parsing of SQL output)."""
         catalog = self.spark._jsparkSession.sessionState().catalogManager().catalog(self.catalog)
-        gateway = self.spark.sparkContext._gateway
+        gateway: Any = self.spark.sparkContext._gateway
         root = gateway.new_array(gateway.jvm.java.lang.String, 1)
         root[0] = self.namespace
         if not catalog.namespaceExists(root):

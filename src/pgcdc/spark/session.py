@@ -61,8 +61,9 @@ def ensure_java() -> str:
     candidates = []
     if os.environ.get("JAVA_HOME"):
         candidates.append(os.path.join(os.environ["JAVA_HOME"], "bin", "java"))
-    if shutil.which("java"):
-        candidates.append(shutil.which("java"))
+    on_path = shutil.which("java")
+    if on_path:
+        candidates.append(on_path)
     for java in candidates:
         major = _java_major(java)
         if major is not None and major >= MIN_JAVA:

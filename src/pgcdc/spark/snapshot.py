@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +93,7 @@ def plan_table_ranges(conn: psycopg.Connection, schema: str, table: str, *, targ
 def copy_csv_query(schema: str, table: str, columns: list[str], page_range: PageRange | None = None
                    ) -> sql.Composed:
     """COPY of the columns (of a page range) as CSV with every non-null value quoted (see read_csv_columns)."""
-    conditions = [sql.SQL("true")]
+    conditions: list[sql.Composable] = [sql.SQL("true")]
     if page_range is not None:
         conditions = [sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({page_range.first},0)"))]
         if page_range.last is not None:
@@ -162,7 +162,7 @@ def copy_table(
     copied = context.accumulator(0)
     settings = dict(session_settings)
 
-    def copy_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def copy_partition(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
         for batch in batches:
             for task in batch.to_pylist():
                 page_range = PageRange(task["first"], None if task["last"] < 0 else task["last"])

@@ -187,7 +187,7 @@ class Transaction:
 
     @property
     def relation_ids(self) -> set[int]:
-        ids = set()
+        ids: set[int] = set()
         for _, message, relation in self._buffer.iterate():
             if isinstance(message, Truncate):
                 ids.update(message.relation_ids)

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -429,7 +430,7 @@ def _numeric_decoders(typmod: int, options: ConversionOptions) -> tuple[pa.DataT
     scale = target.scale
 
     def from_strings(strings: list[str | None]) -> pa.Array:
-        decimals = []
+        decimals: list[Decimal | None] = []
         for s in strings:
             if s is None:
                 decimals.append(None)
@@ -469,7 +470,7 @@ def _numeric_decoders(typmod: int, options: ConversionOptions) -> tuple[pa.DataT
 
 
 @functools.cache
-def _psycopg_loader(oid: int, *, binary: bool) -> Callable[[bytes], object]:
+def _psycopg_loader(oid: int, *, binary: bool) -> Callable[[Any], Any]:
     """psycopg's own (C) loader of a built-in type, for values no Arrow kernel parses. Looked up at run time
     (and cached per process), never captured: converters travel to Spark executors by pickling."""
     from psycopg.adapt import Transformer
