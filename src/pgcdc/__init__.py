@@ -11,6 +11,17 @@ __all__ = [
     "DecodeError",
     "Lsn",
     "PgcdcError",
+    "Pipeline",
+    "PipelineConfig",
     "ProtocolError",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    # the pipeline pulls in Spark, psycopg and pyarrow: load it only when asked for
+    if name in ("Pipeline", "PipelineConfig"):
+        from pgcdc import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'pgcdc' has no attribute {name!r}")
