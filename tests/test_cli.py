@@ -209,3 +209,26 @@ def test_metrics_endpoint_serves_pipeline_progress():
     assert "pgcdc_batches_applied_total 3.0" in body
     assert "pgcdc_lag_bytes 128.0" in body
     assert "pgcdc_wal_retained_bytes 4096.0" in body
+
+
+def test_snapshot_then_status_shows_each_mirror_position(pg, spark):
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, note text)")
+    pg.execute("INSERT INTO items SELECT i, 'n' FROM generate_series(1, 30) i")
+    pg.execute("CREATE PUBLICATION pub FOR TABLE items")
+    warehouse = spark.conf.get("spark.sql.catalog.pgcdc.warehouse")
+    namespace = f"cli_snap_{pg.name}"
+    copied = pgcdc("snapshot", "--dsn", pg.dsn, "--publication", "pub", "--slot", "snap_cli", "--warehouse",
+                   warehouse, "--namespace", namespace, timeout=600)
+    assert copied.returncode == 0, _output(copied)[-3000:]
+    assert "public.items: 30 rows" in copied.stdout
+    again = pgcdc("snapshot", "--dsn", pg.dsn, "--publication", "pub", "--slot", "snap_cli", "--warehouse",
+                  warehouse, "--namespace", namespace, timeout=600)
+    assert "nothing to copy" in again.stdout
+    status = pgcdc("status", "--dsn", pg.dsn, "--slot", "snap_cli", "--warehouse", warehouse, "--namespace",
+                   namespace, "--json", timeout=600)
+    assert status.returncode == 0, _output(status)[-3000:]
+    report = json.loads(status.stdout)
+    [slot] = report["slots"]
+    [mirror] = report["mirrors"]
+    assert slot["slot"] == "snap_cli" and mirror["source"] == "public.items" and mirror["rows"] == 30
+    assert mirror["lsn"] == slot["confirmed_flush_lsn"]  # the copy holds exactly the slot's start

@@ -243,8 +243,10 @@ class MirrorCatalog:
         for source_schema, source_table, identifier in self._source_tables():
             count = self.spark.sql(f"SELECT count(*) AS n FROM {identifier}").collect()[0].n
             snapshots = self.spark.sql(f"SELECT count(*) AS n FROM {identifier}.snapshots").collect()[0].n
+            position = self.read_position(identifier)
             rows.append({"mirror": identifier, "source": f"{source_schema}.{source_table}",
-                         "lsn": self.read_position(identifier), "rows": count, "snapshots": snapshots})
+                         "lsn": str(position) if position is not None else None, "rows": count,
+                         "snapshots": snapshots})
         return rows
 
     def drop(self, source_schema: str, source_table: str) -> None:
