@@ -122,6 +122,22 @@ class MirrorCatalog:
     def _exists(self, identifier: str) -> bool:
         return bool(self.spark.catalog.tableExists(identifier))
 
+    def _readable(self, identifier: str) -> bool:
+        """True for a usable table; a broken leftover of an interrupted creation is dropped."""
+        if not self._exists(identifier):
+            return False
+        from pyspark.errors import AnalysisException
+
+        try:
+            self.spark.table(identifier).schema  # noqa: B018 - loads the table's metadata
+            self.spark.sql(f"SELECT count(*) FROM {identifier}.snapshots").collect()
+        except AnalysisException as exc:
+            log.warning("dropping mirror %s left unusable by an interrupted run (%s)", identifier,
+                        str(exc).splitlines()[0])
+            self.spark.sql(f"DROP TABLE IF EXISTS {identifier}")
+            return False
+        return True
+
     def ensure(self, spec: TableSpec) -> MirrorTable:
         """The mirror of ``spec``'s source, created or evolved to ``spec.spark_schema``."""
         key = (spec.source_schema, spec.source_table)
@@ -130,7 +146,7 @@ class MirrorCatalog:
             return known
         identifier = self.identifier_for(spec.source_schema, spec.source_table)
         changelog = self.changelog_identifier_for(spec.source_schema, spec.source_table)
-        if known is None and not self._exists(identifier):
+        if known is None and not self._readable(identifier):
             self._create(identifier, spec)
             mirror = MirrorTable(identifier, changelog, spec, self.spark.table(identifier).schema)
         else:
@@ -200,11 +216,20 @@ class MirrorCatalog:
     def read_position(self, identifier: str) -> Lsn | None:
         """The ``pgcdc.lsn`` of the newest snapshot in the table's current lineage that has one (maintenance
         commits such as compaction carry none)."""
-        rows = self.spark.sql(
-            f"SELECT s.summary['{POSITION_PROPERTY}'] AS lsn FROM {identifier}.snapshots s "
-            f"JOIN {identifier}.history h ON s.snapshot_id = h.snapshot_id "
-            f"WHERE h.is_current_ancestor AND s.summary['{POSITION_PROPERTY}'] IS NOT NULL "
-            "ORDER BY h.made_current_at DESC LIMIT 1").collect()
+        from pyspark.errors import AnalysisException
+
+        try:
+            rows = self.spark.sql(
+                f"SELECT s.summary['{POSITION_PROPERTY}'] AS lsn FROM {identifier}.snapshots s "
+                f"JOIN {identifier}.history h ON s.snapshot_id = h.snapshot_id "
+                f"WHERE h.is_current_ancestor AND s.summary['{POSITION_PROPERTY}'] IS NOT NULL "
+                "ORDER BY h.made_current_at DESC LIMIT 1").collect()
+        except AnalysisException as exc:
+            # a table whose creation was interrupted (the process killed mid-way) holds no position: it is
+            # copied again, which replaces whatever it holds
+            log.warning("mirror %s cannot be read (%s); it will be copied again", identifier,
+                        str(exc).splitlines()[0])
+            return None
         return Lsn.parse(rows[0].lsn) if rows else None
 
     def _source_tables(self) -> list[tuple[str, str, str]]:
