@@ -32,7 +32,7 @@ EXIT_SOURCE_NOT_READY = 3
 EXIT_INTERRUPTED = 130
 
 console = Console(stderr=True)
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 140)  # piped output: wide enough for the tables
 log = logging.getLogger("pgcdc.cli")
 
 app = typer.Typer(
