@@ -380,8 +380,10 @@ class Pipeline:
                 # that transaction, or rule 2 would skip its rest after a crash between the two commits.
                 following = segments[index + 1] if index + 1 < len(segments) else None
                 splits_transaction = following is not None and following.first_lsn == segment.last_lsn
-                position = segment.previous_lsn if splits_transaction else segment.last_lsn
                 mirror = self._ensure_mirror(segment.relation, self.converter_for(segment.relation))
+                # a position never moves backwards, even when the segment holds nothing but a split transaction
+                position = (max(segment.previous_lsn, mirror.position or ZERO) if splits_transaction
+                            else segment.last_lsn)
                 apply_changes(self.spark, mirror, pa.concat_tables(segment.chunks), lsn=position,
                               changelog=self.config.changelog)
         assert batch.last_end_lsn is not None and batch.last_commit_lsn is not None
