@@ -195,7 +195,10 @@ def copy_table(
         done.set()
         if reporter:
             reporter.join()
-    rows = spark.sql(f"SELECT count(*) AS n FROM {target_identifier}").collect()[0].n
+    # the commit's own record count: metadata, no scan of what was just written
+    summary = spark.sql(f"SELECT summary['total-records'] AS n FROM {target_identifier}.snapshots "
+                        "ORDER BY committed_at DESC LIMIT 1").collect()
+    rows = int(summary[0].n) if summary and summary[0].n is not None else 0
     seconds = time.monotonic() - started
     if progress:
         progress(CopyProgress(label, rows, rows, seconds))
