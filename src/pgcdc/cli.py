@@ -88,12 +88,13 @@ def main_options(
     configure_logging(log_format, "DEBUG" if debug else log_level)
 
 
-def _spark_conf(pairs: list[str] | None) -> dict[str, str]:
+def _key_values(pairs: list[str] | None) -> dict[str, str]:
+    """KEY=VALUE options (Spark settings, postgresql.conf settings) as a dict."""
     conf = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--conf {pair!r} must look like KEY=VALUE")
+            raise ConfigError(f"{pair!r} must look like KEY=VALUE")
         conf[key.strip()] = value
     return conf
 
@@ -144,7 +145,7 @@ def run(
 
     config = _pipeline_config(
         dsn=dsn, publication=publication, slot=slot, warehouse=warehouse, catalog=catalog, namespace=namespace,
-        spark_master=master, spark_conf=_spark_conf(conf), batch_max_rows=batch_rows,
+        spark_master=master, spark_conf=_key_values(conf), batch_max_rows=batch_rows,
         batch_max_seconds=batch_seconds, changelog=changelog, snapshot=not no_snapshot, binary=binary,
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
         heartbeat_seconds=heartbeat_seconds)
@@ -179,7 +180,7 @@ def snapshot(
 
     config = _pipeline_config(dsn=dsn, publication=publication, slot=slot, warehouse=warehouse,
                               catalog=catalog, namespace=namespace, spark_master=master,
-                              spark_conf=_spark_conf(conf))
+                              spark_conf=_key_values(conf))
     with SnapshotProgress(console) as bars:
         copied = Pipeline(config, on_progress=bars.update).snapshot()
     if not copied:
@@ -203,7 +204,7 @@ def status(
     from pgcdc.status import mirror_status, slot_status
 
     slots = slot_status(dsn, slot)
-    mirrors = mirror_status(warehouse, catalog, namespace, _spark_conf(conf)) if warehouse else []
+    mirrors = mirror_status(warehouse, catalog, namespace, _key_values(conf)) if warehouse else []
     if as_json:
         out.print_json(json.dumps({"slots": slots, "mirrors": mirrors}, default=str))
         return
@@ -327,7 +328,7 @@ def embedded_start(
     """Start a PostgreSQL 18 with wal_level=logical in the background and print its DSN."""
     from pgcdc.embedded import EmbeddedPostgres
 
-    settings = _spark_conf(setting)
+    settings = _key_values(setting)
     server = EmbeddedPostgres(settings=settings, port=port, detached=True).start()
     out.print(server.dsn)
     console.print(f"running (pid {server.pid}); stop it with: pgcdc embedded stop --port {server.port}")

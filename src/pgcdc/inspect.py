@@ -12,7 +12,7 @@ from typing import Any
 
 from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
-from pgcdc.pgoutput import AnyMessage, StreamStart, StreamStop, TupleData, decode, pg_timestamp
+from pgcdc.pgoutput import AnyMessage, MessageDecoder, TupleData, pg_timestamp
 
 
 def decode_slot(dsn: str, slot: str, *, publication: str, proto_version: int, binary: bool, streaming: bool,
@@ -29,15 +29,9 @@ def decode_slot(dsn: str, slot: str, *, publication: str, proto_version: int, bi
 def decode_file(path: Path, *, proto_version: int) -> Iterator[tuple[Lsn | None, AnyMessage]]:
     """Messages from a file: text with one hex payload per line (optionally ``LSN<TAB>hex``), or binary with
     each payload prefixed by its 4-byte big-endian length."""
-    data = path.read_bytes()
-    in_stream = False
-    for lsn, payload in _payloads(data):
-        message = decode(payload, proto_version=proto_version, in_stream=in_stream)
-        if isinstance(message, StreamStart):
-            in_stream = True
-        elif isinstance(message, StreamStop):
-            in_stream = False
-        yield lsn, message
+    decoder = MessageDecoder(proto_version)
+    for lsn, payload in _payloads(path.read_bytes()):
+        yield lsn, decoder.decode(payload)
 
 
 def _payloads(data: bytes) -> Iterator[tuple[Lsn | None, bytes]]:

@@ -133,7 +133,7 @@ class Progress:
     rows_per_s: float = 0.0
     last_batch_seconds: float = 0.0
     snapshot_rows: dict[str, int] = field(default_factory=dict)
-    errors: int = 0
+    errors: int = 0  # replication connections lost (and re-established)
 
     @property
     def lag_bytes(self) -> int | None:
@@ -327,6 +327,7 @@ class Pipeline:
         try:
             for event in stream.events(idle_timeout=min(1.0, config.batch_max_seconds)):
                 if event.reconnected:  # the server resends everything after the confirmed position
+                    self.progress.errors += 1
                     assembler.close()
                     assembler = TransactionAssembler(memory_limit_bytes=config.memory_limit_bytes)
                     batch = _Batch()

@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING
 
 import psycopg
 import pyarrow as pa
-from psycopg import sql
 
+from pgcdc.replication.options import with_session_settings
 from pgcdc.replication.published import published_tables
 from pgcdc.spark.snapshot import copy_csv_query, read_csv_columns
-from pgcdc.types import SESSION_SETTINGS
 
 if TYPE_CHECKING:
     from pgcdc.pipeline import Pipeline
@@ -75,9 +74,7 @@ def _checksum(rows: list[str]) -> str:
 def compare_publication(pipeline: Pipeline, dsn: str, publication: str) -> list[TableComparison]:
     """Compare every table of ``publication`` with its mirror."""
     results = []
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for setting, value in SESSION_SETTINGS.items():
-            conn.execute(sql.SQL("SELECT set_config({}, {}, false)").format(sql.Literal(setting), sql.Literal(value)))
+    with psycopg.connect(with_session_settings(dsn), autocommit=True) as conn:
         for table in published_tables(conn, publication):
             relation = table.relation
             converter = pipeline.converter_for(relation)

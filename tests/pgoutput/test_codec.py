@@ -23,6 +23,7 @@ from pgcdc.pgoutput import (
     Delete,
     Insert,
     Message,
+    MessageDecoder,
     Origin,
     Prepare,
     Relation,
@@ -81,6 +82,14 @@ def test_fixtures_cover_every_message_type_and_every_protocol_version():
     seen = Counter(type(m).__name__ for r in RECORDS for _, _, m in decoded(r))
     assert set(seen) == {cls.__name__ for cls in MESSAGE_CLASSES}
     assert {r["proto_version"] for r in RECORDS} == {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: f"{r['scenario']}-v{r['proto_version']}")
+def test_message_decoder_tracks_the_stream_state_itself(record):
+    decoder = MessageDecoder(record["proto_version"])
+    for data, in_stream, message in decoded(record):
+        assert decoder.in_stream == in_stream
+        assert decoder.decode(data) == message
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=lambda r: f"{r['scenario']}-v{r['proto_version']}")
@@ -272,6 +281,15 @@ def test_mutations_and_appended_bytes_never_raise_anything_but_decode_error(samp
 @given(data=st.binary(max_size=64), proto=st.sampled_from([1, 2, 3, 4]), in_stream=st.booleans())
 def test_random_bytes_never_raise_anything_but_decode_error(data, proto, in_stream):
     _decode_or_decode_error(data, proto, in_stream)
+
+
+def test_encode_refuses_what_decode_would_refuse():
+    with pytest.raises(ValueError, match="Stream Start needs protocol version 2"):
+        encode(StreamStart(1, True), proto_version=1, in_stream=False)
+    with pytest.raises(ValueError, match="cannot appear between Stream Start and Stream Stop"):
+        encode(Begin(Lsn(1), 0, 1), proto_version=2, in_stream=True)
+    with pytest.raises(ValueError, match="outside a streamed block"):
+        encode(StreamStop(), proto_version=2, in_stream=False)
 
 
 def test_decode_error_names_message_field_and_offset():

@@ -137,10 +137,6 @@ class _Reader:
             raise self.error(f"{self.end - self.pos} trailing bytes after the message", "end")
         return message
 
-    def tuple_data(self, field: str) -> TupleData:
-        tuple_data, self.pos = _tuple_data(self.data, self.pos, self.end, self.name, field)
-        return tuple_data
-
 
 # Hot-path construction: the messages are frozen dataclasses; the decoder, which owns the objects it
 # builds, fills their slots directly instead of paying for the frozen __init__'s per-field checks.
@@ -464,12 +460,12 @@ def decode(data: bytes | bytearray | memoryview, *, proto_version: int, in_strea
     if not data:
         raise DecodeError("empty message", field="type", offset=0)
     kind = data[0]
-    if proto_version in _ALLOWED.get((kind, in_stream), ()):
+    if proto_version in ALLOWED_VERSIONS.get((kind, in_stream), ()):
         return _DECODERS[kind](data, in_stream, proto_version)
-    raise _refusal(kind, proto_version, in_stream)
+    raise refusal(kind, proto_version, in_stream)
 
 
-def _refusal(kind: int, proto_version: int, in_stream: bool) -> DecodeError:
+def refusal(kind: int, proto_version: int, in_stream: bool) -> DecodeError:
     """Why a message type cannot be decoded in this protocol version and stream state."""
     if proto_version not in SUPPORTED_PROTO_VERSIONS:
         return DecodeError(f"unsupported protocol version {proto_version!r}; pgoutput defines versions 1 to 4")
@@ -487,8 +483,35 @@ def _refusal(kind: int, proto_version: int, in_stream: bool) -> DecodeError:
     return DecodeError(f"{name} outside a streamed block", msg_type=name, field="type", offset=0)
 
 
+class MessageDecoder:
+    """Decodes a slot's messages in their order, knowing whether the next one is inside a streamed block
+    (between Stream Start and Stream Stop, where data messages carry an xid).
+
+    >>> decoder = MessageDecoder(proto_version=2)
+    >>> decoder.decode(bytes.fromhex("530000030101")).xid
+    769
+    >>> decoder.in_stream
+    True
+    """
+
+    __slots__ = ("in_stream", "proto_version")
+
+    def __init__(self, proto_version: int) -> None:
+        self.proto_version = proto_version
+        self.in_stream = False
+
+    def decode(self, data: bytes | bytearray | memoryview) -> AnyMessage:
+        message = decode(data, proto_version=self.proto_version, in_stream=self.in_stream)
+        kind = type(message)
+        if kind is StreamStart:
+            self.in_stream = True
+        elif kind is StreamStop:
+            self.in_stream = False
+        return message
+
+
 # (message type, in_stream) -> the protocol versions in which it may appear there
-_ALLOWED: dict[tuple[int, bool], frozenset[int]] = {
+ALLOWED_VERSIONS: dict[tuple[int, bool], frozenset[int]] = {
     (kind, in_stream): frozenset(
         v for v in SUPPORTED_PROTO_VERSIONS
         if v >= _MIN_VERSION[kind] and not (in_stream and (kind in _NEVER_IN_STREAM or v < 2))

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import struct
 
+from pgcdc.pgoutput.decode import ALLOWED_VERSIONS, refusal
 from pgcdc.pgoutput.messages import (
-    MIN_PROTO_VERSION,
     AnyMessage,
     Begin,
     BeginPrepare,
@@ -33,9 +33,6 @@ from pgcdc.pgoutput.messages import (
     Type,
     Update,
 )
-
-_NEVER_IN_STREAM = (Begin, Commit, StreamStart, StreamCommit, StreamAbort, BeginPrepare, Prepare, CommitPrepared,
-                    RollbackPrepared, StreamPrepare)
 
 
 def _string(value: str) -> bytes:
@@ -78,17 +75,10 @@ def encode(msg: AnyMessage, *, proto_version: int, in_stream: bool) -> bytes:
     >>> encode(StreamStop(), proto_version=2, in_stream=True)
     b'E'
     """
-    if proto_version not in (1, 2, 3, 4):
-        raise ValueError(f"unsupported protocol version {proto_version!r}")
     tag = type(msg).TYPE
-    if proto_version < MIN_PROTO_VERSION[tag]:
-        raise ValueError(f"{type(msg).__name__} needs protocol version {MIN_PROTO_VERSION[tag]}")
-    if in_stream and isinstance(msg, _NEVER_IN_STREAM):
-        raise ValueError(f"{type(msg).__name__} cannot appear inside a stream")
-    if in_stream and proto_version < 2:
-        raise ValueError("streamed transactions need protocol version 2")
-    if isinstance(msg, StreamStop) and not in_stream:
-        raise ValueError("Stream Stop only appears inside a stream")
+    if proto_version not in ALLOWED_VERSIONS.get((tag[0], in_stream), ()):
+        # the same rules decode applies: what decode would refuse, encode does not write
+        raise ValueError(str(refusal(tag[0], proto_version, in_stream)))
     try:
         body = _body(msg, in_stream, proto_version)
     except struct.error as exc:

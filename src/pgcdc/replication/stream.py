@@ -22,14 +22,12 @@ import psycopg2.errors
 
 from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
-from pgcdc.pgoutput import AnyMessage, StreamStart, StreamStop, decode
+from pgcdc.pgoutput import AnyMessage, MessageDecoder
 from pgcdc.replication.options import ReplicationOptions, with_session_settings
 from pgcdc.replication.slots import replication_connection
 
 log = logging.getLogger("pgcdc.replication")
 
-_STREAM_START = StreamStart.TYPE[0]
-_STREAM_STOP = StreamStop.TYPE[0]
 
 
 class ReplicationEvent(NamedTuple):
@@ -133,8 +131,7 @@ class LogicalReplicationStream:
     def _read(self, idle_timeout: float) -> Iterator[ReplicationEvent]:
         cursor = self._cursor
         assert cursor is not None
-        proto = self.proto_version
-        in_stream = False
+        decode = MessageDecoder(self.proto_version).decode
         last = time.monotonic()
         read_message = cursor.read_message
         while not self._closed:
@@ -150,14 +147,7 @@ class LogicalReplicationStream:
                     continue
                 select.select([cursor], [], [], max(0.0, idle_timeout - (now - last)))
                 continue
-            payload = message.payload
-            decoded = decode(payload, proto_version=proto, in_stream=in_stream)
-            kind = payload[0]
-            if kind == _STREAM_START:
-                in_stream = True
-            elif kind == _STREAM_STOP:
-                in_stream = False
-            yield ReplicationEvent(decoded, Lsn(message.data_start), Lsn(message.wal_end))
+            yield ReplicationEvent(decode(message.payload), Lsn(message.data_start), Lsn(message.wal_end))
 
     def _send_feedback(self, *, force: bool) -> None:
         if self._cursor is None:
@@ -188,7 +178,7 @@ class SqlInterfaceReader:
         function = "pg_logical_slot_get_binary_changes" if consume else "pg_logical_slot_peek_binary_changes"
         with psycopg.connect(with_session_settings(self.dsn), autocommit=True) as conn:
             options = self.options.negotiate(conn.info.server_version)
-            proto = int(options["proto_version"])
+            decoder = MessageDecoder(int(options["proto_version"]))
             arguments = [value for pair in options.items() for value in pair]
             placeholders = ", ".join(["%s"] * len(arguments))
             try:
@@ -200,11 +190,5 @@ class SqlInterfaceReader:
             except psycopg.errors.ObjectInUse:
                 raise ConfigError(f"slot {self.slot!r} is being streamed by another process; the SQL interface "
                                   "cannot read an active slot") from None
-            in_stream = False
             for lsn_text, data in cursor:
-                message = decode(data, proto_version=proto, in_stream=in_stream)
-                if isinstance(message, StreamStart):
-                    in_stream = True
-                elif isinstance(message, StreamStop):
-                    in_stream = False
-                yield Lsn.parse(lsn_text), message
+                yield Lsn.parse(lsn_text), decoder.decode(data)

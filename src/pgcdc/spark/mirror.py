@@ -274,12 +274,6 @@ class MirrorCatalog:
                          "snapshots": snapshots})
         return rows
 
-    def drop(self, source_schema: str, source_table: str) -> None:
-        """Drop a mirror (and its change log): the next run copies the table again."""
-        for identifier in (self.identifier_for(source_schema, source_table),
-                           self.changelog_identifier_for(source_schema, source_table)):
-            self.spark.sql(f"DROP TABLE IF EXISTS {identifier} PURGE")
-        self._tables.pop((source_schema, source_table), None)
 
 
 def _decode(name: str) -> str:

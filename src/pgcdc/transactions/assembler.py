@@ -185,16 +185,6 @@ class Transaction:
                 yield Change(self.commit_lsn, ordinal, "M", None, message=message)
             ordinal += 1
 
-    @property
-    def relation_ids(self) -> set[int]:
-        ids: set[int] = set()
-        for _, message, relation in self._buffer.iterate():
-            if isinstance(message, Truncate):
-                ids.update(message.relation_ids)
-            elif relation is not None:
-                ids.add(relation.relation_id)
-        return ids
-
     def close(self) -> None:
         self._buffer.close()
 
