@@ -69,6 +69,9 @@ Master = Annotated[str | None, typer.Option("--master", envvar="PGCDC_SPARK_MAST
 SparkConf = Annotated[list[str] | None, typer.Option(
     "--conf", "-c", help="Spark setting KEY=VALUE, repeatable (e.g. a REST catalog: "
                          "spark.sql.catalog.pgcdc.type=rest).")]
+Resnapshot = Annotated[bool, typer.Option(
+    "--resnapshot", help="Drop the slot (if any) and copy every table again at a new consistent point: the way "
+                         "out after a lost or invalidated slot.")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 
 
@@ -139,6 +142,13 @@ def run(
     heartbeat_seconds: Annotated[float | None, typer.Option(
         "--heartbeat-seconds", envvar="PGCDC_HEARTBEAT_SECONDS",
         help="When idle, emit a logical message this often so a quiet slot keeps advancing.")] = None,
+    resnapshot: Resnapshot = False,
+    spill_dir: Annotated[str | None, typer.Option(
+        "--spill-dir", envvar="PGCDC_SPILL_DIR", help="Where transactions larger than --memory-limit spill "
+                                                      "(default: the system temporary directory).")] = None,
+    memory_limit: Annotated[int, typer.Option(
+        "--memory-limit", envvar="PGCDC_MEMORY_LIMIT_MB", min=1,
+        help="MB of changes held in memory per open transaction before it spills.")] = 256,
 ) -> None:
     """Snapshot if needed, then stream changes into the Iceberg mirrors until stopped (Ctrl-C stops cleanly)."""
     from pgcdc.pipeline import Pipeline
@@ -148,7 +158,8 @@ def run(
         spark_master=master, spark_conf=_key_values(conf), batch_max_rows=batch_rows,
         batch_max_seconds=batch_seconds, changelog=changelog, snapshot=not no_snapshot, binary=binary,
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
-        heartbeat_seconds=heartbeat_seconds)
+        heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
+        memory_limit_bytes=memory_limit << 20)
     from pgcdc.observability import MetricsServer, StatusLine
 
     metrics = MetricsServer(metrics_port) if metrics_port else None
@@ -173,6 +184,7 @@ def snapshot(
     namespace: Namespace = "mirror",
     master: Master = None,
     conf: SparkConf = None,
+    resnapshot: Resnapshot = False,
 ) -> None:
     """Create the slot and copy the published tables into Iceberg, consistent with the slot's start."""
     from pgcdc.observability import SnapshotProgress
@@ -180,7 +192,7 @@ def snapshot(
 
     config = _pipeline_config(dsn=dsn, publication=publication, slot=slot, warehouse=warehouse,
                               catalog=catalog, namespace=namespace, spark_master=master,
-                              spark_conf=_key_values(conf))
+                              spark_conf=_key_values(conf), resnapshot=resnapshot)
     with SnapshotProgress(console) as bars:
         copied = Pipeline(config, on_progress=bars.update).snapshot()
     if not copied:

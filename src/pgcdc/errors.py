@@ -38,3 +38,11 @@ class ConversionError(PgcdcError):
 
 class ConfigError(PgcdcError):
     """Bad configuration or a server set-up pgcdc cannot work with; the message says how to fix it."""
+
+
+class SpillCorruptError(PgcdcError):
+    """A spill file that cannot be written, or that changed on disk; the message says what to do."""
+
+
+class PositionCorruptError(PgcdcError):
+    """A mirror's stored position (``pgcdc.lsn``) that cannot be trusted; the message says the way out."""

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import pyarrow as pa
 
-from pgcdc.errors import ConfigError
+from pgcdc.errors import ConfigError, PositionCorruptError
+from pgcdc.faults import injection_point
 from pgcdc.lsn import ZERO, Lsn
 from pgcdc.pgoutput.messages import Relation, TupleData, Type
 from pgcdc.replication import (
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pgcdc.pipeline")
 
-_IDENTIFIER_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+_SLOT_NAME_OK = set("abcdefghijklmnopqrstuvwxyz0123456789_")  # what PostgreSQL accepts for a slot
 
 
 @dataclass
@@ -83,6 +84,8 @@ class PipelineConfig:
     numeric: str = "string"
     memory_limit_bytes: int = 256 << 20
     heartbeat_seconds: float | None = None
+    spill_dir: str | None = None
+    resnapshot: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -93,12 +96,10 @@ class PipelineConfig:
                 psycopg.conninfo.conninfo_to_dict(self.dsn)
             except psycopg.ProgrammingError as exc:
                 problems.append(f"dsn is not a valid connection string ({exc})")
-        for name in ("publication", "slot"):
-            value = getattr(self, name)
-            if not value or not set(value) <= _IDENTIFIER_OK or len(value) > 63:
-                problems.append(f"{name} {value!r} must be 1-63 characters of letters, digits and _")
-        if self.slot and self.slot != self.slot.lower():
-            problems.append(f"slot {self.slot!r}: replication slot names must be lower case")
+        if not self.publication or "\0" in self.publication or len(self.publication.encode()) > 63:
+            problems.append(f"publication {self.publication!r} must be a PostgreSQL name: 1-63 bytes, no NUL")
+        if not self.slot or not set(self.slot) <= _SLOT_NAME_OK or len(self.slot) > 63:
+            problems.append(f"slot {self.slot!r}: replication slot names are 1-63 lower-case letters, digits and _")
         if self.batch_max_rows < 1:
             problems.append("batch_max_rows must be at least 1")
         if self.batch_max_seconds <= 0:
@@ -238,7 +239,13 @@ class Pipeline:
             tables = published_tables(conn, self.config.publication)
             self._registry.load_from_server(conn)
         slots = SlotManager(self.config.dsn)
-        if slots.get(self.config.slot) is None:
+        existing = slots.get(self.config.slot)
+        if existing is not None and self.config.resnapshot:
+            log.warning("resnapshot: dropping slot %s and copying every table again", self.config.slot)
+            slots.drop(self.config.slot)
+            existing = None
+        if existing is None:
+            self._refuse_lost_slot()
             self._set_phase("snapshot")
             with slots.create(self.config.slot, two_phase=self._two_phase_wanted(), export_snapshot=True) as created:
                 return self._copy_tables(tables, created.exported_snapshot, created.consistent_point)
@@ -254,6 +261,39 @@ class Pipeline:
             return self._stream(until_caught_up=until_caught_up)
 
     # -- snapshot -----------------------------------------------------------------
+    def _refuse_lost_slot(self) -> None:
+        """The slot is missing but mirrors hold positions: it was dropped, or lost in a failover to a server it
+        was not synchronized to. A new slot starts at today's WAL, so the changes between the mirrors' positions
+        and now would be skipped without a word: stop, unless asked to copy every table again."""
+        if self.config.resnapshot:
+            return
+        positions = self.mirrors.positions()
+        if not positions:
+            return
+        newest = max(positions.values())
+        raise ConfigError(
+            f"replication slot {self.config.slot!r} does not exist, but {len(positions)} mirrors in namespace "
+            f"{self.config.namespace!r} hold positions (up to {newest}). The slot was dropped, or lost in a "
+            "failover to a server it was not synchronized to; the changes made since those positions are no "
+            "longer in any slot, and recreating it would skip them silently. Copy every table again at a fresh "
+            "consistent point with --resnapshot (pgcdc run --resnapshot), or point pgcdc at the right server/slot")
+
+    def _check_positions(self) -> None:
+        """A mirror position beyond the server's WAL is impossible for this source: a mirror written from
+        another server, a source restored from an older backup, or a corrupt position. Never trusted."""
+        positions = self.mirrors.positions()
+        if not positions:
+            return
+        server = self._server_lsn()
+        ahead = {f"{schema}.{table}": lsn for (schema, table), lsn in positions.items() if lsn > server}
+        if ahead:
+            listed = ", ".join(f"{name} at {lsn}" for name, lsn in sorted(ahead.items()))
+            raise PositionCorruptError(
+                f"mirrors hold positions beyond the source server's current WAL position {server}: {listed}. They "
+                "were not written from this server's history (another server, a source restored from an older "
+                "backup, or an altered position), so pgcdc cannot know what they hold. Copy them again: run "
+                "with --resnapshot, or drop those mirrors in Spark and run pgcdc")
+
     def _snapshot_missing(self, tables: list[PublishedTable]) -> dict[str, int]:
         """Copy published tables that have no mirror yet (added to the publication later, or a copy that was
         interrupted) at a fresh consistent point of a temporary slot; the stream's replay below that point
@@ -275,6 +315,7 @@ class Pipeline:
             converter = self.converter_for(table.relation)
             mirror = self._ensure_mirror(table.relation, converter)
             label = f"{table.schema}.{table.name}"
+            injection_point("snapshot.copy")
 
             def report(p, label=label):
                 self.progress.snapshot_rows[label] = p.rows
@@ -300,11 +341,13 @@ class Pipeline:
         if slot is None:
             raise ConfigError(f"replication slot {config.slot!r} does not exist; run with snapshot enabled "
                               f"(pgcdc snapshot) or create it with: pgcdc slot create {config.slot}")
+        self._check_positions()
         if slot.invalidated:
             reason = slot.invalidation_reason or slot.wal_status
             raise ConfigError(f"replication slot {config.slot!r} was invalidated ({reason}): the WAL it needed is "
-                              f"gone. Drop it (pgcdc slot drop {config.slot}) and the mirrors, then run again to "
-                              "resnapshot")
+                              "gone, so the changes since the mirrors' positions cannot be streamed. Copy every "
+                              "table again with --resnapshot (it drops the slot and creates a new one); to keep "
+                              "this from recurring, raise max_slot_wal_keep_size or keep pgcdc running")
         with self._source() as conn:
             self._registry.load_from_server(conn)
             tables = published_tables(conn, config.publication)
@@ -320,7 +363,7 @@ class Pipeline:
                                      binary=binary, messages=True, origin=config.origin)
         stream = LogicalReplicationStream(config.dsn, slot=config.slot, options=options,
                                           start_lsn=slot.confirmed_flush_lsn)
-        assembler = TransactionAssembler(memory_limit_bytes=config.memory_limit_bytes)
+        assembler = TransactionAssembler(memory_limit_bytes=config.memory_limit_bytes, spill_dir=config.spill_dir)
         self._set_phase("streaming")
         batch = _Batch()
         last_status = last_heartbeat = 0.0
@@ -329,7 +372,8 @@ class Pipeline:
                 if event.reconnected:  # the server resends everything after the confirmed position
                     self.progress.errors += 1
                     assembler.close()
-                    assembler = TransactionAssembler(memory_limit_bytes=config.memory_limit_bytes)
+                    assembler = TransactionAssembler(memory_limit_bytes=config.memory_limit_bytes,
+                                                     spill_dir=config.spill_dir)
                     batch = _Batch()
                     continue
                 if event.message is not None:
@@ -374,6 +418,7 @@ class Pipeline:
 
         started = time.monotonic()
         self._snapshot_unmirrored(batch)
+        applied = 0
         for segments in batch.tables.values():
             for index, segment in enumerate(segments):
                 self._convert_pending(segment)
@@ -385,8 +430,13 @@ class Pipeline:
                 # a position never moves backwards, even when the segment holds nothing but a split transaction
                 position = (max(segment.previous_lsn, mirror.position or ZERO) if splits_transaction
                             else segment.last_lsn)
+                if applied:
+                    injection_point("apply.between-mirrors")
+                injection_point("apply.merge")
                 apply_changes(self.spark, mirror, pa.concat_tables(segment.chunks), lsn=position,
                               changelog=self.config.changelog)
+                applied += 1
+        injection_point("apply.before-confirm")
         assert batch.last_end_lsn is not None and batch.last_commit_lsn is not None
         flush = batch.last_end_lsn
         held = assembler.oldest_pending_lsn()

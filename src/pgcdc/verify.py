@@ -9,6 +9,7 @@ as whole rows (not counts), in any order, NaN equal to NaN.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ import pyarrow as pa
 
 from pgcdc.replication.options import with_session_settings
 from pgcdc.replication.published import published_tables
+from pgcdc.spark.mirror import quote
 from pgcdc.spark.snapshot import copy_csv_query, read_csv_columns
 
 if TYPE_CHECKING:
@@ -32,6 +34,16 @@ class TableComparison:
     mirror_checksum: str
     missing_in_mirror: tuple[str, ...]
     unexpected_in_mirror: tuple[str, ...]
+
+    @property
+    def lost(self) -> int:
+        """Source rows the mirror lacks (counting repeats)."""
+        return len(self.missing_in_mirror)
+
+    @property
+    def extra(self) -> int:
+        """Mirror rows beyond the source's: duplicates, stale versions, rows deleted at the source."""
+        return len(self.unexpected_in_mirror)
 
     @property
     def equal(self) -> bool:
@@ -86,17 +98,17 @@ def compare_publication(pipeline: Pipeline, dsn: str, publication: str) -> list[
             columns = read_csv_columns(bytes(data), len(names)) if data else [[] for _ in names]
             source = pa.Table.from_batches([converter.convert_columns(columns, binary=False).batch])
             identifier = pipeline.mirrors.identifier_for(relation.namespace, relation.name)
-            mirror_frame = pipeline.spark.table(identifier).select(*[f"`{n}`" for n in names])
+            mirror_frame = pipeline.spark.table(identifier).select(*[quote(n) for n in names])
             mirror = pa.Table.from_batches(mirror_frame._collect_as_arrow(), schema=None) \
                 if mirror_frame.columns else pa.table({})
             mirror = mirror.cast(source.schema) if mirror.num_rows else source.schema.empty_table()
             source_rows, mirror_rows = _canonical_rows(source), _canonical_rows(mirror)
-            source_set, mirror_set = set(source_rows), set(mirror_rows)
+            source_count, mirror_count = Counter(source_rows), Counter(mirror_rows)
             results.append(TableComparison(
                 table=f"{relation.namespace}.{relation.name}",
                 source_rows=len(source_rows), mirror_rows=len(mirror_rows),
                 source_checksum=_checksum(source_rows), mirror_checksum=_checksum(mirror_rows),
-                missing_in_mirror=tuple(r for r in source_rows if r not in mirror_set),
-                unexpected_in_mirror=tuple(r for r in mirror_rows if r not in source_set),
+                missing_in_mirror=tuple((source_count - mirror_count).elements()),
+                unexpected_in_mirror=tuple((mirror_count - source_count).elements()),
             ))
     return results

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import psycopg
@@ -35,7 +36,7 @@ class ReplicationOptions:
         if proto > highest:
             raise ConfigError(f"protocol version {proto} needs a newer server: PostgreSQL "
                               f"{server_version // 10000} supports up to {highest}")
-        options = {"proto_version": str(proto), "publication_names": _quote_publication(self.publication)}
+        options = {"proto_version": str(proto), "publication_names": quote_ident(self.publication)}
         streaming = self.streaming or ("parallel" if proto >= 4 else "on" if proto >= 2 else "off")
         if streaming == "parallel" and proto < 4:
             raise ConfigError("streaming 'parallel' needs protocol version 4 (PostgreSQL 16+)")
@@ -59,8 +60,13 @@ class ReplicationOptions:
         return options
 
 
-def _quote_publication(name: str) -> str:
-    return name if name.isidentifier() and name == name.lower() else '"' + name.replace('"', '""') + '"'
+_PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
+
+
+def quote_ident(name: str) -> str:
+    """A PostgreSQL identifier as SQL text (and as ``publication_names`` reads it): plain lower-case names as they
+    are, anything else double-quoted with quotes doubled."""
+    return name if _PLAIN_IDENTIFIER.fullmatch(name) else '"' + name.replace('"', '""') + '"'
 
 
 def with_session_settings(dsn: str, **extra: str) -> str:

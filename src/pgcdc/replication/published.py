@@ -13,6 +13,7 @@ import psycopg
 
 from pgcdc.errors import ConfigError
 from pgcdc.pgoutput.messages import Column, Relation
+from pgcdc.replication.options import quote_ident
 
 _TABLES_SQL = """
 SELECT c.oid, n.nspname, c.relname, c.relreplident::text,
@@ -63,7 +64,7 @@ def published_tables(conn: psycopg.Connection, publication: str) -> list[Publish
     exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
     if exists is None:
         raise ConfigError(f"publication {publication!r} does not exist; create it with "
-                          f"CREATE PUBLICATION {publication} FOR TABLE ... (or FOR ALL TABLES)")
+                          f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE ... (or FOR ALL TABLES)")
     column_lists = _column_lists(conn, publication)
     tables = []
     for oid, namespace, name, identity, pages, rows in conn.execute(_TABLES_SQL, (publication,)).fetchall():

@@ -15,7 +15,7 @@ import psycopg2.extras
 
 from pgcdc.errors import ConfigError, ProtocolError
 from pgcdc.lsn import Lsn
-from pgcdc.replication.options import with_session_settings
+from pgcdc.replication.options import quote_ident, with_session_settings
 
 _temporary_names = itertools.count(1)
 
@@ -84,10 +84,20 @@ def server_info(dsn: str) -> ServerInfo:
     return ServerInfo(row[0], row[1], row[2], Lsn.parse(row[3]), row[4], row[5])
 
 
+# A replication connection must notice a silent network partition (no FIN, no RST) on its own: without
+# these, a read waits forever while the slot's WAL piles up. Set in the DSN to override.
+LIVENESS_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "10",
+                     "keepalives_interval": "5", "keepalives_count": "3", "tcp_user_timeout": "30000"}
+
+
 def replication_connection(dsn: str) -> psycopg2.extras.LogicalReplicationConnection:
-    """A walsender connection in database mode, with pgcdc's session settings."""
+    """A walsender connection in database mode, with pgcdc's session settings and liveness defaults."""
+    given = psycopg.conninfo.conninfo_to_dict(dsn)
+    liveness = {k: v for k, v in LIVENESS_DEFAULTS.items() if k not in given}
+    if str(given.get("host", "")).startswith("/") or (not given.get("host") and not given.get("hostaddr")):
+        liveness = {k: v for k, v in liveness.items() if k == "connect_timeout"}  # Unix sockets: no TCP options
     try:
-        return psycopg2.connect(with_session_settings(dsn),
+        return psycopg2.connect(with_session_settings(dsn, **liveness),
                                 connection_factory=psycopg2.extras.LogicalReplicationConnection)
     except psycopg2.OperationalError as exc:
         message = str(exc)
@@ -194,13 +204,13 @@ def check_source(dsn: str, *, publication: str) -> list[SourceProblem]:
                             "WHERE rolname = current_user").fetchone()
         if role is not None and not role[1]:
             problems.append(SourceProblem(f"role {role[0]} lacks the REPLICATION attribute.",
-                                          f'ALTER ROLE "{role[0]}" REPLICATION;'))
+                                          f"ALTER ROLE {quote_ident(role[0])} REPLICATION;"))
         pub = conn.execute("SELECT pubupdate, pubdelete FROM pg_publication WHERE pubname = %s",
                            (publication,)).fetchone()
         if pub is None:
             problems.append(SourceProblem(
                 f"publication {publication!r} does not exist in database {conn.info.dbname!r}.",
-                f"CREATE PUBLICATION {publication} FOR TABLE <tables>;  (or FOR ALL TABLES)"))
+                f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE <tables>;  (or FOR ALL TABLES)"))
             return problems
         tables = conn.execute(
             "SELECT n.nspname, c.relname, c.relreplident::text, "
@@ -211,9 +221,9 @@ def check_source(dsn: str, *, publication: str) -> list[SourceProblem]:
             "WHERE pt.pubname = %s ORDER BY 1, 2", (publication,)).fetchall()
         if not tables:
             problems.append(SourceProblem(f"publication {publication!r} publishes no tables.",
-                                          f"ALTER PUBLICATION {publication} ADD TABLE <tables>;"))
+                                          f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE <tables>;"))
         for schema, table, identity, has_primary_key, readable in tables:
-            qualified = f'"{schema}"."{table}"'
+            qualified = f"{quote_ident(schema)}.{quote_ident(table)}"
             no_identity = identity == "n" or (identity == "d" and not has_primary_key)
             if no_identity and (pub[0] or pub[1]):
                 problems.append(SourceProblem(
@@ -223,5 +233,6 @@ def check_source(dsn: str, *, publication: str) -> list[SourceProblem]:
                     f"ALTER TABLE {qualified} ADD PRIMARY KEY (...); or ALTER TABLE {qualified} REPLICA IDENTITY FULL;"))
             if not readable:
                 problems.append(SourceProblem(f"the initial copy cannot read {schema}.{table}.",
-                                              f"GRANT SELECT ON {qualified} TO current_user;"))
+                                              f"GRANT SELECT ON {qualified} TO {quote_ident(role[0])};"
+                                              if role else f"GRANT SELECT ON {qualified} TO <pgcdc's role>;"))
     return problems

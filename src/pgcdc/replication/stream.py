@@ -29,6 +29,9 @@ from pgcdc.replication.slots import replication_connection
 log = logging.getLogger("pgcdc.replication")
 
 
+class SlotBusyError(ConfigError):
+    """The slot is active for another connection."""
+
 
 class ReplicationEvent(NamedTuple):
     """A decoded message with its XLogData envelope; ``message`` is None for an idle tick."""
@@ -43,13 +46,15 @@ class LogicalReplicationStream:
     """``for event in stream.events(): ...`` over a logical slot with pgoutput; see the module docstring."""
 
     def __init__(self, dsn: str, *, slot: str, options: ReplicationOptions, start_lsn: Lsn | None = None,
-                 status_interval: float = 10.0, max_backoff: float = 30.0, max_retries: int | None = None) -> None:
+                 status_interval: float = 10.0, max_backoff: float = 30.0, max_retries: int | None = None,
+                 slot_busy_timeout: float = 180.0) -> None:
         self.dsn = dsn
         self.slot = slot
         self.options = options
         self.status_interval = status_interval
         self.max_backoff = max_backoff
         self.max_retries = max_retries
+        self.slot_busy_timeout = slot_busy_timeout
         self._confirmed = start_lsn or Lsn(0)
         self._connection: psycopg2.extensions.connection | None = None
         self._cursor = None
@@ -86,15 +91,24 @@ class LogicalReplicationStream:
         """Decoded messages as they arrive, and an idle tick (``message=None``) whenever ``idle_timeout``
         seconds pass without one."""
         failures = 0
+        lost_at: float | None = None
         while not self._closed:
             try:
                 self._start()
                 failures = 0
+                lost_at = None
                 yield from self._read(idle_timeout)
             except (psycopg2.OperationalError, psycopg2.InterfaceError, psycopg2.errors.AdminShutdown,
-                    OSError) as exc:
+                    OSError, SlotBusyError) as exc:
                 if self._closed:
                     return
+                # After a lost connection the server keeps the old walsender (and the slot) until it notices
+                # too (wal_sender_timeout); only then is the slot free again. On a first start it is really
+                # another consumer.
+                if isinstance(exc, SlotBusyError) and (
+                        lost_at is None or time.monotonic() - lost_at > self.slot_busy_timeout):
+                    raise
+                lost_at = lost_at or time.monotonic()
                 failures += 1
                 if self.max_retries is not None and failures > self.max_retries:
                     raise
@@ -118,12 +132,16 @@ class LogicalReplicationStream:
         except psycopg2.errors.UndefinedObject as exc:
             raise ConfigError(f"{' '.join(str(exc).split())}: create the slot (pgcdc slot create {self.slot}) or "
                               "the publication") from None
-        except psycopg2.errors.ObjectInUse:
-            raise ConfigError(f"replication slot {self.slot!r} is active for another process: stop the other "
-                              "consumer (only one may read a slot)") from None
+        except psycopg2.errors.ObjectInUse as exc:
+            raise SlotBusyError(f"replication slot {self.slot!r} is active for another process "
+                                f"({' '.join(str(exc).split())}): stop the other consumer (only one may read a "
+                                "slot)") from None
         except (psycopg2.errors.ObjectNotInPrerequisiteState, psycopg2.errors.FeatureNotSupported,
                 psycopg2.errors.InvalidParameterValue) as exc:
-            raise ConfigError(f"cannot stream slot {self.slot!r}: {' '.join(str(exc).split())}") from None
+            text = " ".join(str(exc).split())
+            hint = (" The slot was invalidated: its WAL is gone. Copy the tables again with --resnapshot (it drops "
+                    "the slot and creates a new one)." if "invalidated" in text or "no longer" in text else "")
+            raise ConfigError(f"cannot stream slot {self.slot!r}: {text}.{hint}") from None
         self._cursor = cursor
         log.info("streaming slot %s from %s (protocol %d, options %s)", self.slot, self._confirmed,
                  self.proto_version, options)

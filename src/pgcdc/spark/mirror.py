@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pgcdc.errors import ConfigError
+from pgcdc.errors import ConfigError, PositionCorruptError
 from pgcdc.lsn import Lsn
 
 if TYPE_CHECKING:
@@ -230,7 +230,16 @@ class MirrorCatalog:
             log.warning("mirror %s cannot be read (%s); it will be copied again", identifier,
                         str(exc).splitlines()[0])
             return None
-        return Lsn.parse(rows[0].lsn) if rows else None
+        if not rows:
+            return None
+        try:
+            return Lsn.parse(rows[0].lsn)
+        except ValueError:
+            raise PositionCorruptError(
+                f"mirror {identifier} stores {POSITION_PROPERTY}={rows[0].lsn!r}, which is not an LSN: its position "
+                "cannot be trusted, so pgcdc will not guess what it holds. Copy the table again (DROP TABLE "
+                f"{identifier} in Spark, then run pgcdc, which recopies it at a fresh consistent point), or roll "
+                "it back to an earlier snapshot with the Iceberg procedure system.rollback_to_snapshot") from None
 
     def _source_tables(self) -> list[tuple[str, str, str]]:
         """(source schema, source table, identifier) of every mirror in the namespace, from the catalog's

@@ -6,8 +6,11 @@ Stream Abort, interleaved under ``streaming 'parallel'``), and two-phase ones (p
 from Prepare, or Stream Prepare, until Commit Prepared or Rollback Prepared).
 
 Memory is bounded: a transaction whose changes outgrow ``memory_limit_bytes`` continues in a
-spill file (pickled chunks) that is read back when it commits and removed when it ends; files
-left by a crashed process are swept when the next assembler starts.
+spill file that is read back when it commits and removed when it ends; files left by a crashed
+process are swept when the next assembler starts. A spill file holds the changes as pgoutput bytes
+in checksummed frames, decoded by the same strict decoder as the wire: a corrupt or altered file
+stops the pipeline with :class:`SpillCorruptError` (nothing was confirmed for that transaction, so
+the server sends it again after a restart); it is never trusted, and never unpickled.
 """
 
 from __future__ import annotations
@@ -15,15 +18,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pickle
+import struct
 import tempfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from pgcdc.errors import ProtocolError
+from pgcdc.errors import DecodeError, ProtocolError, SpillCorruptError
+from pgcdc.faults import injection_point
 from pgcdc.lsn import Lsn
+from pgcdc.pgoutput.decode import decode
+from pgcdc.pgoutput.encode import encode
 from pgcdc.pgoutput.messages import (
     AnyMessage,
     Begin,
@@ -106,6 +113,8 @@ class _Buffer:
     spill_file: IO[bytes] | None = None
     aborted_subxids: set[int] = field(default_factory=set)
     relations: dict[int, Relation] = field(default_factory=dict)  # schema versions sent inside a stream
+    # id(relation version) -> (its index in the spill file, the version itself, kept alive so ids stay unique)
+    spilled_relations: dict[int, tuple[int, Relation]] = field(default_factory=dict)
 
     def add(self, item: _Item, size: int, limit: int, spill_dir: str | None) -> None:
         self.items.append(item)
@@ -116,25 +125,54 @@ class _Buffer:
 
     def _spill(self, spill_dir: str | None) -> None:
         if self.spill_file is None:
-            handle, name = tempfile.mkstemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-{self.xid}-", dir=spill_dir)
+            try:
+                handle, name = tempfile.mkstemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-{self.xid}-", dir=spill_dir)
+            except OSError as exc:
+                raise SpillCorruptError(self._cannot_spill(exc, spill_dir or tempfile.gettempdir())) from None
             self.spill_path = Path(name)
             self.spill_file = os.fdopen(handle, "wb")
             log.info("transaction %d exceeds the memory limit: spilling its changes to %s", self.xid, name)
+            self._write(self.spill_file, _SPILL_MAGIC)
+        frames = bytearray()
         for start in range(0, len(self.items), _SPILL_CHUNK):
-            pickle.dump(self.items[start:start + _SPILL_CHUNK], self.spill_file, protocol=pickle.HIGHEST_PROTOCOL)
+            for item in self.items[start:start + _SPILL_CHUNK]:
+                frames += self._spill_frames(item)
+            self._write(self.spill_file, frames)
+            frames.clear()
         self.items = []
         self.size = 0
 
+    def _write(self, file: IO[bytes], data: bytes | bytearray) -> None:
+        try:
+            file.write(data)
+            file.flush()  # a full disk must fail here, where the message can say what to do
+        except OSError as exc:
+            raise SpillCorruptError(self._cannot_spill(exc, self.spill_path)) from None
+
+    def _cannot_spill(self, exc: OSError, where: object) -> str:
+        return (f"cannot spill transaction {self.xid} to {where}: {exc.strerror or exc}. Free space in the spill "
+                "directory (or point --spill-dir elsewhere), or raise --memory-limit; nothing of this transaction "
+                "was confirmed, so the server sends it again after a restart")
+
+    def _spill_frames(self, item: _Item) -> bytes:
+        subxid, message, relation = item
+        relations = relation if isinstance(relation, tuple) else () if relation is None else (relation,)
+        head = bytearray()
+        refs = []
+        for version in relations:
+            known = self.spilled_relations.get(id(version))
+            if known is None:
+                known = self.spilled_relations[id(version)] = (len(self.spilled_relations), version)
+                head += _frame(b"R", struct.pack(">I", known[0]) + _encode_any(version))
+            refs.append(known[0])
+        kind = b"T" if isinstance(relation, tuple) else b"C"
+        payload = struct.pack(f">qH{len(refs)}I", -1 if subxid is None else subxid, len(refs), *refs)
+        return bytes(head + _frame(kind, payload + _encode_any(message)))
+
     def iterate(self) -> Iterator[_Item]:
         if self.spill_file is not None and self.spill_path is not None:
-            self.spill_file.flush()
             with open(self.spill_path, "rb") as spilled:
-                while True:
-                    try:
-                        chunk = pickle.load(spilled)
-                    except EOFError:
-                        break
-                    yield from chunk
+                yield from _read_spill(spilled, self.spill_path)
         yield from self.items
 
     def close(self) -> None:
@@ -282,10 +320,12 @@ class TransactionAssembler:
                 self._begin(_Buffer(message.xid, start_lsn=message.prepare_lsn, commit_ts=message.prepare_ts))
             case Prepare():
                 self._prepared[message.gid] = (self._end_current("Prepare"), message.prepare_lsn)
+                injection_point("assembler.prepared")
             case StreamPrepare():
                 buffer = self._take_stream(message.xid)
                 self.relations.update(buffer.relations)
                 self._prepared[message.gid] = (buffer, message.prepare_lsn)
+                injection_point("assembler.prepared")
             case CommitPrepared():
                 held = self._prepared.pop(message.gid, None)
                 if held is None:
@@ -364,6 +404,69 @@ class TransactionAssembler:
             self._current.add((None, message, relation), size, self.memory_limit_bytes, self.spill_dir)
         else:
             raise ProtocolError(f"{type(message).__name__} outside a transaction")
+
+
+_SPILL_MAGIC = b"PGCDC-SPILL-1\n"
+_FRAME = struct.Struct(">cII")  # kind, payload length, CRC-32 of the payload
+_MAX_FRAME = 1 << 30  # pgoutput messages are smaller than PostgreSQL's 1 GB field limit
+
+
+def _frame(kind: bytes, payload: bytes) -> bytes:
+    return _FRAME.pack(kind, len(payload), zlib.crc32(payload)) + payload
+
+
+def _encode_any(message: AnyMessage) -> bytes:
+    # a flag byte records whether the message came inside a streamed block (its xid is then on the wire)
+    in_stream = getattr(message, "xid", None) is not None
+    return (b"\1" if in_stream else b"\0") + encode(message, proto_version=4, in_stream=in_stream)
+
+
+def _decode_any(data: bytes) -> AnyMessage:
+    return decode(data[1:], proto_version=4, in_stream=data[:1] == b"\1")
+
+
+def _read_spill(file: IO[bytes], path: Path) -> Iterator[_Item]:
+    """The items of a spill file, each frame's checksum and bytes verified before use."""
+    def corrupt(offset: int, problem: str) -> SpillCorruptError:
+        return SpillCorruptError(
+            f"spill file {path} is corrupt at byte {offset} ({problem}); it is not trusted. Stop pgcdc and "
+            "start it again: nothing of this transaction was confirmed, so the server sends it again")
+
+    if file.read(len(_SPILL_MAGIC)) != _SPILL_MAGIC:
+        raise corrupt(0, "not a pgcdc spill file")
+    relations: dict[int, Relation] = {}
+    offset = len(_SPILL_MAGIC)
+    while True:
+        head = file.read(_FRAME.size)
+        if not head:
+            return
+        if len(head) < _FRAME.size:
+            raise corrupt(offset, "truncated frame header")
+        kind, length, checksum = _FRAME.unpack(head)
+        if kind not in (b"R", b"C", b"T") or length > _MAX_FRAME:
+            raise corrupt(offset, f"bad frame header {head.hex()}")
+        payload = file.read(length)
+        if len(payload) < length:
+            raise corrupt(offset, f"truncated frame: {len(payload)} of {length} bytes")
+        if zlib.crc32(payload) != checksum:
+            raise corrupt(offset, "checksum mismatch")
+        try:
+            if kind == b"R":
+                (index,) = struct.unpack_from(">I", payload)
+                relation = _decode_any(payload[4:])
+                if not isinstance(relation, Relation):
+                    raise corrupt(offset, f"expected a Relation, found {type(relation).__name__}")
+                relations[index] = relation
+            else:
+                subxid, count = struct.unpack_from(">qH", payload)
+                refs = struct.unpack_from(f">{count}I", payload, 10)
+                message = _decode_any(payload[10 + 4 * count:])
+                versions = tuple(relations[ref] for ref in refs)
+                target: Any = versions if kind == b"T" else versions[0] if versions else None
+                yield (None if subxid < 0 else subxid, message, target)
+        except (DecodeError, struct.error, KeyError, IndexError) as exc:
+            raise corrupt(offset, f"undecodable frame: {exc}") from None
+        offset += _FRAME.size + length
 
 
 def _tuple_size(message: Insert | Update | Delete) -> int:

@@ -1,0 +1,71 @@
+"""Injection points: named places where a fault test can kill pgcdc at a chosen instant.
+
+Crash tests need to hit the narrow windows that random kills rarely reach: between the
+commits of two mirrors in one batch, during a MERGE, during the initial copy, while a
+prepared transaction is held. The code marks those places with :func:`injection_point`;
+``PGCDC_INJECT`` arms one of them for a run (off, the cost is one dictionary lookup):
+
+    PGCDC_INJECT=apply.between-mirrors          kill the process at the first hit
+    PGCDC_INJECT=apply.merge:3                  ... at the third hit
+    PGCDC_INJECT=apply.merge:1:0.4              ... 0.4 s after the first hit (inside the MERGE)
+
+The fault is SIGKILL of the whole process: no handler, no ``finally``, no flush, exactly
+what an OOM kill or a lost machine does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import dataclass
+
+POINTS = (
+    "snapshot.copy",          # a table's copy job is about to run
+    "apply.merge",            # a mirror's MERGE (or overwrite) is about to run
+    "apply.between-mirrors",  # one mirror of a batch committed, the next not yet
+    "apply.before-confirm",   # every mirror of a batch committed, the slot not yet told
+    "assembler.prepared",     # a prepared transaction is held, its COMMIT PREPARED not yet seen
+)
+
+
+@dataclass(frozen=True)
+class _Armed:
+    point: str
+    hit: int
+    delay: float
+
+
+def _parse(value: str | None) -> _Armed | None:
+    if not value:
+        return None
+    parts = value.split(":")
+    if parts[0] not in POINTS or len(parts) > 3:
+        raise ValueError(f"PGCDC_INJECT={value!r}: expected POINT[:HIT[:DELAY_SECONDS]] with POINT one of "
+                         + ", ".join(POINTS))
+    hit = int(parts[1]) if len(parts) > 1 else 1
+    delay = float(parts[2]) if len(parts) > 2 else 0.0
+    return _Armed(parts[0], hit, delay)
+
+
+_armed = _parse(os.environ.get("PGCDC_INJECT"))
+_hits: dict[str, int] = {}
+
+
+def injection_point(name: str) -> None:
+    """Kill this process here if ``PGCDC_INJECT`` arms ``name`` and this is the armed hit."""
+    if _armed is None or _armed.point != name:
+        return
+    _hits[name] = count = _hits.get(name, 0) + 1
+    if count != _armed.hit:
+        return
+    if _armed.delay > 0:
+        timer = threading.Timer(_armed.delay, _kill)
+        timer.daemon = True
+        timer.start()
+    else:
+        _kill()
+
+
+def _kill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
