@@ -2,6 +2,7 @@
 #   make test    install into .venv, then run the whole suite
 #   make demo    install into .venv, then mirror a live PostgreSQL into Iceberg
 #   make bench   run the benchmarks (bench/*.py; QUICK=1 for the short versions)
+#   make soak    the long fault runs (crash loops of many kills, 1,000,000 fuzzed messages)
 #   make lint    ruff + mypy on src/
 
 PYTHON ?= python3
@@ -10,7 +11,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.pgcdc-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test soak demo bench lint clean
 
 install: $(STAMP)
 
@@ -35,6 +36,10 @@ $(STAMP): pyproject.toml Makefile
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+soak: $(STAMP)
+	$(PY) -m pytest -m soak $(PYTEST_ARGS)
+	$(PY) bench/fuzz.py
 
 demo: $(STAMP)
 	$(VENV)/bin/pgcdc demo

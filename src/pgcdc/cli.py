@@ -149,6 +149,9 @@ def run(
     memory_limit: Annotated[int, typer.Option(
         "--memory-limit", envvar="PGCDC_MEMORY_LIMIT_MB", min=1,
         help="MB of changes held in memory per open transaction before it spills.")] = 256,
+    receive_timeout: Annotated[float, typer.Option(
+        "--receive-timeout", envvar="PGCDC_RECEIVE_TIMEOUT",
+        help="Seconds of silence from the server after which the connection counts as lost.")] = 60.0,
 ) -> None:
     """Snapshot if needed, then stream changes into the Iceberg mirrors until stopped (Ctrl-C stops cleanly)."""
     from pgcdc.pipeline import Pipeline
@@ -159,7 +162,7 @@ def run(
         batch_max_seconds=batch_seconds, changelog=changelog, snapshot=not no_snapshot, binary=binary,
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
-        memory_limit_bytes=memory_limit << 20)
+        memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout)
     from pgcdc.observability import MetricsServer, StatusLine
 
     metrics = MetricsServer(metrics_port) if metrics_port else None

@@ -86,6 +86,7 @@ class PipelineConfig:
     heartbeat_seconds: float | None = None
     spill_dir: str | None = None
     resnapshot: bool = False
+    receive_timeout_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -104,6 +105,8 @@ class PipelineConfig:
             problems.append("batch_max_rows must be at least 1")
         if self.batch_max_seconds <= 0:
             problems.append("batch_max_seconds must be positive")
+        if self.receive_timeout_seconds <= 0:
+            problems.append("receive_timeout_seconds must be positive")
         if self.heartbeat_seconds is not None and self.heartbeat_seconds <= 0:
             problems.append("heartbeat_seconds must be positive")
         if self.proto_version is not None and self.proto_version not in (1, 2, 3, 4):
@@ -362,7 +365,8 @@ class Pipeline:
                                      streaming=config.streaming, two_phase=config.two_phase,
                                      binary=binary, messages=True, origin=config.origin)
         stream = LogicalReplicationStream(config.dsn, slot=config.slot, options=options,
-                                          start_lsn=slot.confirmed_flush_lsn)
+                                          start_lsn=slot.confirmed_flush_lsn,
+                                          receive_timeout=config.receive_timeout_seconds)
         assembler = TransactionAssembler(memory_limit_bytes=config.memory_limit_bytes, spill_dir=config.spill_dir)
         self._set_phase("streaming")
         batch = _Batch()
@@ -562,8 +566,11 @@ class Pipeline:
             return conn.info.server_version >= 150000
 
     @contextlib.contextmanager
-    def _source(self) -> Iterator[psycopg.Connection]:
-        with psycopg.connect(self.config.dsn, autocommit=True, application_name="pgcdc") as conn:
+    def _source(self, connect_timeout: int = 10) -> Iterator[psycopg.Connection]:
+        # a bounded wait: a server behind a silent partition must not stall the stream's loop forever
+        given = psycopg.conninfo.conninfo_to_dict(self.config.dsn)
+        extra = {} if "connect_timeout" in given else {"connect_timeout": connect_timeout}
+        with psycopg.connect(self.config.dsn, autocommit=True, application_name="pgcdc", **extra) as conn:
             yield conn
 
     def _server_lsn(self) -> Lsn:
@@ -576,14 +583,14 @@ class Pipeline:
         """A tiny non-transactional logical message in the source database: when the published tables are
         quiet but other databases write WAL, the slot still gets something to confirm, so WAL does not pile up."""
         try:
-            with self._source() as conn:
+            with self._source(connect_timeout=3) as conn:
                 conn.execute("SELECT pg_logical_emit_message(false, 'pgcdc.heartbeat', '')")
         except psycopg.Error as exc:
             log.warning("heartbeat failed: %s", exc)
 
     def _refresh_server_status(self) -> None:
         try:
-            with self._source() as conn:
+            with self._source(connect_timeout=3) as conn:
                 row = conn.execute(
                     "SELECT pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,"
                     " wal_status FROM pg_replication_slots WHERE slot_name = %s", (self.config.slot,)).fetchone()

@@ -33,6 +33,14 @@ class SlotBusyError(ConfigError):
     """The slot is active for another connection."""
 
 
+def _connection_lost(exc: BaseException) -> bool:
+    """A lost connection (retried) rather than an error the server reported about the request (raised): libpq
+    reports a broken COPY stream as a bare DatabaseError without SQLSTATE."""
+    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError | OSError | SlotBusyError):
+        return True
+    return isinstance(exc, psycopg2.DatabaseError) and getattr(exc, "pgcode", None) is None
+
+
 class ReplicationEvent(NamedTuple):
     """A decoded message with its XLogData envelope; ``message`` is None for an idle tick."""
 
@@ -47,7 +55,7 @@ class LogicalReplicationStream:
 
     def __init__(self, dsn: str, *, slot: str, options: ReplicationOptions, start_lsn: Lsn | None = None,
                  status_interval: float = 10.0, max_backoff: float = 30.0, max_retries: int | None = None,
-                 slot_busy_timeout: float = 180.0) -> None:
+                 slot_busy_timeout: float = 180.0, receive_timeout: float = 60.0) -> None:
         self.dsn = dsn
         self.slot = slot
         self.options = options
@@ -55,6 +63,7 @@ class LogicalReplicationStream:
         self.max_backoff = max_backoff
         self.max_retries = max_retries
         self.slot_busy_timeout = slot_busy_timeout
+        self.receive_timeout = receive_timeout
         self._confirmed = start_lsn or Lsn(0)
         self._connection: psycopg2.extensions.connection | None = None
         self._cursor = None
@@ -98,10 +107,11 @@ class LogicalReplicationStream:
                 failures = 0
                 lost_at = None
                 yield from self._read(idle_timeout)
-            except (psycopg2.OperationalError, psycopg2.InterfaceError, psycopg2.errors.AdminShutdown,
-                    OSError, SlotBusyError) as exc:
+            except (psycopg2.DatabaseError, psycopg2.InterfaceError, OSError, SlotBusyError) as exc:
                 if self._closed:
                     return
+                if not _connection_lost(exc):
+                    raise
                 # After a lost connection the server keeps the old walsender (and the slot) until it notices
                 # too (wal_sender_timeout); only then is the slot free again. On a first start it is really
                 # another consumer.
@@ -150,7 +160,8 @@ class LogicalReplicationStream:
         cursor = self._cursor
         assert cursor is not None
         decode = MessageDecoder(self.proto_version).decode
-        last = time.monotonic()
+        last = heard = time.monotonic()
+        pinged = False
         read_message = cursor.read_message
         while not self._closed:
             message = read_message()
@@ -159,6 +170,17 @@ class LogicalReplicationStream:
                 if wal_end:
                     self.server_wal_end = Lsn(wal_end)
                 now = time.monotonic()
+                # A silent partition (no FIN, no RST, a proxy that stopped forwarding) shows only as silence.
+                # Sending feedback sets both timestamps; anything received since makes io_timestamp the later.
+                if cursor.io_timestamp > cursor.feedback_timestamp:
+                    heard, pinged = now, False
+                elif now - heard > self.receive_timeout:
+                    raise psycopg2.OperationalError(
+                        f"nothing received from the server for {now - heard:.0f}s (receive timeout "
+                        f"{self.receive_timeout:.0f}s), not even an answer to a keepalive request")
+                elif not pinged and now - heard > self.receive_timeout / 3:
+                    cursor.send_feedback(reply=True)  # the server answers at once with a keepalive
+                    pinged = True
                 if now - last >= idle_timeout:
                     last = now
                     yield ReplicationEvent(None, self._confirmed, self.server_wal_end or self._confirmed)

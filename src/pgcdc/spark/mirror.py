@@ -244,7 +244,10 @@ class MirrorCatalog:
     def _source_tables(self) -> list[tuple[str, str, str]]:
         """(source schema, source table, identifier) of every mirror in the namespace, from the catalog's
         own listing (exact names, no parsing of SQL output)."""
-        catalog = self.spark._jsparkSession.sessionState().catalogManager().catalog(self.catalog)
+        session: Any = self.spark._jsparkSession
+        # the catalog plug-ins are read from the thread's active session: set it for threads Spark did not start
+        self.spark.sparkContext._jvm.org.apache.spark.sql.SparkSession.setActiveSession(session)  # type: ignore[union-attr]
+        catalog = session.sessionState().catalogManager().catalog(self.catalog)
         gateway: Any = self.spark.sparkContext._gateway
         root = gateway.new_array(gateway.jvm.java.lang.String, 1)
         root[0] = self.namespace

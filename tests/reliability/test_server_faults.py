@@ -1,0 +1,149 @@
+"""Server and network faults under a steady workload: PostgreSQL restarted (fast and crash), the walsender
+terminated, the network reset and silently partitioned, the spill directory full. pgcdc recovers (or stops
+with a clear error), never confirms a position past what the mirrors hold, and ends equal to the source."""
+
+from __future__ import annotations
+
+import dataclasses
+import resource
+import threading
+import time
+
+import psycopg
+import pytest
+
+from pgcdc.lsn import Lsn
+from pgcdc.pipeline import Pipeline
+from pipeline_support import (
+    SHOP_TABLES,
+    Workload,
+    assert_mirrors_equal,
+    catch_up,
+    pipeline_config,
+    prepare_source,
+    run_cli,
+)
+from tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.slow
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _slot_confirmed(pg, slot: str) -> Lsn | None:
+    rows = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+    return Lsn.parse(rows[0][0]) if rows and rows[0][0] else None
+
+
+def test_restarts_terminations_and_network_cuts_lose_nothing(pg, spark):
+    pg.server.require(15, "two-phase decoding")
+    if pg.server.embedded is None:
+        pytest.skip("restarts need the embedded server")
+    prepare_source(pg, rows=200)
+    with TcpProxy("127.0.0.1", pg.server.embedded.port) as proxy:
+        direct = pipeline_config(pg, spark, receive_timeout_seconds=6.0)
+        config = dataclasses.replace(direct, dsn=proxy.dsn(direct.dsn))
+        pipeline = Pipeline(config, spark=spark)
+        failures: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                pipeline.run(handle_signals=False)
+            except BaseException as exc:
+                failures.append(exc)
+
+        runner = threading.Thread(target=run, name="pipeline")
+        faults = []
+        with Workload(pg.dsn, seed=11, survive_disconnects=True) as workload:
+            runner.start()
+            _wait_for(lambda: pipeline.progress.phase == "streaming" or failures, 180,
+                      f"streaming (phase {pipeline.progress.phase})")
+            assert not failures, failures
+            time.sleep(4)
+
+            def fault(name, action, settle=6.0):
+                before = pipeline.progress.errors
+                action()
+                faults.append(name)
+                _wait_for(lambda: pipeline.progress.errors > before or failures, 90, f"{name} noticed")
+                time.sleep(settle)
+                assert not failures, failures
+
+            fault("server restart (fast)", lambda: pg.server.restart("fast"))
+            fault("server crash (immediate restart)", lambda: pg.server.restart("immediate"))
+            fault("walsender terminated", lambda: pg.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s",
+                (config.slot,)))
+
+            def reset_for_a_while():
+                proxy.reset()
+                time.sleep(3)
+                proxy.heal()
+            fault("network reset for 3 s", reset_for_a_while)
+
+            def partition_for_a_while():
+                proxy.blackhole()  # silence only: noticed by the receive timeout
+                time.sleep(12)
+                proxy.heal()
+            fault("silent partition for 12 s", partition_for_a_while, settle=10.0)
+        assert not workload.errors, workload.errors
+        pipeline.stop()
+        runner.join(timeout=300)
+        assert not failures, failures
+    reconnections = pipeline.progress.errors
+    catch_up(direct)
+    figures = assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
+    print(f"faults: {faults}; reconnections: {reconnections}; workload transactions: {workload.transactions} "
+          f"(its own reconnections: {workload.disconnects}); {figures}")
+    assert reconnections >= len(faults)
+
+
+def test_a_full_spill_directory_stops_with_a_clear_error_and_confirms_nothing_past_the_mirrors(pg, spark, tmp_path):
+    """The spill directory fills up (a file size limit on the running pipeline: writes fail with EFBIG, as
+    they would with ENOSPC) while a transaction larger than the memory limit arrives."""
+    pg.execute("CREATE TABLE big (id int PRIMARY KEY, v text)")
+    pg.execute("INSERT INTO big VALUES (0, 'before')")
+    pg.execute("CREATE PUBLICATION pub FOR TABLE big")
+    config = pipeline_config(pg, spark, publication="pub", spill_dir=str(tmp_path))
+    catch_up(config)
+    confirmed_before = _slot_confirmed(pg, config.slot)
+
+    process = run_cli(config, "--memory-limit", "1", "--spill-dir", str(tmp_path), env={"PGCDC_LOG_LEVEL": "INFO"})
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    reader.start()
+    _wait_for(lambda: any("streaming slot" in line for line in lines), 180, "the pipeline to stream")
+    # only the pipeline's own process: the JVM it started keeps writing Iceberg files normally
+    resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+    pg.execute("INSERT INTO big SELECT i, repeat('v', 200) FROM generate_series(1, 30000) i")
+    assert process.wait(timeout=300) != 0
+    reader.join(timeout=10)
+    output = "".join(lines)
+    assert "cannot spill transaction" in output and "File too large" in output, output[-3000:]
+    assert "--spill-dir" in output
+    assert _slot_confirmed(pg, config.slot) == confirmed_before  # the big transaction was not confirmed
+
+    # with room again, a restart gets the transaction from the server and completes the mirror
+    catch_up(config, "--memory-limit", "1", "--spill-dir", str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+    results = assert_mirrors_equal(config, spark, pg.dsn)
+    assert results["rows_compared"] == 30001
+
+
+def test_a_server_that_is_not_there_fails_fast_and_says_so(pg, spark):
+    """At start-up nothing is retried: a wrong address is a configuration error (mid-stream losses are retried,
+    above)."""
+    config = pipeline_config(pg, spark)
+    params = psycopg.conninfo.conninfo_to_dict(config.dsn)
+    params["port"] = "1"
+    bad = dataclasses.replace(config, dsn=psycopg.conninfo.make_conninfo(**params))
+    process = run_cli(bad, "--until-caught-up")
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert "connection" in output.lower() and "Traceback" not in output, output
