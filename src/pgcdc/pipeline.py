@@ -568,9 +568,10 @@ class Pipeline:
     @contextlib.contextmanager
     def _source(self, connect_timeout: int = 10) -> Iterator[psycopg.Connection]:
         # a bounded wait: a server behind a silent partition must not stall the stream's loop forever
-        given = psycopg.conninfo.conninfo_to_dict(self.config.dsn)
-        extra = {} if "connect_timeout" in given else {"connect_timeout": connect_timeout}
-        with psycopg.connect(self.config.dsn, autocommit=True, application_name="pgcdc", **extra) as conn:
+        params = psycopg.conninfo.conninfo_to_dict(self.config.dsn)
+        params.setdefault("connect_timeout", connect_timeout)
+        params.setdefault("application_name", "pgcdc")
+        with psycopg.connect(psycopg.conninfo.make_conninfo(**params), autocommit=True) as conn:
             yield conn
 
     def _server_lsn(self) -> Lsn:
