@@ -571,7 +571,7 @@ class Pipeline:
         params = psycopg.conninfo.conninfo_to_dict(self.config.dsn)
         params.setdefault("connect_timeout", connect_timeout)
         params.setdefault("application_name", "pgcdc")
-        with psycopg.connect(psycopg.conninfo.make_conninfo(**params), autocommit=True) as conn:
+        with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as conn:
             yield conn
 
     def _server_lsn(self) -> Lsn:
