@@ -99,9 +99,8 @@ def compare_publication(pipeline: Pipeline, dsn: str, publication: str) -> list[
             source = pa.Table.from_batches([converter.convert_columns(columns, binary=False).batch])
             identifier = pipeline.mirrors.identifier_for(relation.namespace, relation.name)
             mirror_frame = pipeline.spark.table(identifier).select(*[quote(n) for n in names])
-            mirror = pa.Table.from_batches(mirror_frame._collect_as_arrow(), schema=None) \
-                if mirror_frame.columns else pa.table({})
-            mirror = mirror.cast(source.schema) if mirror.num_rows else source.schema.empty_table()
+            batches = mirror_frame._collect_as_arrow() if mirror_frame.columns else []
+            mirror = pa.Table.from_batches(batches).cast(source.schema) if batches else source.schema.empty_table()
             source_rows, mirror_rows = _canonical_rows(source), _canonical_rows(mirror)
             source_count, mirror_count = Counter(source_rows), Counter(mirror_rows)
             results.append(TableComparison(

@@ -113,8 +113,11 @@ class MirrorCatalog:
         self._tables: dict[tuple[str, str], MirrorTable] = {}
 
     def identifier_for(self, source_schema: str, source_table: str) -> str:
-        return ".".join([quote(self.catalog), quote(self.namespace), quote(encode_name(source_schema)),
-                         quote(encode_name(source_table))])
+        return f"{self.namespace_for(source_schema)}.{quote(encode_name(source_table))}"
+
+    def namespace_for(self, source_schema: str) -> str:
+        """The Iceberg namespace holding the mirrors of one source schema."""
+        return ".".join([quote(self.catalog), quote(self.namespace), quote(encode_name(source_schema))])
 
     def changelog_identifier_for(self, source_schema: str, source_table: str) -> str:
         return self.identifier_for(source_schema, source_table + CHANGELOG_SUFFIX)
@@ -175,8 +178,7 @@ class MirrorCatalog:
             SOURCE_PROPERTY: spec.source,
             KEY_PROPERTY: ",".join(spec.key_columns),
         }
-        namespace = identifier.rsplit(".", 1)[0]
-        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.namespace_for(spec.source_schema)}")
         self.spark.sql(f"CREATE TABLE {identifier} ({columns}) USING iceberg TBLPROPERTIES ("
                        + ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items()) + ")")
         if spec.key_columns:
