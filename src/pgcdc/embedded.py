@@ -184,17 +184,13 @@ class EmbeddedPostgres:
     ``settings`` override ``postgresql.conf`` (e.g. ``{"logical_decoding_work_mem": "64kB"}``).
     ``detached=True`` keeps the server running after this process exits (``pgcdc embedded start``).
     ``hba`` lines go first in ``pg_hba.conf`` (e.g. ``"host all cdc 127.0.0.1/32 scram-sha-256"``; the
-    rest is trust). ``tls=(certificate_pem, key_pem)`` turns on TLS with that server certificate.
+    rest is trust). The embedded build has no TLS support: put a TLS-terminating proxy in front to test TLS.
     """
 
     def __init__(self, settings: Mapping[str, str | int] | None = None, *, port: int | None = None,
-                 detached: bool = False, start_timeout: float = 60.0, hba: Sequence[str] = (),
-                 tls: tuple[bytes, bytes] | None = None) -> None:
+                 detached: bool = False, start_timeout: float = 60.0, hba: Sequence[str] = ()) -> None:
         self.settings = {**DEFAULT_SETTINGS, **{k: str(v) for k, v in (settings or {}).items()}}
         self.hba = tuple(hba)
-        self.tls = tls
-        if tls is not None:
-            self.settings.update({"ssl": "on", "ssl_cert_file": "server.crt", "ssl_key_file": "server.key"})
         self.port = port or free_port()
         self.detached = detached
         self.start_timeout = start_timeout
@@ -345,13 +341,6 @@ class EmbeddedPostgres:
         hba_path.write_text("# pgcdc embedded server: given rules first (the first match wins)\n"
                             + "".join(line + "\n" for line in self.hba) + hba_path.read_text()
                             + "\nhost replication all 127.0.0.1/32 trust\nlocal replication all trust\n")
-        if self.tls is not None:
-            for name, content in (("server.crt", self.tls[0]), ("server.key", self.tls[1])):
-                path = paths.data / name
-                path.write_bytes(content)
-                os.chmod(path, 0o600)  # PostgreSQL refuses a key others can read
-                if self._user is not None:
-                    os.chown(path, self._user.pw_uid, self._user.pw_gid)
 
     def _launch(self) -> None:
         paths = self._require_paths()

@@ -160,12 +160,20 @@ class MetricsServer:
                          registry=self.registry)
         self.retained = Gauge("pgcdc_wal_retained_bytes", "WAL the slot keeps on the server", registry=self.registry)
         self.applied = Gauge("pgcdc_applied_lsn", "Last applied LSN (as a number)", registry=self.registry)
+        self.phase = Gauge("pgcdc_phase", "1 for the pipeline's current phase (snapshot, streaming, ...)", ["phase"],
+                           registry=self.registry)
+        self._phase: str | None = None
         self._seen_rows = 0
         self._seen_batches = 0
         self._seen_errors = 0
         start_http_server(port, registry=self.registry)
 
     def update(self, progress: Progress) -> None:
+        if progress.phase != self._phase:
+            if self._phase is not None:
+                self.phase.labels(self._phase).set(0)
+            self.phase.labels(progress.phase).set(1)
+            self._phase = progress.phase
         self.rows.inc(progress.rows_applied - self._seen_rows)
         self.batches.inc(progress.batches_applied - self._seen_batches)
         self.errors.inc(progress.errors - self._seen_errors)

@@ -8,9 +8,9 @@ import os
 import random
 
 import pytest
-from pipeline_support import assert_mirrors_equal
 
 from pgcdc.pipeline import Pipeline, PipelineConfig
+from pipeline_support import assert_mirrors_equal
 
 pytestmark = pytest.mark.slow
 

@@ -13,11 +13,11 @@ import random
 
 import psycopg
 import pytest
-from pipeline_support import assert_mirrors_equal
 
 from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.errors import ConfigError
 from pgcdc.pipeline import Pipeline, PipelineConfig
+from pipeline_support import assert_mirrors_equal
 
 pytestmark = pytest.mark.slow
 
