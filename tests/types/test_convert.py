@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 from decimal import Decimal
 
 import psycopg
@@ -163,3 +164,138 @@ def test_malformed_value_names_table_column_type_and_lsn(pg):
         converter.convert([TupleData("tt", (b"1", b"not a number"))], lsn=Lsn("0/ABC"))
     message = str(info.value)
     assert "public.t.i" in message and "int4" in message and "0/ABC" in message
+
+
+# -- the C paths against the exact Python paths, value for value ------------------------------------
+
+
+@pytest.fixture(params=["C", "python"])
+def accelerator(request, monkeypatch):
+    """Run a test with the C column paths (where built) and with the pure-Python ones."""
+    from pgcdc.types import convert
+
+    if request.param == "python":
+        monkeypatch.setattr(convert, "_accelerator", None)
+    elif convert._accelerator is None:
+        pytest.skip("the C column paths are not built here")
+    return request.param
+
+
+@FORMATS
+@settings(max_examples=10)
+@given(arrays=st.lists(st.one_of(
+    st.none(),
+    st.lists(st.one_of(st.none(), st.integers(-2**31, 2**31 - 1)), max_size=6),
+    st.lists(st.lists(st.one_of(st.none(), st.integers(-2**31, 2**31 - 1)), min_size=2, max_size=2),
+             min_size=1, max_size=3)), min_size=1, max_size=15),
+       bigs=st.lists(st.integers(-2**63, 2**63 - 1), max_size=4),
+       smalls=st.lists(st.one_of(st.none(), st.integers(-2**15, 2**15 - 1)), max_size=4))
+def test_integer_arrays_any_shape(pg_factory, accelerator, binary, arrays, bigs, smalls):
+    pg = pg_factory()
+    rows = [(a, bigs, smalls) for a in arrays]
+    batch, server, _ = captured(pg, "a int4[], b int8[], s int2[]", rows, binary=binary)
+
+    def flat(value):
+        if value is None:
+            return None
+        return [x for v in value for x in (flat(v) if isinstance(v, list) else [v])]
+
+    assert batch.column("a").to_pylist() == [flat(r[1]) for r in server]
+    assert batch.column("b").to_pylist() == [flat(r[2]) for r in server]
+    assert batch.column("s").to_pylist() == [flat(r[3]) for r in server]
+
+
+@FORMATS
+@settings(max_examples=10)
+@given(uuids=st.lists(st.one_of(st.none(), st.uuids()), min_size=1, max_size=10),
+       documents=st.lists(st.one_of(st.none(), st.recursive(
+           st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=8),
+           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+           max_leaves=6)), min_size=10, max_size=10))
+def test_uuid_and_jsonb(pg_factory, accelerator, binary, uuids, documents):
+    import json
+
+    pg = pg_factory()
+    rows = [(u, None if d is None else psycopg.types.json.Jsonb(d)) for u, d in zip(uuids, documents, strict=False)]
+    batch, server, _ = captured(pg, "u uuid, doc jsonb", rows, binary=binary)
+    assert batch.column("u").to_pylist() == [None if r[1] is None else str(r[1]) for r in server]
+    assert [None if d is None else json.loads(d) for d in batch.column("doc").to_pylist()] == [r[2] for r in server]
+
+
+@FORMATS
+def test_numeric_edges_at_38_digits(pg, accelerator, binary):
+    values = ["9999999999999999999999999999.9999999999", "-9999999999999999999999999999.9999999999", "0",
+              "0.0000000001", "-0.0000000001", "100000000000000000000", "1.5000000000", None]
+    batch, server, converter = captured(pg, "n numeric(38, 10)", [(v,) for v in values], binary=binary)
+    assert converter.arrow_schema.field("n").type == pa.decimal128(38, 10)
+    assert batch.column("n").to_pylist() == [r[1] for r in server]
+
+
+@FORMATS
+def test_nan_in_a_constrained_numeric_is_an_error_on_both_paths(pg, accelerator, binary):
+    with pytest.raises(ConversionError, match=r"t\.n"):
+        captured(pg, "n numeric(10, 2)", [("1.50",), ("NaN",)], binary=binary)
+
+
+@FORMATS
+def test_array_forms_off_the_fast_path_still_convert(pg, accelerator, binary):
+    """Explicit lower bounds, empty arrays and multi-dimensional values: flattened, bounds not kept."""
+    rows = [("[0:2]={1,2,3}",), ("{}",), ("{{1,2},{3,NULL}}",), ("[2:2][1:2]={{7,8}}",), (None,)]
+    batch, _, _ = captured(pg, "a int4[]", rows, binary=binary, read_back=False)
+    assert batch.column("a").to_pylist() == [[1, 2, 3], [], [1, 2, 3, None], [7, 8], None]
+
+
+def test_a_row_of_the_wrong_width_is_named(pg, accelerator):
+    _, _, converter = captured(pg, "i int4", [(1,)], binary=False)
+    from pgcdc.pgoutput import TupleData
+
+    with pytest.raises(ConversionError, match="a row has 1 columns, the relation 2"):
+        converter.convert([TupleData("tt", (b"1", b"2")), TupleData("t", (b"1",))])
+
+
+@settings(max_examples=300)
+@given(values=st.lists(st.one_of(st.none(), st.decimals(allow_nan=True, allow_infinity=True, places=None)),
+                       max_size=8), scale=st.integers(0, 12))
+def test_c_numeric_path_equals_the_exact_path_or_defers_to_it(values, scale):
+    """Binary numerics (psycopg's encoder writes PostgreSQL's format) through the C path either give exactly
+    what the exact path gives, or defer to it (NaN, infinity, too many digits or decimal places)."""
+    from pgcdc.types import convert
+
+    if convert._accelerator is None:
+        pytest.skip("the C column paths are not built here")
+    from psycopg.adapt import PyFormat, Transformer
+
+    dump = Transformer().get_dumper(Decimal(0), PyFormat.BINARY).dump
+    encoded = [None if v is None else bytes(dump(v)) for v in values]
+    fast = convert._accelerator.numeric_binary(encoded, scale)
+    if fast is None:
+        return
+    data, valid = fast
+    quantum = Decimal(1).scaleb(-scale)
+    with decimal.localcontext() as context:
+        context.prec = 100  # exact comparisons of up to 38 digits
+        for index, value in enumerate(values):
+            if value is None:
+                assert valid[index] == 0
+                continue
+            unscaled = int.from_bytes(data[16 * index:16 * index + 16], "little", signed=True)
+            assert valid[index] == 1 and Decimal(unscaled).scaleb(-scale) == value.quantize(quantum) == value
+
+
+@settings(max_examples=300)
+@given(text=st.text(alphabet="{},-0123456789NUL [:]=\"\\ ", max_size=30))
+def test_c_int_array_text_path_equals_the_exact_parser_or_defers(text):
+    from pgcdc.types import convert
+
+    if convert._accelerator is None:
+        pytest.skip("the C column paths are not built here")
+    fast = convert._accelerator.int_array_text([text.encode()], 8)
+    if fast is None:
+        return
+    offsets, list_valid, items, item_valid = fast
+    assert list_valid == b"\x01"
+    count = int.from_bytes(offsets[4:8], "little")
+    parsed = [None if item_valid[i] == 0 else int.from_bytes(items[8 * i:8 * i + 8], "little", signed=True)
+              for i in range(count)]
+    expected = convert._parse_text_array(text)
+    assert parsed == [None if e is None else int(e) for e in expected]

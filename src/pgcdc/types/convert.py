@@ -57,6 +57,24 @@ MAX_TS_MICROS = (MAX_DATE_DAYS + 1) * 86_400_000_000 - 1
 MIN_TS_MICROS = MIN_DATE_DAYS * 86_400_000_000
 INTERVAL_TYPE = pa.struct([("months", pa.int32()), ("days", pa.int32()), ("microseconds", pa.int64())])
 
+try:  # optional C paths for what Arrow has no kernel for; each returns None when a value needs the exact path
+    from pgcdc.types import _columns as _accelerator  # type: ignore[attr-defined]
+except ImportError:
+    _accelerator = None
+
+
+def _accelerated(name: str, values: Values | pa.Array, *args: object) -> tuple | None:
+    """The C function ``name`` over a Python list of values, or None (not built, columnar input, a value off
+    the fast path)."""
+    if _accelerator is None or not isinstance(values, list):
+        return None
+    return getattr(_accelerator, name)(values, *args)
+
+
+def _validity(flags: bytes) -> pa.Buffer:
+    """One byte per value (1 = present) as Arrow's validity bitmap."""
+    return pa.py_buffer(np.packbits(np.frombuffer(flags, dtype=np.uint8), bitorder="little"))
+
 
 @dataclass(frozen=True)
 class ConversionOptions:
@@ -150,6 +168,12 @@ def _string_binary(values: Values) -> pa.Array:
 
 
 def _jsonb_binary(values: Values) -> pa.Array:
+    fast = _accelerated("jsonb_binary", values)
+    if fast is not None:
+        offsets, text, valid = fast
+        return pa.Array.from_buffers(pa.string(), len(values), [_validity(valid), pa.py_buffer(offsets),
+                                                                pa.py_buffer(text)])
+
     def body(v: bytes | memoryview) -> bytes:
         raw = bytes(v)
         if not raw or raw[0] != 1:
@@ -367,7 +391,13 @@ _UUID_DASHES = (8, 12, 16, 20)
 
 
 def _uuid_binary(values: Values) -> pa.Array:
-    """16-byte uuids to their canonical text, with NumPy over all values at once."""
+    """16-byte uuids to their canonical text (in C, or with NumPy over all values at once)."""
+    fast = _accelerated("uuid_binary", values)
+    if fast is not None:
+        text, valid = fast
+        offsets = np.arange(0, 36 * (len(values) + 1), 36, dtype=np.int32)
+        return pa.Array.from_buffers(pa.string(), len(values), [_validity(valid), pa.py_buffer(offsets),
+                                                                pa.py_buffer(text)])
     data, mask = _fixed(values, 16, "u1") if values else (np.empty(0, "u1"), np.empty(0, bool))
     octets = data.reshape(-1, 16)
     digits = np.empty((len(octets), 32), dtype="S1")
@@ -458,6 +488,10 @@ def _numeric_decoders(typmod: int, options: ConversionOptions) -> tuple[pa.DataT
             return from_strings(strings.to_pylist())
 
     def binary(values: Values) -> pa.Array:
+        fast = _accelerated("numeric_binary", values, scale)
+        if fast is not None:
+            data, valid = fast
+            return pa.Array.from_buffers(target, len(values), [_validity(valid), pa.py_buffer(data)])
         load = _psycopg_loader(1700, binary=True)
         decimals = [None if v is None else load(v) for v in values]
         try:
@@ -640,6 +674,27 @@ def _native_array(array_oid: int, arrow_type: pa.DataType, binary: bool, fallbac
     return decode
 
 
+_INT_WIDTHS = {"int2": 2, "int4": 4, "int8": 8}
+
+
+def _int_array(element: ColumnKind, binary: bool, fallback: Callable) -> Callable:
+    """Integer arrays parsed in C into list buffers; anything off that path goes to ``fallback``."""
+    width = _INT_WIDTHS[element.type_name]
+    name = "int_array_binary" if binary else "int_array_text"
+
+    def decode(values: Values) -> pa.Array:
+        fast = _accelerated(name, values, width)
+        if fast is None:
+            return fallback(values)
+        offsets, list_valid, items, item_valid = fast
+        elements = pa.Array.from_buffers(element.arrow_type, len(item_valid),
+                                         [_validity(item_valid), pa.py_buffer(items)])
+        return pa.Array.from_buffers(pa.list_(element.arrow_type), len(values),
+                                     [_validity(list_valid), pa.py_buffer(offsets)], children=[elements])
+
+    return decode
+
+
 def column_kind(registry: TypeRegistry, type_oid: int, typmod: int, options: ConversionOptions) -> ColumnKind:
     pg_type = registry.resolve(type_oid)
     if pg_type is None:
@@ -654,6 +709,10 @@ def column_kind(registry: TypeRegistry, type_oid: int, typmod: int, options: Con
             text = _native_array(pg_type.oid, arrow_type, False, text)
             if binary is not None:
                 binary = _native_array(pg_type.oid, arrow_type, True, binary)
+        if element.type_name in _INT_WIDTHS and pg_type.oid < 16384:
+            text = _int_array(element, False, text)
+            if binary is not None:
+                binary = _int_array(element, True, binary)
         return ColumnKind(f"{element.type_name}[]", arrow_type, text, binary)
     if pg_type.namespace == "pg_catalog" or pg_type.is_enum:
         return _scalar_kind(pg_type, typmod, options)
@@ -743,20 +802,14 @@ class TableConverter:
 
     def _convert(self, rows: Sequence[TupleData], lsn: Lsn | None) -> ConvertedRows:
         width = len(self.kinds)
-        for row in rows:
-            if len(row.kinds) != width:
-                raise ConversionError(f"{self._table}: a row has {len(row.kinds)} columns, the relation {width} "
-                                      f"(at LSN {lsn})")
         if not rows:
             return self.convert_columns([[] for _ in range(width)], binary=False, lsn=lsn)
-        # Column-wise views by slicing one flat sequence (C speed), not a Python loop per value.
-        all_kinds = "".join([row.kinds for row in rows])
-        all_values = list(itertools.chain.from_iterable([row.values for row in rows]))
+        columns, column_kinds = self._split(rows, width, lsn)
         arrays = []
         unchanged: dict[str, pa.BooleanArray] = {}
         for index in range(width):
-            kinds = all_kinds[index::width]
-            values = all_values[index::width]
+            kinds = column_kinds[index]
+            values = columns[index]
             binary = "b" in kinds
             if binary and "t" in kinds:
                 raise ConversionError(f"{self._column(index)}: text and binary values mixed in one batch")
@@ -765,6 +818,23 @@ class TableConverter:
                 unchanged[self.relation.columns[index].name] = pa.array(mask, pa.bool_())
             arrays.append(self._decode(index, values, binary, lsn))
         return ConvertedRows(pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema), unchanged)
+
+    def _split(self, rows: Sequence[TupleData], width: int, lsn: Lsn | None) -> tuple[list[list], list[str]]:
+        """Rows to columns: per column, its values and its kinds ('t', 'b', 'n', 'u'), without a Python loop
+        per value."""
+        if _accelerator is not None:
+            try:
+                return _accelerator.split_columns(rows, width)
+            except ValueError:
+                pass  # a row of the wrong width: found and named below
+        for row in rows:
+            if len(row.kinds) != width:
+                raise ConversionError(f"{self._table}: a row has {len(row.kinds)} columns, the relation {width} "
+                                      f"(at LSN {lsn})")
+        # slicing one flat sequence (C speed)
+        all_kinds = "".join([row.kinds for row in rows])
+        all_values = list(itertools.chain.from_iterable([row.values for row in rows]))
+        return [all_values[i::width] for i in range(width)], [all_kinds[i::width] for i in range(width)]
 
     def convert_columns(self, columns: Sequence[Values], *, binary: bool, lsn: Lsn | None = None) -> ConvertedRows:
         """The same conversion fed column-wise (COPY output, catalog reads): one list of values per column."""

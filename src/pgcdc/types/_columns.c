@@ -1,0 +1,644 @@
+/* Column conversions that Arrow has no kernel for, in C: one pass over a column's values, no Python object
+ * per value. Each function returns Arrow-ready buffers (bytes objects) or None when any value is outside
+ * its fast path (a special value, an unusual form, a malformed value): convert.py then runs its exact
+ * Python path on the same values, which applies the documented policy or raises the precise error.
+ *
+ *   split_columns(rows, width)            -> (list of per-column value lists, list of per-column kind strings)
+ *   int_array_text(values, bytes_per_int) -> (offsets, list_valid, items, item_valid) or None
+ *   int_array_binary(values, bytes_per_int) -> same
+ *   numeric_binary(values, scale)         -> (int128 little-endian data, valid) or None
+ *   uuid_binary(values)                   -> (36-char text data, valid) or None
+ *   jsonb_binary(values)                  -> (offsets, data, valid) or None
+ *
+ * offsets are int32 (n + 1), valid and item_valid one byte per value (1 = not null).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef __int128 int128;
+
+/* A growable byte buffer that becomes a bytes object without a copy when possible. */
+typedef struct {
+    char *data;
+    Py_ssize_t size, capacity;
+} Buffer;
+
+static int
+buffer_reserve(Buffer *b, Py_ssize_t extra)
+{
+    if (b->size + extra <= b->capacity)
+        return 0;
+    Py_ssize_t capacity = b->capacity ? b->capacity : 256;
+    while (capacity < b->size + extra)
+        capacity *= 2;
+    char *data = PyMem_Realloc(b->data, capacity);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = data;
+    b->capacity = capacity;
+    return 0;
+}
+
+static int
+buffer_append(Buffer *b, const void *src, Py_ssize_t size)
+{
+    if (buffer_reserve(b, size) < 0)
+        return -1;
+    memcpy(b->data + b->size, src, size);
+    b->size += size;
+    return 0;
+}
+
+static PyObject *
+buffer_finish(Buffer *b)
+{
+    PyObject *bytes = PyBytes_FromStringAndSize(b->data ? b->data : "", b->size);
+    PyMem_Free(b->data);
+    b->data = NULL;
+    return bytes;
+}
+
+static void
+buffer_free(Buffer *b)
+{
+    PyMem_Free(b->data);
+    b->data = NULL;
+}
+
+/* The bytes of a value: bytes, bytearray-like buffers or str (the snapshot's CSV values). */
+static int
+value_bytes(PyObject *value, const char **data, Py_ssize_t *size)
+{
+    if (PyBytes_Check(value)) {
+        *data = PyBytes_AS_STRING(value);
+        *size = PyBytes_GET_SIZE(value);
+        return 0;
+    }
+    if (PyUnicode_Check(value)) {
+        *data = PyUnicode_AsUTF8AndSize(value, size);
+        return *data == NULL ? -1 : 0;
+    }
+    PyErr_SetString(PyExc_TypeError, "column values must be bytes or str");
+    return -1;
+}
+
+/* -- split_columns ------------------------------------------------------------------------------- */
+
+static PyObject *kinds_name, *values_name;
+
+static PyObject *
+split_columns(PyObject *self, PyObject *args)
+{
+    PyObject *rows;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "On", &rows, &width))
+        return NULL;
+    PyObject *sequence = PySequence_Fast(rows, "rows must be a sequence");
+    if (sequence == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    PyObject *columns = PyList_New(width), *kinds = PyList_New(width);
+    char *kind_chars = PyMem_Malloc(count * width + 1);
+    if (columns == NULL || kinds == NULL || kind_chars == NULL)
+        goto error;
+    for (Py_ssize_t c = 0; c < width; c++) {
+        PyObject *column = PyList_New(count);
+        if (column == NULL)
+            goto error;
+        PyList_SET_ITEM(columns, c, column);
+    }
+    for (Py_ssize_t r = 0; r < count; r++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(sequence, r);
+        PyObject *row_kinds = PyObject_GetAttr(row, kinds_name);
+        PyObject *row_values = row_kinds ? PyObject_GetAttr(row, values_name) : NULL;
+        if (row_values == NULL) {
+            Py_XDECREF(row_kinds);
+            goto error;
+        }
+        if (!PyUnicode_Check(row_kinds) || PyUnicode_KIND(row_kinds) != PyUnicode_1BYTE_KIND ||
+            PyUnicode_GET_LENGTH(row_kinds) != width || !PyTuple_Check(row_values) ||
+            PyTuple_GET_SIZE(row_values) != width) {
+            Py_DECREF(row_kinds);
+            Py_DECREF(row_values);
+            PyErr_Format(PyExc_ValueError, "row %zd does not have %zd columns", r, width);
+            goto error;
+        }
+        const Py_UCS1 *chars = PyUnicode_1BYTE_DATA(row_kinds);
+        for (Py_ssize_t c = 0; c < width; c++) {
+            PyObject *value = PyTuple_GET_ITEM(row_values, c);
+            Py_INCREF(value);
+            PyList_SET_ITEM(PyList_GET_ITEM(columns, c), r, value);
+            kind_chars[c * count + r] = (char) chars[c];
+        }
+        Py_DECREF(row_kinds);
+        Py_DECREF(row_values);
+    }
+    for (Py_ssize_t c = 0; c < width; c++) {
+        PyObject *text = PyUnicode_DecodeASCII(kind_chars + c * count, count, NULL);
+        if (text == NULL)
+            goto error;
+        PyList_SET_ITEM(kinds, c, text);
+    }
+    PyMem_Free(kind_chars);
+    Py_DECREF(sequence);
+    return Py_BuildValue("(NN)", columns, kinds);
+error:
+    PyMem_Free(kind_chars);
+    Py_XDECREF(columns);
+    Py_XDECREF(kinds);
+    Py_DECREF(sequence);
+    return NULL;
+}
+
+/* -- integer arrays ------------------------------------------------------------------------------ */
+
+typedef struct {
+    Buffer offsets, list_valid, items, item_valid;
+    int32_t count;
+    int width;
+} ListBuilder;
+
+static int
+store_int(ListBuilder *lb, int64_t value)
+{
+    if (lb->width == 2 && (value < INT16_MIN || value > INT16_MAX))
+        return 0;
+    if (lb->width == 4 && (value < INT32_MIN || value > INT32_MAX))
+        return 0;
+    char one = 1;
+    int16_t v16 = (int16_t) value;
+    int32_t v32 = (int32_t) value;
+    const void *src = lb->width == 2 ? (const void *) &v16 : lb->width == 4 ? (const void *) &v32 : &value;
+    if (buffer_append(&lb->items, src, lb->width) < 0 || buffer_append(&lb->item_valid, &one, 1) < 0)
+        return -1;
+    lb->count++;
+    return 1;
+}
+
+static int
+store_null_item(ListBuilder *lb)
+{
+    char zero = 0;
+    int64_t nothing = 0;
+    if (buffer_append(&lb->items, &nothing, lb->width) < 0 || buffer_append(&lb->item_valid, &zero, 1) < 0)
+        return -1;
+    lb->count++;
+    return 1;
+}
+
+static int
+end_row(ListBuilder *lb, int valid)
+{
+    char flag = (char) valid;
+    if (buffer_append(&lb->offsets, &lb->count, 4) < 0 || buffer_append(&lb->list_valid, &flag, 1) < 0)
+        return -1;
+    return 0;
+}
+
+/* 1 parsed, 0 not on the fast path, -1 Python error. */
+static int
+parse_int_array_text(ListBuilder *lb, const char *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    if (n > 0 && s[0] == '[') {  /* explicit bounds, "[0:2]={...}": the elements are what counts */
+        while (i < n && s[i] != '=')
+            i++;
+        i++;
+    }
+    if (i >= n || s[i] != '{')
+        return 0;
+    int depth = 0, expect_value = 1;
+    for (; i < n; i++) {
+        char ch = s[i];
+        if (ch == '{') {
+            if (!expect_value)
+                return 0;
+            depth++;
+            expect_value = 1;
+        } else if (ch == '}') {
+            if (--depth < 0)
+                return 0;
+            expect_value = 0;
+            if (depth == 0 && i != n - 1)
+                return 0;  /* something after the outer braces */
+        } else if (depth == 0) {
+            return 0;
+        } else if (ch == ',') {
+            expect_value = 1;
+        } else if (ch == 'N') {
+            if (!expect_value || i + 4 > n || memcmp(s + i, "NULL", 4) != 0)
+                return 0;
+            if (store_null_item(lb) < 0)
+                return -1;
+            i += 3;
+            expect_value = 0;
+        } else if (ch == '-' || (ch >= '0' && ch <= '9')) {
+            if (!expect_value)
+                return 0;
+            int negative = ch == '-';
+            Py_ssize_t j = i + negative;
+            if (j >= n || s[j] < '0' || s[j] > '9')
+                return 0;
+            uint64_t magnitude = 0;
+            for (; j < n && s[j] >= '0' && s[j] <= '9'; j++) {
+                if (magnitude > (UINT64_MAX - 9) / 10)
+                    return 0;
+                magnitude = magnitude * 10 + (uint64_t) (s[j] - '0');
+            }
+            if (magnitude > (uint64_t) INT64_MAX + (uint64_t) negative)
+                return 0;
+            int64_t value = negative ? (int64_t) (0 - magnitude) : (int64_t) magnitude;
+            int stored = store_int(lb, value);
+            if (stored <= 0)
+                return stored;
+            i = j - 1;
+            expect_value = 0;
+        } else {
+            return 0;  /* spaces, quotes, anything unusual: the exact parser */
+        }
+    }
+    return depth == 0 ? 1 : 0;
+}
+
+static int
+read_be32(const unsigned char *p, int32_t *out)
+{
+    *out = (int32_t) (((uint32_t) p[0] << 24) | ((uint32_t) p[1] << 16) | ((uint32_t) p[2] << 8) | p[3]);
+    return 0;
+}
+
+static int
+parse_int_array_binary(ListBuilder *lb, const unsigned char *p, Py_ssize_t n)
+{
+    if (n < 12)
+        return 0;
+    int32_t ndim, flags, element;
+    read_be32(p, &ndim);
+    read_be32(p + 4, &flags);
+    read_be32(p + 8, &element);
+    if (ndim < 0 || ndim > 6)
+        return 0;
+    Py_ssize_t pos = 12 + 8 * (Py_ssize_t) ndim;
+    if (pos > n)
+        return 0;
+    int64_t total = ndim ? 1 : 0;
+    for (int d = 0; d < ndim; d++) {
+        int32_t extent;
+        read_be32(p + 12 + 8 * d, &extent);
+        if (extent < 0)
+            return 0;
+        total *= extent;
+        if (total > n)
+            return 0;
+    }
+    for (int64_t e = 0; e < total; e++) {
+        if (pos + 4 > n)
+            return 0;
+        int32_t size;
+        read_be32(p + pos, &size);
+        pos += 4;
+        if (size == -1) {
+            if (store_null_item(lb) < 0)
+                return -1;
+            continue;
+        }
+        if (size != lb->width || pos + size > n)
+            return 0;
+        int64_t value;
+        if (size == 2)
+            value = (int16_t) ((p[pos] << 8) | p[pos + 1]);
+        else if (size == 4) {
+            int32_t v;
+            read_be32(p + pos, &v);
+            value = v;
+        } else {
+            uint64_t v = 0;
+            for (int k = 0; k < 8; k++)
+                v = (v << 8) | p[pos + k];
+            value = (int64_t) v;
+        }
+        if (store_int(lb, value) < 0)
+            return -1;
+        pos += size;
+    }
+    return pos == n ? 1 : 0;
+}
+
+static PyObject *
+int_array(PyObject *args, int binary)
+{
+    PyObject *values;
+    int width;
+    if (!PyArg_ParseTuple(args, "Oi", &values, &width))
+        return NULL;
+    if (width != 2 && width != 4 && width != 8) {
+        PyErr_SetString(PyExc_ValueError, "bytes_per_int must be 2, 4 or 8");
+        return NULL;
+    }
+    PyObject *sequence = PySequence_Fast(values, "values must be a sequence");
+    if (sequence == NULL)
+        return NULL;
+    ListBuilder lb = {{0}, {0}, {0}, {0}, 0, width};
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    int32_t zero = 0;
+    if (buffer_append(&lb.offsets, &zero, 4) < 0)
+        goto error;
+    for (Py_ssize_t r = 0; r < count; r++) {
+        PyObject *value = PySequence_Fast_GET_ITEM(sequence, r);
+        if (value == Py_None) {
+            if (end_row(&lb, 0) < 0)
+                goto error;
+            continue;
+        }
+        const char *data;
+        Py_ssize_t size;
+        if (value_bytes(value, &data, &size) < 0)
+            goto error;
+        int parsed = binary ? parse_int_array_binary(&lb, (const unsigned char *) data, size)
+                            : parse_int_array_text(&lb, data, size);
+        if (parsed < 0)
+            goto error;
+        if (parsed == 0)
+            goto not_fast;
+        if (end_row(&lb, 1) < 0)
+            goto error;
+    }
+    Py_DECREF(sequence);
+    PyObject *offsets = buffer_finish(&lb.offsets), *list_valid = buffer_finish(&lb.list_valid);
+    PyObject *items = buffer_finish(&lb.items), *item_valid = buffer_finish(&lb.item_valid);
+    if (!offsets || !list_valid || !items || !item_valid) {
+        Py_XDECREF(offsets);
+        Py_XDECREF(list_valid);
+        Py_XDECREF(items);
+        Py_XDECREF(item_valid);
+        return NULL;
+    }
+    return Py_BuildValue("(NNNN)", offsets, list_valid, items, item_valid);
+not_fast:
+    buffer_free(&lb.offsets);
+    buffer_free(&lb.list_valid);
+    buffer_free(&lb.items);
+    buffer_free(&lb.item_valid);
+    Py_DECREF(sequence);
+    Py_RETURN_NONE;
+error:
+    buffer_free(&lb.offsets);
+    buffer_free(&lb.list_valid);
+    buffer_free(&lb.items);
+    buffer_free(&lb.item_valid);
+    Py_DECREF(sequence);
+    return NULL;
+}
+
+static PyObject *
+int_array_text(PyObject *self, PyObject *args)
+{
+    return int_array(args, 0);
+}
+
+static PyObject *
+int_array_binary(PyObject *self, PyObject *args)
+{
+    return int_array(args, 1);
+}
+
+/* -- numeric(p, s) binary ------------------------------------------------------------------------ */
+
+static int128 POW10[39];
+
+static int128 pow10_128(int e) { return POW10[e]; }
+
+static void
+init_pow10(void)
+{
+    POW10[0] = 1;
+    for (int e = 1; e < 39; e++)
+        POW10[e] = POW10[e - 1] * 10;
+}
+
+/* 1 with *out the value scaled by 10^scale, 0 when not exactly representable in 38 digits or special. */
+static int
+numeric_to_scaled(const unsigned char *p, Py_ssize_t n, int scale, int128 *out)
+{
+    if (n < 8)
+        return 0;
+    int16_t ndigits = (int16_t) ((p[0] << 8) | p[1]);
+    int16_t weight = (int16_t) ((p[2] << 8) | p[3]);
+    uint16_t sign = (uint16_t) ((p[4] << 8) | p[5]);
+    if ((sign != 0x0000 && sign != 0x4000) || ndigits < 0 || n != 8 + 2 * (Py_ssize_t) ndigits)
+        return 0;  /* NaN, infinities, malformed: the exact path applies the policy */
+    const int128 limit = POW10[38];
+    int128 acc = 0;
+    for (int i = 0; i < ndigits; i++) {
+        uint16_t digit = (uint16_t) ((p[8 + 2 * i] << 8) | p[9 + 2 * i]);
+        if (digit > 9999 || acc > limit / 10000)
+            return 0;
+        acc = acc * 10000 + digit;
+    }
+    /* acc holds the digits; the last one is worth 10000^(weight - ndigits + 1) */
+    int exponent = 4 * ((int) weight - (int) ndigits + 1) + scale;
+    if (acc == 0)
+        exponent = 0;
+    if (exponent > 0) {
+        if (exponent > 38 || acc > limit / pow10_128(exponent))
+            return 0;
+        acc *= pow10_128(exponent);
+    } else if (exponent < 0) {
+        if (exponent < -38) {
+            return 0;
+        }
+        int128 divisor = pow10_128(-exponent);
+        if (acc % divisor != 0)
+            return 0;  /* more decimal places than the scale: would round */
+        acc /= divisor;
+    }
+    if (acc >= limit)
+        return 0;
+    *out = sign == 0x4000 ? -acc : acc;
+    return 1;
+}
+
+static PyObject *
+numeric_binary(PyObject *self, PyObject *args)
+{
+    PyObject *values;
+    int scale;
+    if (!PyArg_ParseTuple(args, "Oi", &values, &scale))
+        return NULL;
+    if (scale < 0 || scale > 38) {
+        PyErr_SetString(PyExc_ValueError, "scale must be 0..38");
+        return NULL;
+    }
+    PyObject *sequence = PySequence_Fast(values, "values must be a sequence");
+    if (sequence == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    PyObject *data = PyBytes_FromStringAndSize(NULL, 16 * count);
+    PyObject *valid = PyBytes_FromStringAndSize(NULL, count);
+    if (data == NULL || valid == NULL)
+        goto error;
+    char *out = PyBytes_AS_STRING(data), *flags = PyBytes_AS_STRING(valid);
+    for (Py_ssize_t r = 0; r < count; r++) {
+        PyObject *value = PySequence_Fast_GET_ITEM(sequence, r);
+        int128 scaled = 0;
+        if (value == Py_None) {
+            flags[r] = 0;
+        } else {
+            if (!PyBytes_Check(value))
+                goto not_fast;
+            if (!numeric_to_scaled((const unsigned char *) PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), scale,
+                                   &scaled))
+                goto not_fast;
+            flags[r] = 1;
+        }
+        memcpy(out + 16 * r, &scaled, 16);  /* Arrow's decimal128 is a little-endian two's complement int128 */
+    }
+    Py_DECREF(sequence);
+    return Py_BuildValue("(NN)", data, valid);
+not_fast:
+    Py_DECREF(data);
+    Py_DECREF(valid);
+    Py_DECREF(sequence);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(data);
+    Py_XDECREF(valid);
+    Py_DECREF(sequence);
+    return NULL;
+}
+
+/* -- uuid binary -> canonical text ---------------------------------------------------------------- */
+
+static PyObject *
+uuid_binary(PyObject *self, PyObject *args)
+{
+    PyObject *values;
+    if (!PyArg_ParseTuple(args, "O", &values))
+        return NULL;
+    PyObject *sequence = PySequence_Fast(values, "values must be a sequence");
+    if (sequence == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    PyObject *data = PyBytes_FromStringAndSize(NULL, 36 * count);
+    PyObject *valid = PyBytes_FromStringAndSize(NULL, count);
+    if (data == NULL || valid == NULL)
+        goto error;
+    static const char hex[] = "0123456789abcdef";
+    char *out = PyBytes_AS_STRING(data), *flags = PyBytes_AS_STRING(valid);
+    for (Py_ssize_t r = 0; r < count; r++) {
+        PyObject *value = PySequence_Fast_GET_ITEM(sequence, r);
+        char *text = out + 36 * r;
+        if (value == Py_None) {
+            flags[r] = 0;
+            memset(text, '0', 36);
+            continue;
+        }
+        if (!PyBytes_Check(value) || PyBytes_GET_SIZE(value) != 16)
+            goto not_fast;
+        const unsigned char *u = (const unsigned char *) PyBytes_AS_STRING(value);
+        for (int i = 0, o = 0; i < 16; i++) {
+            if (i == 4 || i == 6 || i == 8 || i == 10)
+                text[o++] = '-';
+            text[o++] = hex[u[i] >> 4];
+            text[o++] = hex[u[i] & 15];
+        }
+        flags[r] = 1;
+    }
+    Py_DECREF(sequence);
+    return Py_BuildValue("(NN)", data, valid);
+not_fast:
+    Py_DECREF(data);
+    Py_DECREF(valid);
+    Py_DECREF(sequence);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(data);
+    Py_XDECREF(valid);
+    Py_DECREF(sequence);
+    return NULL;
+}
+
+/* -- jsonb binary: version byte 1, then the JSON text ---------------------------------------------- */
+
+static PyObject *
+jsonb_binary(PyObject *self, PyObject *args)
+{
+    PyObject *values;
+    if (!PyArg_ParseTuple(args, "O", &values))
+        return NULL;
+    PyObject *sequence = PySequence_Fast(values, "values must be a sequence");
+    if (sequence == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    Buffer offsets = {0}, text = {0};
+    PyObject *valid = PyBytes_FromStringAndSize(NULL, count);
+    int32_t offset = 0;
+    if (valid == NULL || buffer_append(&offsets, &offset, 4) < 0)
+        goto error;
+    char *flags = PyBytes_AS_STRING(valid);
+    for (Py_ssize_t r = 0; r < count; r++) {
+        PyObject *value = PySequence_Fast_GET_ITEM(sequence, r);
+        if (value == Py_None) {
+            flags[r] = 0;
+        } else {
+            if (!PyBytes_Check(value) || PyBytes_GET_SIZE(value) < 1 || PyBytes_AS_STRING(value)[0] != 1 ||
+                (int64_t) offset + PyBytes_GET_SIZE(value) - 1 > INT32_MAX)
+                goto not_fast;
+            Py_ssize_t size = PyBytes_GET_SIZE(value) - 1;
+            if (buffer_append(&text, PyBytes_AS_STRING(value) + 1, size) < 0)
+                goto error;
+            offset += (int32_t) size;
+            flags[r] = 1;
+        }
+        if (buffer_append(&offsets, &offset, 4) < 0)
+            goto error;
+    }
+    Py_DECREF(sequence);
+    PyObject *offsets_bytes = buffer_finish(&offsets), *text_bytes = buffer_finish(&text);
+    if (offsets_bytes == NULL || text_bytes == NULL) {
+        Py_XDECREF(offsets_bytes);
+        Py_XDECREF(text_bytes);
+        Py_DECREF(valid);
+        return NULL;
+    }
+    return Py_BuildValue("(NNN)", offsets_bytes, text_bytes, valid);
+not_fast:
+    buffer_free(&offsets);
+    buffer_free(&text);
+    Py_DECREF(valid);
+    Py_DECREF(sequence);
+    Py_RETURN_NONE;
+error:
+    buffer_free(&offsets);
+    buffer_free(&text);
+    Py_XDECREF(valid);
+    Py_DECREF(sequence);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"split_columns", split_columns, METH_VARARGS, "rows of TupleData -> (per-column values, per-column kinds)"},
+    {"int_array_text", int_array_text, METH_VARARGS, "integer arrays, text form -> list buffers, or None"},
+    {"int_array_binary", int_array_binary, METH_VARARGS, "integer arrays, binary form -> list buffers, or None"},
+    {"numeric_binary", numeric_binary, METH_VARARGS, "numeric binary -> decimal128 buffers at a scale, or None"},
+    {"uuid_binary", uuid_binary, METH_VARARGS, "uuid binary -> 36-character text buffers, or None"},
+    {"jsonb_binary", jsonb_binary, METH_VARARGS, "jsonb binary -> string buffers, or None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_columns", NULL, -1, methods};
+
+PyMODINIT_FUNC
+PyInit__columns(void)
+{
+    init_pow10();
+    kinds_name = PyUnicode_InternFromString("kinds");
+    values_name = PyUnicode_InternFromString("values");
+    if (kinds_name == NULL || values_name == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}
