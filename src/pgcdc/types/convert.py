@@ -1,9 +1,10 @@
 """Column values (PostgreSQL text or binary format) to Arrow, column by column.
 
 A column's value bytes are gathered into one Arrow array and parsed with vectorised
-Arrow casts or NumPy views of fixed-width binary values; Python runs per value only
-where no vectorised parser exists (bytea hex, uuid text, intervals, arrays, numeric
-in binary) or for the rare value a vectorised cast rejects (BC dates, infinity).
+Arrow casts or NumPy views of fixed-width binary values, or by the optional C module
+(``_columns``) where Arrow has no kernel (integer arrays, numeric, uuid and jsonb in binary);
+Python runs per value only where neither exists (bytea hex, intervals, other arrays) or for
+the rare value a fast path defers (BC dates, infinity, NaN, unusual array forms).
 
 Policies (also in docs/types.md):
 
