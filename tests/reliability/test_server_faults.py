@@ -112,7 +112,6 @@ def test_a_full_spill_directory_stops_with_a_clear_error_and_confirms_nothing_pa
     pg.execute("CREATE PUBLICATION pub FOR TABLE big")
     config = pipeline_config(pg, spark, publication="pub", spill_dir=str(tmp_path))
     catch_up(config)
-    confirmed_before = _slot_confirmed(pg, config.slot)
 
     process = run_cli(config, "--memory-limit", "1", "--spill-dir", str(tmp_path), env={"PGCDC_LOG_LEVEL": "INFO"})
     lines: list[str] = []
@@ -121,13 +120,14 @@ def test_a_full_spill_directory_stops_with_a_clear_error_and_confirms_nothing_pa
     _wait_for(lambda: any("streaming slot" in line for line in lines), 180, "the pipeline to stream")
     # only the pipeline's own process: the JVM it started keeps writing Iceberg files normally
     resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+    before_big = Lsn.parse(pg.execute("SELECT pg_current_wal_lsn()::text")[0][0])
     pg.execute("INSERT INTO big SELECT i, repeat('v', 200) FROM generate_series(1, 30000) i")
     assert process.wait(timeout=300) != 0
     reader.join(timeout=10)
     output = "".join(lines)
     assert "cannot spill transaction" in output and "File too large" in output, output[-3000:]
     assert "--spill-dir" in output
-    assert _slot_confirmed(pg, config.slot) == confirmed_before  # the big transaction was not confirmed
+    assert _slot_confirmed(pg, config.slot) <= before_big  # nothing of the big transaction was confirmed
 
     # with room again, a restart gets the transaction from the server and completes the mirror
     catch_up(config, "--memory-limit", "1", "--spill-dir", str(tmp_path))
