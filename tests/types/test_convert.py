@@ -299,3 +299,42 @@ def test_c_int_array_text_path_equals_the_exact_parser_or_defers(text):
               for i in range(count)]
     expected = convert._parse_text_array(text)
     assert parsed == [None if e is None else int(e) for e in expected]
+
+
+@settings(max_examples=300)
+@given(moments=st.lists(st.one_of(
+    st.none(),
+    st.datetimes(min_value=dt.datetime(1, 1, 1), max_value=dt.datetime(9999, 12, 31, 23, 59, 59)).map(
+        lambda d: d.isoformat(sep=" ")),
+    st.tuples(st.datetimes(min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30)),
+              st.sampled_from(["+00", "+05:30", "-08", "+14", "-03:30:15"])).map(
+        lambda p: p[0].isoformat(sep=" ") + p[1]),
+    st.text(alphabet="0123456789-:. +BCinfty", max_size=30)), max_size=6),
+    integers=st.lists(st.one_of(st.none(), st.integers(-2**70, 2**70).map(str), st.text(max_size=6)), max_size=6))
+def test_c_text_integers_and_timestamps_equal_the_exact_path_or_defer(moments, integers):
+    from pgcdc.types import convert
+
+    if convert._accelerator is None:
+        pytest.skip("the C column paths are not built here")
+    encoded = [None if m is None else m.encode() for m in moments]
+    fast = convert._accelerator.fixed_text(encoded, "T")
+    if fast is not None:
+        data, valid = fast
+        for index, moment in enumerate(moments):
+            if moment is None:
+                assert valid[index] == 0
+                continue
+            micros = int.from_bytes(data[8 * index:8 * index + 8], "little", signed=True)
+            assert micros == convert._timestamp_micros(moment, convert._Infinity("clamp")), moment
+    for kind, width, low, high in (("h", 2, -2**15, 2**15 - 1), ("i", 4, -2**31, 2**31 - 1),
+                                   ("q", 8, -2**63, 2**63 - 1)):
+        fast = convert._accelerator.fixed_text([None if i is None else i.encode() for i in integers], kind)
+        if fast is None:
+            continue
+        data, valid = fast
+        for index, text in enumerate(integers):
+            if text is None:
+                assert valid[index] == 0
+                continue
+            value = int.from_bytes(data[width * index:width * (index + 1)], "little", signed=True)
+            assert value == int(text) and low <= value <= high

@@ -9,6 +9,8 @@
  *   numeric_binary(values, scale)         -> (int128 little-endian data, valid) or None
  *   uuid_binary(values)                   -> (36-char text data, valid) or None
  *   jsonb_binary(values)                  -> (offsets, data, valid) or None
+ *   fixed_text(values, kind)              -> (native data, valid) or None; kind 'h' int16, 'i' int32,
+ *                                            'q' int64, 'T' timestamp (micros since 1970)
  *
  * offsets are int32 (n + 1), valid and item_valid one byte per value (1 = not null).
  */
@@ -16,6 +18,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <structmember.h>
 
 typedef __int128 int128;
 
@@ -89,6 +92,48 @@ value_bytes(PyObject *value, const char **data, Py_ssize_t *size)
 /* -- split_columns ------------------------------------------------------------------------------- */
 
 static PyObject *kinds_name, *values_name;
+/* TupleData's class and the byte offsets of its two slots (configure_rows): a row of exactly that class is
+ * read in place, anything else through ordinary attribute access. */
+static PyTypeObject *row_class;
+static Py_ssize_t kinds_offset, values_offset;
+
+static PyObject *
+configure_rows(PyObject *self, PyObject *args)
+{
+    PyObject *cls, *kinds_descr, *values_descr;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyType_Type, &cls, &kinds_descr, &values_descr))
+        return NULL;
+    if (!PyObject_TypeCheck(kinds_descr, &PyMemberDescr_Type) ||
+        !PyObject_TypeCheck(values_descr, &PyMemberDescr_Type)) {
+        PyErr_SetString(PyExc_TypeError, "expected the slot descriptors of kinds and values");
+        return NULL;
+    }
+    PyMemberDef *kinds_member = ((PyMemberDescrObject *) kinds_descr)->d_member;
+    PyMemberDef *values_member = ((PyMemberDescrObject *) values_descr)->d_member;
+    if (kinds_member->type != T_OBJECT_EX || values_member->type != T_OBJECT_EX) {
+        PyErr_SetString(PyExc_TypeError, "kinds and values must be object slots");
+        return NULL;
+    }
+    Py_INCREF(cls);
+    Py_XDECREF((PyObject *) row_class);
+    row_class = (PyTypeObject *) cls;
+    kinds_offset = kinds_member->offset;
+    values_offset = values_member->offset;
+    Py_RETURN_NONE;
+}
+
+static inline PyObject *
+row_slot(PyObject *row, Py_ssize_t offset, PyObject *name)
+{
+    if (Py_TYPE(row) == row_class) {
+        PyObject *value = *(PyObject **) ((char *) row + offset);
+        if (value != NULL) {
+            Py_INCREF(value);
+            return value;
+        }
+    }
+    return PyObject_GetAttr(row, name);
+}
 
 static PyObject *
 split_columns(PyObject *self, PyObject *args)
@@ -113,8 +158,8 @@ split_columns(PyObject *self, PyObject *args)
     }
     for (Py_ssize_t r = 0; r < count; r++) {
         PyObject *row = PySequence_Fast_GET_ITEM(sequence, r);
-        PyObject *row_kinds = PyObject_GetAttr(row, kinds_name);
-        PyObject *row_values = row_kinds ? PyObject_GetAttr(row, values_name) : NULL;
+        PyObject *row_kinds = row_slot(row, kinds_offset, kinds_name);
+        PyObject *row_values = row_kinds ? row_slot(row, values_offset, values_name) : NULL;
         if (row_values == NULL) {
             Py_XDECREF(row_kinds);
             goto error;
@@ -620,7 +665,201 @@ error:
     return NULL;
 }
 
+/* -- fixed-width values from their text form ------------------------------------------------------ */
+
+static int
+parse_digits(const char *s, Py_ssize_t n, Py_ssize_t *pos, int min_digits, int max_digits, int64_t *out)
+{
+    Py_ssize_t i = *pos;
+    int64_t value = 0;
+    int digits = 0;
+    while (i < n && s[i] >= '0' && s[i] <= '9' && digits < max_digits) {
+        value = value * 10 + (s[i] - '0');
+        i++;
+        digits++;
+    }
+    if (digits < min_digits)
+        return 0;
+    *pos = i;
+    *out = value;
+    return 1;
+}
+
+static int64_t
+days_from_civil(int64_t y, int64_t m, int64_t d)
+{
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    int64_t yoe = y - era * 400;
+    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+static int
+valid_date(int64_t y, int64_t m, int64_t d)
+{
+    static const int days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    if (m < 1 || m > 12 || d < 1)
+        return 0;
+    int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    return d <= days[m - 1] + (m == 2 && leap);
+}
+
+/* "YYYY-MM-DD" (years 0000-9999, AD): 1 with the days since 1970-01-01; BC, infinity, anything else: 0 */
+static int
+parse_date(const char *s, Py_ssize_t n, Py_ssize_t *pos, int64_t *days)
+{
+    int64_t y, m, d;
+    Py_ssize_t i = *pos;
+    if (!parse_digits(s, n, &i, 4, 4, &y) || i >= n || s[i++] != '-' || !parse_digits(s, n, &i, 2, 2, &m) ||
+        i >= n || s[i++] != '-' || !parse_digits(s, n, &i, 2, 2, &d) || !valid_date(y, m, d))
+        return 0;
+    *pos = i;
+    *days = days_from_civil(y, m, d);
+    return 1;
+}
+
+static int
+parse_timestamp(const char *s, Py_ssize_t n, int64_t *micros)
+{
+    Py_ssize_t i = 0;
+    int64_t days, hh, mm, ss, fraction = 0;
+    if (!parse_date(s, n, &i, &days) || i >= n || s[i++] != ' ' || !parse_digits(s, n, &i, 2, 2, &hh) ||
+        i >= n || s[i++] != ':' || !parse_digits(s, n, &i, 2, 2, &mm) || i >= n || s[i++] != ':' ||
+        !parse_digits(s, n, &i, 2, 2, &ss) || hh > 24 || mm > 59 || ss > 60)
+        return 0;
+    if (i < n && s[i] == '.') {
+        i++;
+        int digits = 0;
+        while (i < n && s[i] >= '0' && s[i] <= '9' && digits < 6) {
+            fraction = fraction * 10 + (s[i++] - '0');
+            digits++;
+        }
+        if (digits == 0 || (i < n && s[i] >= '0' && s[i] <= '9'))
+            return 0;
+        for (; digits < 6; digits++)
+            fraction *= 10;
+    }
+    int64_t offset = 0;
+    if (i < n && (s[i] == '+' || s[i] == '-')) {
+        int sign = s[i++] == '-' ? -1 : 1;
+        int64_t oh, om = 0, os = 0;
+        if (!parse_digits(s, n, &i, 2, 2, &oh))
+            return 0;
+        if (i < n && s[i] == ':') {
+            i++;
+            if (!parse_digits(s, n, &i, 2, 2, &om))
+                return 0;
+            if (i < n && s[i] == ':') {
+                i++;
+                if (!parse_digits(s, n, &i, 2, 2, &os))
+                    return 0;
+            }
+        }
+        offset = sign * (oh * 3600 + om * 60 + os);
+    }
+    if (i != n)
+        return 0;  /* " BC", anything else: the exact path */
+    *micros = (days * 86400 + hh * 3600 + mm * 60 + ss - offset) * 1000000 + fraction;
+    return 1;
+}
+
+static int
+parse_integer(const char *s, Py_ssize_t n, int64_t low, int64_t high, int64_t *out)
+{
+    Py_ssize_t i = 0;
+    int negative = n > 0 && s[0] == '-';
+    i += negative;
+    if (i >= n || n - i > 19)
+        return 0;
+    uint64_t magnitude = 0;
+    for (; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+        magnitude = magnitude * 10 + (uint64_t) (s[i] - '0');
+    }
+    if (magnitude > (uint64_t) INT64_MAX + (uint64_t) negative)
+        return 0;
+    int64_t value = negative ? (int64_t) (0 - magnitude) : (int64_t) magnitude;
+    if (value < low || value > high)
+        return 0;
+    *out = value;
+    return 1;
+}
+
+static PyObject *
+fixed_text(PyObject *self, PyObject *args)
+{
+    PyObject *values;
+    int kind;
+    if (!PyArg_ParseTuple(args, "OC", &values, &kind))
+        return NULL;
+    int width = kind == 'h' ? 2 : kind == 'i' ? 4 : kind == 'q' || kind == 'T' ? 8 : 0;
+    if (width == 0) {
+        PyErr_SetString(PyExc_ValueError, "kind must be one of h, i, q, T");
+        return NULL;
+    }
+    PyObject *sequence = PySequence_Fast(values, "values must be a sequence");
+    if (sequence == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    PyObject *data = PyBytes_FromStringAndSize(NULL, width * count);
+    PyObject *valid = PyBytes_FromStringAndSize(NULL, count);
+    if (data == NULL || valid == NULL)
+        goto error;
+    char *out = PyBytes_AS_STRING(data), *flags = PyBytes_AS_STRING(valid);
+    for (Py_ssize_t r = 0; r < count; r++) {
+        PyObject *value = PySequence_Fast_GET_ITEM(sequence, r);
+        char *slot = out + width * r;
+        if (value == Py_None) {
+            flags[r] = 0;
+            memset(slot, 0, width);
+            continue;
+        }
+        if (!PyBytes_Check(value))
+            goto not_fast;
+        const char *s = PyBytes_AS_STRING(value);
+        Py_ssize_t n = PyBytes_GET_SIZE(value);
+        int64_t integer;
+        if (kind == 'h' || kind == 'i' || kind == 'q') {
+            int64_t low = kind == 'h' ? INT16_MIN : kind == 'i' ? INT32_MIN : INT64_MIN;
+            int64_t high = kind == 'h' ? INT16_MAX : kind == 'i' ? INT32_MAX : INT64_MAX;
+            if (!parse_integer(s, n, low, high, &integer))
+                goto not_fast;
+            if (kind == 'h') {
+                int16_t v = (int16_t) integer;
+                memcpy(slot, &v, 2);
+            } else if (kind == 'i') {
+                int32_t v = (int32_t) integer;
+                memcpy(slot, &v, 4);
+            } else {
+                memcpy(slot, &integer, 8);
+            }
+        } else {
+            if (!parse_timestamp(s, n, &integer))
+                goto not_fast;
+            memcpy(slot, &integer, 8);
+        }
+        flags[r] = 1;
+    }
+    Py_DECREF(sequence);
+    return Py_BuildValue("(NN)", data, valid);
+not_fast:
+    Py_DECREF(data);
+    Py_DECREF(valid);
+    Py_DECREF(sequence);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(data);
+    Py_XDECREF(valid);
+    Py_DECREF(sequence);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"fixed_text", fixed_text, METH_VARARGS, "integers and timestamps from text -> buffers, or None"},
+    {"configure_rows", configure_rows, METH_VARARGS, "TupleData and its slot descriptors (kinds, values)"},
     {"split_columns", split_columns, METH_VARARGS, "rows of TupleData -> (per-column values, per-column kinds)"},
     {"int_array_text", int_array_text, METH_VARARGS, "integer arrays, text form -> list buffers, or None"},
     {"int_array_binary", int_array_binary, METH_VARARGS, "integer arrays, binary form -> list buffers, or None"},

@@ -62,6 +62,8 @@ try:  # optional C paths for what Arrow has no kernel for; each returns None whe
     from pgcdc.types import _columns as _accelerator  # type: ignore[attr-defined]
 except ImportError:
     _accelerator = None
+else:
+    _accelerator.configure_rows(TupleData, TupleData.__dict__["kinds"], TupleData.__dict__["values"])
 
 
 def _accelerated(name: str, values: Values | pa.Array, *args: object) -> tuple | None:
@@ -130,8 +132,22 @@ def _fixed(values: Values, width: int, dtype: str) -> tuple[np.ndarray, np.ndarr
     return raw.astype(dtype), mask
 
 
-def _cast_text(target: pa.DataType, fallback: Callable[[str], object] | None = None) -> Callable[[Values], pa.Array]:
+def _fixed_from_c(values: Values | pa.Array, kind: str, target: pa.DataType) -> pa.Array | None:
+    """Integers and timestamps parsed from text in C, or None (not built, a value off its path)."""
+    fast = _accelerated("fixed_text", values, kind)
+    if fast is None:
+        return None
+    data, valid = fast
+    return pa.Array.from_buffers(target, len(values), [_validity(valid), pa.py_buffer(data)])
+
+
+def _cast_text(target: pa.DataType, fallback: Callable[[str], object] | None = None, c_kind: str | None = None
+               ) -> Callable[[Values], pa.Array]:
     def decode(values: Values) -> pa.Array:
+        if c_kind is not None:
+            fast = _fixed_from_c(values, c_kind, target)
+            if fast is not None:
+                return fast
         strings = _as_strings(values)
         try:
             return strings.cast(target)
@@ -291,6 +307,9 @@ def _date_binary(infinity: _Infinity) -> Callable[[Values], pa.Array]:
 
 def _timestamp_text(target: pa.DataType, infinity: _Infinity) -> Callable[[Values], pa.Array]:
     def decode(values: Values) -> pa.Array:
+        parsed = _fixed_from_c(values, "T", target)
+        if parsed is not None:
+            return parsed
         strings = _as_strings(values)
         try:
             return strings.cast(target)
@@ -617,12 +636,12 @@ def _scalar_kind(pg_type: PgType, typmod: int, options: ConversionOptions) -> Co
         return ColumnKind(name, pa.string(), _as_strings, _string_binary)
     if name == "bool":
         return ColumnKind(name, pa.bool_(), _bool_text, _bool_binary)
-    fixed = {"int2": (2, "i2", pa.int16()), "int4": (4, "i4", pa.int32()), "int8": (8, "i8", pa.int64()),
-             "oid": (4, "u4", pa.int64()), "xid": (4, "u4", pa.int64()), "float4": (4, "f4", pa.float32()),
-             "float8": (8, "f8", pa.float64())}
+    fixed = {"int2": (2, "i2", pa.int16(), "h"), "int4": (4, "i4", pa.int32(), "i"),
+             "int8": (8, "i8", pa.int64(), "q"), "oid": (4, "u4", pa.int64(), "q"), "xid": (4, "u4", pa.int64(), "q"),
+             "float4": (4, "f4", pa.float32(), None), "float8": (8, "f8", pa.float64(), None)}
     if name in fixed:
-        width, dtype, target = fixed[name]
-        return ColumnKind(name, target, _cast_text(target), _fixed_binary(width, dtype, target))
+        width, dtype, target, c_kind = fixed[name]
+        return ColumnKind(name, target, _cast_text(target, c_kind=c_kind), _fixed_binary(width, dtype, target))
     if name == "numeric":
         target, text, binary = _numeric_decoders(typmod, options)
         return ColumnKind(name, target, text, binary)
