@@ -128,7 +128,15 @@ def streaming_phase(dsn: str, spark, seconds: float, rate: float | None, first_i
     config = PipelineConfig(dsn=dsn, publication="flow", slot="bench_flow", namespace="bench_flow",
                             batch_max_seconds=1.0, snapshot=False)
     pipeline = Pipeline(config, spark=spark, on_progress=on_progress)
-    runner = threading.Thread(target=lambda: pipeline.run(handle_signals=False), daemon=True)
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pipeline.run(handle_signals=False)
+        except BaseException as exc:  # reported by the waiting loop below
+            failures.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
     writer = Writer(dsn, seconds, rate, first_id)
     runner.start()
     time.sleep(3)  # the stream is up before the load starts
@@ -138,6 +146,8 @@ def streaming_phase(dsn: str, spark, seconds: float, rate: float | None, first_i
     writer.join()
     target = writer.commits[-1][1]
     while not applied or applied[-1][1] < target:
+        if not runner.is_alive():
+            raise RuntimeError(f"the pipeline stopped before catching up: {failures[0] if failures else 'no error'}")
         time.sleep(0.2)
     elapsed = time.monotonic() - started
     rows = pipeline.progress.rows_applied - before
@@ -158,56 +168,60 @@ def percentile(values: list[float], fraction: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="300,000-row snapshot, 15-second load phases")
+    parser.add_argument("--only", choices=("snapshot", "apply"), help="measure one part only")
     args = parser.parse_args()
     rows = 300_000 if args.quick else 5_000_000
     phase_seconds = 15.0 if args.quick else 60.0
     notes: dict[str, str] = {}
-    jdbc_problem = ensure_jdbc_driver()
+    figures: dict[str, object] = {"snapshot_rows": rows, "snapshot_rows_per_s": None, "copy_rows_per_s": None,
+                                  "jdbc_rows_per_s": None, "snapshot_ratio_vs_copy": None,
+                                  "snapshot_ratio_vs_jdbc": None, "apply_rows_per_s": None, "lag_p50_s": None,
+                                  "lag_p99_s": None, "lag_p50_s_at_50pct": None, "lag_p99_s_at_50pct": None}
+    jdbc_problem = ensure_jdbc_driver() if args.only != "apply" else None
     warehouse = tempfile.mkdtemp(prefix="pgcdc-bench-")
     jars = [str(iceberg_runtime_jar())] + ([str(JDBC_JAR)] if JDBC_JAR.exists() else [])
     with EmbeddedPostgres(settings={"max_wal_size": "8GB"}) as server:
         spark = spark_session(warehouse, conf={"spark.jars": ",".join(jars)})
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute(TABLE)
-            for start in range(0, rows, 500_000):
-                conn.execute(FILL, (start, min(rows, start + 500_000) - 1))
-            conn.execute("VACUUM ANALYZE big")
-        copy_rate = raw_copy_rate(server.dsn, rows)
-        snapshot_rate = pgcdc_snapshot_rate(server.dsn, spark, rows)
-        jdbc = None
-        if jdbc_problem:
-            notes["jdbc"] = jdbc_problem
-        else:
-            jdbc = jdbc_rate(server, spark, rows)
-        with psycopg.connect(server.dsn, autocommit=True) as conn:
-            conn.execute("SELECT pg_create_logical_replication_slot('bench_flow', 'pgoutput')")
-        apply_rate, _, next_id = streaming_phase(server.dsn, spark, phase_seconds, None, 1)
-        results = {}
-        for share in (0.5, 0.9):
-            _, lags, next_id = streaming_phase(server.dsn, spark, phase_seconds, apply_rate * share, next_id)
-            results[share] = (percentile(lags, 0.5), percentile(lags, 0.99), statistics.mean(lags))
+        if args.only != "apply":
+            with psycopg.connect(server.dsn, autocommit=True) as conn:
+                for start in range(0, rows, 500_000):
+                    conn.execute(FILL, (start, min(rows, start + 500_000) - 1))
+                conn.execute("VACUUM ANALYZE big")
+            copy_rate = raw_copy_rate(server.dsn, rows)
+            snapshot_rate = pgcdc_snapshot_rate(server.dsn, spark, rows)
+            figures.update(snapshot_rows_per_s=round(snapshot_rate), copy_rows_per_s=round(copy_rate),
+                           snapshot_ratio_vs_copy=round(snapshot_rate / copy_rate, 2))
+            print(f"snapshot of {rows:,} rows (10 columns)")
+            print(f"  COPY TO STDOUT, drained          {copy_rate:>12,.0f} rows/s")
+            print(f"  pgcdc snapshot into Iceberg      {snapshot_rate:>12,.0f} rows/s  "
+                  f"({snapshot_rate / copy_rate:.0%} of COPY)", flush=True)
+            if jdbc_problem:
+                notes["jdbc"] = jdbc_problem
+                print(f"  Spark JDBC reader: not measured ({jdbc_problem})")
+            else:
+                jdbc = jdbc_rate(server, spark, rows)
+                figures.update(jdbc_rows_per_s=round(jdbc), snapshot_ratio_vs_jdbc=round(snapshot_rate / jdbc, 2))
+                print(f"  Spark JDBC reader into Iceberg   {jdbc:>12,.0f} rows/s  "
+                      f"(pgcdc is {snapshot_rate / jdbc:.1f}x)", flush=True)
+        if args.only != "snapshot":
+            with psycopg.connect(server.dsn, autocommit=True) as conn:
+                conn.execute("SELECT pg_create_logical_replication_slot('bench_flow', 'pgoutput')")
+            apply_rate, _, next_id = streaming_phase(server.dsn, spark, phase_seconds, None, 1)
+            figures["apply_rows_per_s"] = round(apply_rate)
+            print(f"apply under an unpaced writer: {apply_rate:,.0f} rows/s from source commit to Iceberg commit",
+                  flush=True)
+            for share in (0.5, 0.9):
+                _, lags, next_id = streaming_phase(server.dsn, spark, phase_seconds, apply_rate * share, next_id)
+                p50, p99 = percentile(lags, 0.5), percentile(lags, 0.99)
+                suffix = "" if share == 0.9 else "_at_50pct"
+                figures.update({f"lag_p50_s{suffix}": round(p50, 2), f"lag_p99_s{suffix}": round(p99, 2)})
+                print(f"  lag at {share:.0%} of that rate: p50 {p50:.1f}s, p99 {p99:.1f}s, "
+                      f"mean {statistics.mean(lags):.1f}s", flush=True)
         spark.stop()
     shutil.rmtree(warehouse, ignore_errors=True)
-    print(f"snapshot of {rows:,} rows (10 columns)")
-    print(f"  COPY TO STDOUT, drained          {copy_rate:>12,.0f} rows/s")
-    print(f"  pgcdc snapshot into Iceberg      {snapshot_rate:>12,.0f} rows/s  ({snapshot_rate / copy_rate:.0%} of COPY)")
-    if jdbc:
-        print(f"  Spark JDBC reader into Iceberg   {jdbc:>12,.0f} rows/s  (pgcdc is {snapshot_rate / jdbc:.1f}x)")
-    else:
-        print(f"  Spark JDBC reader: not measured ({notes['jdbc']})")
-    print(f"apply under an unpaced writer: {apply_rate:,.0f} rows/s from source commit to Iceberg commit")
-    for share, (p50, p99, mean) in results.items():
-        print(f"  lag at {share:.0%} of that rate: p50 {p50:.1f}s, p99 {p99:.1f}s, mean {mean:.1f}s")
-    print(json.dumps({
-        "snapshot_rows": rows, "snapshot_rows_per_s": round(snapshot_rate), "copy_rows_per_s": round(copy_rate),
-        "jdbc_rows_per_s": round(jdbc) if jdbc else None,
-        "snapshot_ratio_vs_copy": round(snapshot_rate / copy_rate, 2),
-        "snapshot_ratio_vs_jdbc": round(snapshot_rate / jdbc, 2) if jdbc else None,
-        "apply_rows_per_s": round(apply_rate),
-        "lag_p50_s": round(results[0.9][0], 2), "lag_p99_s": round(results[0.9][1], 2),
-        "lag_p50_s_at_50pct": round(results[0.5][0], 2), "lag_p99_s_at_50pct": round(results[0.5][1], 2),
-        "notes": notes,
-    }))
+    print(json.dumps({**figures, "notes": notes}))
 
 
 if __name__ == "__main__":

@@ -338,3 +338,56 @@ def test_c_text_integers_and_timestamps_equal_the_exact_path_or_defer(moments, i
                 continue
             value = int.from_bytes(data[width * index:width * (index + 1)], "little", signed=True)
             assert value == int(text) and low <= value <= high
+
+
+# -- every other type family, generated ---------------------------------------------------------------
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
+
+
+@FORMATS
+@settings(max_examples=8)
+@given(rows=st.lists(st.tuples(st.one_of(st.none(), _TEXT), st.one_of(st.none(), _TEXT.map(lambda t: t[:20])),
+                               st.one_of(st.none(), st.binary(max_size=40)), st.one_of(st.none(), st.booleans()),
+                               st.one_of(st.none(), st.lists(st.one_of(st.none(), _TEXT), max_size=4)),
+                               st.one_of(st.none(), st.floats(width=32))),
+                     min_size=1, max_size=12))
+def test_text_bytes_bool_text_arrays_and_float4(pg_factory, binary, rows):
+    pg = pg_factory()
+    batch, server, _ = captured(pg, "s text, v varchar(20), b bytea, f bool, a text[], r real", rows, binary=binary)
+    assert batch.column("s").to_pylist() == [r[1] for r in server]
+    assert batch.column("v").to_pylist() == [r[2] for r in server]
+    assert batch.column("b").to_pylist() == [r[3] for r in server]
+    assert batch.column("f").to_pylist() == [r[4] for r in server]
+    assert batch.column("a").to_pylist() == [r[5] for r in server]
+    assert [repr(x) for x in batch.column("r").to_pylist()] == [repr(r[6]) for r in server]
+
+
+_MOMENTS = st.datetimes(min_value=dt.datetime(1, 1, 1), max_value=dt.datetime(9999, 12, 31, 23, 59, 59, 999999))
+
+
+@FORMATS
+@settings(max_examples=8)
+@given(rows=st.lists(st.tuples(
+    st.one_of(st.none(), st.dates()),
+    st.one_of(st.none(), _MOMENTS),
+    st.one_of(st.none(), _MOMENTS.map(lambda d: d.replace(tzinfo=dt.UTC)).filter(lambda d: d.year < 9999)),
+    st.one_of(st.none(), st.times()),
+    st.one_of(st.none(), st.timedeltas(min_value=dt.timedelta(days=-10**6), max_value=dt.timedelta(days=10**6)))),
+    min_size=1, max_size=12))
+def test_dates_timestamps_times_and_intervals(pg_factory, binary, rows):
+    pg = pg_factory()
+    batch, server, _ = captured(pg, "d date, ts timestamp, tstz timestamptz, t time, iv interval", rows,
+                                binary=binary)
+    assert batch.column("d").to_pylist() == [r[1] for r in server]
+    assert batch.column("ts").to_pylist() == [r[2] for r in server]
+    assert batch.column("tstz").to_pylist() == [None if r[3] is None else r[3].astimezone(dt.UTC) for r in server]
+    assert batch.column("t").to_pylist() == [
+        None if r[4] is None else ((r[4].hour * 60 + r[4].minute) * 60 + r[4].second) * 10**6 + r[4].microsecond
+        for r in server]
+    for mine, (*_, theirs) in zip(batch.column("iv").to_pylist(), server, strict=True):
+        if theirs is None:
+            assert mine is None
+            continue
+        assert mine["months"] == 0  # generated from day-time intervals
+        assert dt.timedelta(days=mine["days"], microseconds=mine["microseconds"]) == theirs

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgcdc.spark.snapshot")
 
 _BATCH_ROWS = 65_536
+_CSV_BLOCK = 4 << 20  # bytes of CSV per parsed batch: about 25,000 rows of a typical table
 
 
 @dataclass(frozen=True)
@@ -104,40 +105,69 @@ def copy_csv_query(schema: str, table: str, columns: list[str], page_range: Page
     return sql.SQL("COPY ({}) TO STDOUT (FORMAT csv, NULL '', FORCE_QUOTE *)").format(select)
 
 
-def read_csv_columns(data: bytes, width: int) -> list[pa.Array]:
+def _csv_options(width: int) -> tuple[pa_csv.ReadOptions, pa_csv.ParseOptions, pa_csv.ConvertOptions]:
     """COPY CSV with every non-null value quoted: an unquoted empty field is NULL, ``""`` the empty string."""
     names = [f"c{i}" for i in range(width)]
-    table = pa_csv.read_csv(
-        io.BytesIO(data),
-        read_options=pa_csv.ReadOptions(column_names=names, block_size=1 << 24),
-        parse_options=pa_csv.ParseOptions(newlines_in_values=True),
-        convert_options=pa_csv.ConvertOptions(column_types={n: pa.string() for n in names}, null_values=[""],
-                                              strings_can_be_null=True, quoted_strings_can_be_null=False))
+    return (pa_csv.ReadOptions(column_names=names, block_size=_CSV_BLOCK),
+            pa_csv.ParseOptions(newlines_in_values=True),
+            pa_csv.ConvertOptions(column_types={n: pa.string() for n in names}, null_values=[""],
+                                  strings_can_be_null=True, quoted_strings_can_be_null=False))
+
+
+def read_csv_columns(data: bytes, width: int) -> list[pa.Array]:
+    """The columns of a whole COPY CSV output (see :func:`copy_csv_query`) as string arrays."""
+    read, parse, convert = _csv_options(width)
+    table = pa_csv.read_csv(io.BytesIO(data), read_options=read, parse_options=parse, convert_options=convert)
     return [table.column(i).combine_chunks() for i in range(width)]
+
+
+class _CopyStream(io.RawIOBase):
+    """COPY TO STDOUT's chunks as a file, so Arrow parses while PostgreSQL still sends."""
+
+    def __init__(self, chunks: Iterator[Any]) -> None:
+        self._chunks = chunks
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            try:
+                self._pending = memoryview(next(self._chunks)).cast("B")
+            except StopIteration:
+                return 0
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
 
 
 def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schema: str, table: str,
                 columns: list[str], page_range: PageRange, converter: Any, target_schema: pa.Schema
                 ) -> Iterator[pa.RecordBatch]:
-    """One task: its page range, inside the exported snapshot, as Arrow batches in the target's layout."""
+    """One task: its page range, inside the exported snapshot, as Arrow batches in the target's layout. Batches
+    go out while the range is still being read: Spark writes one while the next is parsed."""
     with psycopg.connect(dsn, autocommit=False, application_name="pgcdc snapshot") as conn:
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
         for key, value in settings.items():
             conn.execute("SELECT set_config(%s, %s, true)", (key, value))
         conn.execute("SET LOCAL client_encoding = 'UTF8'")
-        buffer = bytearray()
         with conn.cursor().copy(copy_csv_query(schema, table, columns, page_range)) as copy:
-            for chunk in copy:
-                buffer += chunk
+            read, parse, convert = _csv_options(len(columns))
+            stream = io.BufferedReader(_CopyStream(iter(copy)), buffer_size=1 << 20)
+            try:
+                reader = pa_csv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert)
+            except pa.ArrowInvalid as exc:
+                if "Empty CSV file" not in str(exc):
+                    raise
+                return  # an empty page range
+            for batch in reader:
+                if batch.num_rows:
+                    rows = converter.convert_columns(batch.columns, binary=False).batch
+                    yield from pa.Table.from_batches([rows]).cast(target_schema).to_batches(max_chunksize=_BATCH_ROWS)
         conn.rollback()
-    if not buffer:
-        return
-    arrays = read_csv_columns(bytes(buffer), len(columns))
-    del buffer
-    rows = converter.convert_columns(arrays, binary=False).batch
-    table_ = pa.Table.from_batches([rows]).cast(target_schema)
-    yield from table_.to_batches(max_chunksize=_BATCH_ROWS)
 
 
 def copy_table(
