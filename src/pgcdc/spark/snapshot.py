@@ -132,15 +132,20 @@ class _CopyStream(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        while not self._pending:
-            try:
-                self._pending = memoryview(next(self._chunks)).cast("B")
-            except StopIteration:
-                return 0
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
+        # COPY sends one message per row: fill the whole buffer, not one row per call
+        view = memoryview(buffer).cast("B")
+        filled = 0
+        while filled < len(view):
+            if not self._pending:
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    break
+                self._pending = memoryview(chunk).cast("B")
+            size = min(len(view) - filled, len(self._pending))
+            view[filled:filled + size] = self._pending[:size]
+            self._pending = self._pending[size:]
+            filled += size
+        return filled
 
 
 def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schema: str, table: str,
