@@ -107,7 +107,10 @@ class Writer(threading.Thread):
                                  "generate_series(%s::bigint, %s::bigint) i", (self.next_id, self.next_id + 79))
                     conn.execute("UPDATE flow SET n = n + 1 WHERE id BETWEEN %s AND %s",
                                  (self.next_id - 200, self.next_id - 181))
-                lsn = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+                    # a position inside the transaction: below its end LSN, which the pipeline reports once
+                    # the transaction is in the mirror (a position read after the commit may be past any
+                    # transaction's end when other WAL follows, and would never be reached)
+                    lsn = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
                 self.commits.append((time.monotonic(), Lsn.parse(lsn)))
                 self.next_id += 80
                 self.rows += 100
