@@ -451,6 +451,49 @@ int_array_binary(PyObject *self, PyObject *args)
     return int_array(args, 1);
 }
 
+/* -- fixed-width columns -------------------------------------------------------------------------- */
+
+/* Writes one present value (its bytes) into its slot: 1 written, 0 not on the fast path. */
+typedef int (*ValueWriter)(const char *data, Py_ssize_t size, char *slot, const void *context);
+
+/* (data, valid) for a column of fixed-width results: nulls get slots filled with null_fill; None when a value
+ * is not bytes or its writer declines it. */
+static PyObject *
+fixed_width_column(PyObject *values, Py_ssize_t width, char null_fill, ValueWriter write, const void *context)
+{
+    PyObject *sequence = PySequence_Fast(values, "values must be a sequence");
+    if (sequence == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    PyObject *data = PyBytes_FromStringAndSize(NULL, width * count);
+    PyObject *valid = PyBytes_FromStringAndSize(NULL, count);
+    if (data == NULL || valid == NULL) {
+        Py_XDECREF(data);
+        Py_XDECREF(valid);
+        Py_DECREF(sequence);
+        return NULL;
+    }
+    char *out = PyBytes_AS_STRING(data), *flags = PyBytes_AS_STRING(valid);
+    for (Py_ssize_t r = 0; r < count; r++) {
+        PyObject *value = PySequence_Fast_GET_ITEM(sequence, r);
+        char *slot = out + width * r;
+        if (value == Py_None) {
+            flags[r] = 0;
+            memset(slot, null_fill, width);
+            continue;
+        }
+        if (!PyBytes_Check(value) || !write(PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), slot, context)) {
+            Py_DECREF(data);
+            Py_DECREF(valid);
+            Py_DECREF(sequence);
+            Py_RETURN_NONE;
+        }
+        flags[r] = 1;
+    }
+    Py_DECREF(sequence);
+    return Py_BuildValue("(NN)", data, valid);
+}
+
 /* -- numeric(p, s) binary ------------------------------------------------------------------------ */
 
 static int128 POW10[39];
@@ -507,6 +550,16 @@ numeric_to_scaled(const unsigned char *p, Py_ssize_t n, int scale, int128 *out)
     return 1;
 }
 
+static int
+write_numeric(const char *data, Py_ssize_t size, char *slot, const void *context)
+{
+    int128 scaled;
+    if (!numeric_to_scaled((const unsigned char *) data, size, *(const int *) context, &scaled))
+        return 0;
+    memcpy(slot, &scaled, 16);  /* Arrow's decimal128 is a little-endian two's complement int128 */
+    return 1;
+}
+
 static PyObject *
 numeric_binary(PyObject *self, PyObject *args)
 {
@@ -518,45 +571,26 @@ numeric_binary(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "scale must be 0..38");
         return NULL;
     }
-    PyObject *sequence = PySequence_Fast(values, "values must be a sequence");
-    if (sequence == NULL)
-        return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
-    PyObject *data = PyBytes_FromStringAndSize(NULL, 16 * count);
-    PyObject *valid = PyBytes_FromStringAndSize(NULL, count);
-    if (data == NULL || valid == NULL)
-        goto error;
-    char *out = PyBytes_AS_STRING(data), *flags = PyBytes_AS_STRING(valid);
-    for (Py_ssize_t r = 0; r < count; r++) {
-        PyObject *value = PySequence_Fast_GET_ITEM(sequence, r);
-        int128 scaled = 0;
-        if (value == Py_None) {
-            flags[r] = 0;
-        } else {
-            if (!PyBytes_Check(value))
-                goto not_fast;
-            if (!numeric_to_scaled((const unsigned char *) PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), scale,
-                                   &scaled))
-                goto not_fast;
-            flags[r] = 1;
-        }
-        memcpy(out + 16 * r, &scaled, 16);  /* Arrow's decimal128 is a little-endian two's complement int128 */
-    }
-    Py_DECREF(sequence);
-    return Py_BuildValue("(NN)", data, valid);
-not_fast:
-    Py_DECREF(data);
-    Py_DECREF(valid);
-    Py_DECREF(sequence);
-    Py_RETURN_NONE;
-error:
-    Py_XDECREF(data);
-    Py_XDECREF(valid);
-    Py_DECREF(sequence);
-    return NULL;
+    return fixed_width_column(values, 16, 0, write_numeric, &scale);
 }
 
 /* -- uuid binary -> canonical text ---------------------------------------------------------------- */
+
+static int
+write_uuid(const char *data, Py_ssize_t size, char *text, const void *context)
+{
+    static const char hex[] = "0123456789abcdef";
+    if (size != 16)
+        return 0;
+    const unsigned char *u = (const unsigned char *) data;
+    for (int i = 0, o = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10)
+            text[o++] = '-';
+        text[o++] = hex[u[i] >> 4];
+        text[o++] = hex[u[i] & 15];
+    }
+    return 1;
+}
 
 static PyObject *
 uuid_binary(PyObject *self, PyObject *args)
@@ -564,47 +598,7 @@ uuid_binary(PyObject *self, PyObject *args)
     PyObject *values;
     if (!PyArg_ParseTuple(args, "O", &values))
         return NULL;
-    PyObject *sequence = PySequence_Fast(values, "values must be a sequence");
-    if (sequence == NULL)
-        return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
-    PyObject *data = PyBytes_FromStringAndSize(NULL, 36 * count);
-    PyObject *valid = PyBytes_FromStringAndSize(NULL, count);
-    if (data == NULL || valid == NULL)
-        goto error;
-    static const char hex[] = "0123456789abcdef";
-    char *out = PyBytes_AS_STRING(data), *flags = PyBytes_AS_STRING(valid);
-    for (Py_ssize_t r = 0; r < count; r++) {
-        PyObject *value = PySequence_Fast_GET_ITEM(sequence, r);
-        char *text = out + 36 * r;
-        if (value == Py_None) {
-            flags[r] = 0;
-            memset(text, '0', 36);
-            continue;
-        }
-        if (!PyBytes_Check(value) || PyBytes_GET_SIZE(value) != 16)
-            goto not_fast;
-        const unsigned char *u = (const unsigned char *) PyBytes_AS_STRING(value);
-        for (int i = 0, o = 0; i < 16; i++) {
-            if (i == 4 || i == 6 || i == 8 || i == 10)
-                text[o++] = '-';
-            text[o++] = hex[u[i] >> 4];
-            text[o++] = hex[u[i] & 15];
-        }
-        flags[r] = 1;
-    }
-    Py_DECREF(sequence);
-    return Py_BuildValue("(NN)", data, valid);
-not_fast:
-    Py_DECREF(data);
-    Py_DECREF(valid);
-    Py_DECREF(sequence);
-    Py_RETURN_NONE;
-error:
-    Py_XDECREF(data);
-    Py_XDECREF(valid);
-    Py_DECREF(sequence);
-    return NULL;
+    return fixed_width_column(values, 36, '0', write_uuid, NULL);
 }
 
 /* -- jsonb binary: version byte 1, then the JSON text ---------------------------------------------- */
@@ -788,6 +782,37 @@ parse_integer(const char *s, Py_ssize_t n, int64_t low, int64_t high, int64_t *o
     return 1;
 }
 
+static int
+write_integer_text(const char *s, Py_ssize_t n, char *slot, const void *context)
+{
+    int kind = *(const int *) context;
+    int64_t low = kind == 'h' ? INT16_MIN : kind == 'i' ? INT32_MIN : INT64_MIN;
+    int64_t high = kind == 'h' ? INT16_MAX : kind == 'i' ? INT32_MAX : INT64_MAX;
+    int64_t integer;
+    if (!parse_integer(s, n, low, high, &integer))
+        return 0;
+    if (kind == 'h') {
+        int16_t v = (int16_t) integer;
+        memcpy(slot, &v, 2);
+    } else if (kind == 'i') {
+        int32_t v = (int32_t) integer;
+        memcpy(slot, &v, 4);
+    } else {
+        memcpy(slot, &integer, 8);
+    }
+    return 1;
+}
+
+static int
+write_timestamp_text(const char *s, Py_ssize_t n, char *slot, const void *context)
+{
+    int64_t micros;
+    if (!parse_timestamp(s, n, &micros))
+        return 0;
+    memcpy(slot, &micros, 8);
+    return 1;
+}
+
 static PyObject *
 fixed_text(PyObject *self, PyObject *args)
 {
@@ -800,61 +825,7 @@ fixed_text(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "kind must be one of h, i, q, T");
         return NULL;
     }
-    PyObject *sequence = PySequence_Fast(values, "values must be a sequence");
-    if (sequence == NULL)
-        return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
-    PyObject *data = PyBytes_FromStringAndSize(NULL, width * count);
-    PyObject *valid = PyBytes_FromStringAndSize(NULL, count);
-    if (data == NULL || valid == NULL)
-        goto error;
-    char *out = PyBytes_AS_STRING(data), *flags = PyBytes_AS_STRING(valid);
-    for (Py_ssize_t r = 0; r < count; r++) {
-        PyObject *value = PySequence_Fast_GET_ITEM(sequence, r);
-        char *slot = out + width * r;
-        if (value == Py_None) {
-            flags[r] = 0;
-            memset(slot, 0, width);
-            continue;
-        }
-        if (!PyBytes_Check(value))
-            goto not_fast;
-        const char *s = PyBytes_AS_STRING(value);
-        Py_ssize_t n = PyBytes_GET_SIZE(value);
-        int64_t integer;
-        if (kind == 'h' || kind == 'i' || kind == 'q') {
-            int64_t low = kind == 'h' ? INT16_MIN : kind == 'i' ? INT32_MIN : INT64_MIN;
-            int64_t high = kind == 'h' ? INT16_MAX : kind == 'i' ? INT32_MAX : INT64_MAX;
-            if (!parse_integer(s, n, low, high, &integer))
-                goto not_fast;
-            if (kind == 'h') {
-                int16_t v = (int16_t) integer;
-                memcpy(slot, &v, 2);
-            } else if (kind == 'i') {
-                int32_t v = (int32_t) integer;
-                memcpy(slot, &v, 4);
-            } else {
-                memcpy(slot, &integer, 8);
-            }
-        } else {
-            if (!parse_timestamp(s, n, &integer))
-                goto not_fast;
-            memcpy(slot, &integer, 8);
-        }
-        flags[r] = 1;
-    }
-    Py_DECREF(sequence);
-    return Py_BuildValue("(NN)", data, valid);
-not_fast:
-    Py_DECREF(data);
-    Py_DECREF(valid);
-    Py_DECREF(sequence);
-    Py_RETURN_NONE;
-error:
-    Py_XDECREF(data);
-    Py_XDECREF(valid);
-    Py_DECREF(sequence);
-    return NULL;
+    return fixed_width_column(values, width, 0, kind == 'T' ? write_timestamp_text : write_integer_text, &kind);
 }
 
 static PyMethodDef methods[] = {
