@@ -198,3 +198,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.spark)
         if names & {"pg", "pg_server", "pg_factory"}:
             item.add_marker(pytest.mark.postgres)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # A thread a failed test left running (a pipeline reconnecting to a proxy that is gone) would keep the
+    # interpreter alive after the report: name it, show where it is, and end the run with pytest's status.
+    import faulthandler
+    import sys
+    import threading
+
+    leftovers = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if leftovers:
+        print(f"\nthreads still running after the tests: {[t.name for t in leftovers]}", file=sys.stderr)
+        faulthandler.dump_traceback(all_threads=True)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(getattr(config, "_pgcdc_exit_status", 1))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config._pgcdc_exit_status = int(exitstatus)  # type: ignore[attr-defined]

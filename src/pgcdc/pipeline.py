@@ -39,6 +39,7 @@ from pgcdc.replication import (
     ReplicationOptions,
     SlotManager,
     check_source,
+    deadline,
 )
 from pgcdc.replication.published import PublishedTable, published_tables
 from pgcdc.runtime import streaming_gc
@@ -566,12 +567,14 @@ class Pipeline:
             return conn.info.server_version >= 150000
 
     @contextlib.contextmanager
-    def _source(self, connect_timeout: int = 10) -> Iterator[psycopg.Connection]:
-        # a bounded wait: a server behind a silent partition must not stall the stream's loop forever
+    def _source(self, timeout: float = 120.0) -> Iterator[psycopg.Connection]:
+        """A connection for catalog and status queries, its whole use bounded by ``timeout`` seconds: a
+        server behind a silent partition must not stall the stream's loop forever."""
         params = psycopg.conninfo.conninfo_to_dict(self.config.dsn)
-        params.setdefault("connect_timeout", connect_timeout)
+        params.setdefault("connect_timeout", max(1, min(10, int(timeout))))
         params.setdefault("application_name", "pgcdc")
-        with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as conn:
+        with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as conn, \
+                deadline(conn.fileno(), timeout, what="a query to the source"):
             yield conn
 
     def _server_lsn(self) -> Lsn:
@@ -584,14 +587,14 @@ class Pipeline:
         """A tiny non-transactional logical message in the source database: when the published tables are
         quiet but other databases write WAL, the slot still gets something to confirm, so WAL does not pile up."""
         try:
-            with self._source(connect_timeout=3) as conn:
+            with self._source(timeout=5) as conn:
                 conn.execute("SELECT pg_logical_emit_message(false, 'pgcdc.heartbeat', '')")
         except psycopg.Error as exc:
             log.warning("heartbeat failed: %s", exc)
 
     def _refresh_server_status(self) -> None:
         try:
-            with self._source(connect_timeout=3) as conn:
+            with self._source(timeout=5) as conn:
                 row = conn.execute(
                     "SELECT pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,"
                     " wal_status FROM pg_replication_slots WHERE slot_name = %s", (self.config.slot,)).fetchone()

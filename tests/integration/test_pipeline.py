@@ -72,7 +72,7 @@ def test_quiet_slot_keeps_advancing_and_tables_added_later_are_copied_while_stre
     pg.execute("CREATE PUBLICATION pub FOR TABLE first")
     config = pipeline_config(pg, spark, publication="pub", heartbeat_seconds=0.5)
     pipeline = Pipeline(config, spark=spark)
-    runner = threading.Thread(target=lambda: pipeline.run(handle_signals=False))
+    runner = threading.Thread(target=lambda: pipeline.run(handle_signals=False), daemon=True)
     runner.start()
     try:
         deadline = time.monotonic() + 120

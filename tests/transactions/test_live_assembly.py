@@ -212,7 +212,7 @@ def test_terminated_backend_and_server_restart_lose_and_duplicate_nothing(items)
                     return  # the restart ended this session; what committed is in `written`
                 time.sleep(0.01)
 
-    thread = threading.Thread(target=writer)
+    thread = threading.Thread(target=writer, daemon=True)
     thread.start()
     disruptions = []
 

@@ -8,6 +8,7 @@ from pgcdc.replication.slots import (
     SlotManager,
     SourceProblem,
     check_source,
+    deadline,
     replication_connection,
     server_info,
 )
@@ -15,6 +16,6 @@ from pgcdc.replication.stream import LogicalReplicationStream, ReplicationEvent,
 
 __all__ = [
     "CreatedSlot", "LogicalReplicationStream", "ReplicationEvent", "ReplicationOptions", "ServerInfo", "SlotInfo",
-    "SlotManager", "SourceProblem", "SqlInterfaceReader", "check_source", "replication_connection", "server_info",
+    "SlotManager", "SourceProblem", "SqlInterfaceReader", "check_source", "deadline", "replication_connection", "server_info",
     "with_session_settings",
 ]

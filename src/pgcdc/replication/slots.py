@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
+import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -17,6 +20,7 @@ from pgcdc.errors import ConfigError, ProtocolError
 from pgcdc.lsn import Lsn
 from pgcdc.replication.options import quote_ident, with_session_settings
 
+log = logging.getLogger(__name__)
 _temporary_names = itertools.count(1)
 
 
@@ -88,6 +92,38 @@ def server_info(dsn: str) -> ServerInfo:
 # these, a read waits forever while the slot's WAL piles up. Set in the DSN to override.
 LIVENESS_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "10",
                      "keepalives_interval": "5", "keepalives_count": "3", "tcp_user_timeout": "30000"}
+
+
+@contextlib.contextmanager
+def deadline(fileno: int, seconds: float, *, what: str) -> Iterator[None]:
+    """Bound everything done on an open connection by ``seconds``. ``connect_timeout`` covers only the
+    connect, and TCP keepalives see nothing wrong when a middlebox stops forwarding (its own kernel answers):
+    a query sent just before such a silent partition would wait forever. When the time is up the socket is
+    shut down, so the blocked call fails at once with a connection error."""
+    lock = threading.Lock()
+    done = False
+
+    def cut() -> None:
+        with lock:
+            if done:
+                return
+            with contextlib.suppress(OSError):
+                sock = socket.socket(fileno=os.dup(fileno))
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                finally:
+                    sock.close()  # closes the duplicate only; the connection's own descriptor stays valid
+            log.warning("%s took longer than %.0fs: connection cut", what, seconds)
+
+    timer = threading.Timer(seconds, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        with lock:  # after this the descriptor may be closed and reused: the timer must never touch it
+            done = True
+        timer.cancel()
 
 
 def replication_connection(dsn: str) -> psycopg2.extras.LogicalReplicationConnection:

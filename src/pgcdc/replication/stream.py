@@ -24,7 +24,7 @@ from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput import AnyMessage, MessageDecoder
 from pgcdc.replication.options import ReplicationOptions, with_session_settings
-from pgcdc.replication.slots import replication_connection
+from pgcdc.replication.slots import deadline, replication_connection
 
 log = logging.getLogger("pgcdc.replication")
 
@@ -137,8 +137,9 @@ class LogicalReplicationStream:
         self.proto_version = int(options["proto_version"])
         cursor = connection.cursor()
         try:
-            cursor.start_replication(slot_name=self.slot, decode=False, start_lsn=int(self._confirmed),
-                                     options=options, status_interval=self.status_interval)
+            with deadline(connection.fileno(), max(30.0, self.receive_timeout), what="starting replication"):
+                cursor.start_replication(slot_name=self.slot, decode=False, start_lsn=int(self._confirmed),
+                                         options=options, status_interval=self.status_interval)
         except psycopg2.errors.UndefinedObject as exc:
             raise ConfigError(f"{' '.join(str(exc).split())}: create the slot (pgcdc slot create {self.slot}) or "
                               "the publication") from None
@@ -160,8 +161,11 @@ class LogicalReplicationStream:
         cursor = self._cursor
         assert cursor is not None
         decode = MessageDecoder(self.proto_version).decode
-        last = heard = time.monotonic()
-        pinged = False
+        last = time.monotonic()
+        # Wall-clock seconds, as psycopg2's own timestamps: when the server was last heard from.
+        heard = time.time()
+        pinged_at: float | None = None
+        received = False
         read_message = cursor.read_message
         while not self._closed:
             message = read_message()
@@ -171,22 +175,34 @@ class LogicalReplicationStream:
                     self.server_wal_end = Lsn(wal_end)
                 now = time.monotonic()
                 # A silent partition (no FIN, no RST, a proxy that stopped forwarding) shows only as silence.
-                # Sending feedback sets both timestamps; anything received since makes io_timestamp the later.
-                if cursor.io_timestamp > cursor.feedback_timestamp:
-                    heard, pinged = now, False
-                elif now - heard > self.receive_timeout:
-                    raise psycopg2.OperationalError(
-                        f"nothing received from the server for {now - heard:.0f}s (receive timeout "
-                        f"{self.receive_timeout:.0f}s), not even an answer to a keepalive request")
-                elif not pinged and now - heard > self.receive_timeout / 3:
+                # Keepalives are consumed inside read_message: one shows as io_timestamp passing
+                # feedback_timestamp (sending feedback sets both to the same instant).
+                wall = time.time()
+                if received:
+                    heard, received = wall, False
+                else:
+                    io = cursor.io_timestamp.timestamp()
+                    if io > cursor.feedback_timestamp.timestamp():
+                        heard = max(heard, io)
+                silence = wall - heard
+                if silence < self.receive_timeout / 3:
+                    pinged_at = None
+                elif pinged_at is None:
                     cursor.send_feedback(reply=True)  # the server answers at once with a keepalive
-                    pinged = True
+                    pinged_at = wall
+                # the consumer may have held this generator for a long time: the server gets a fair while to
+                # answer the request before the silence counts
+                elif silence > self.receive_timeout and wall - pinged_at > self.receive_timeout / 3:
+                    raise psycopg2.OperationalError(
+                        f"nothing received from the server for {silence:.0f}s (receive timeout "
+                        f"{self.receive_timeout:.0f}s), not even an answer to a keepalive request")
                 if now - last >= idle_timeout:
                     last = now
                     yield ReplicationEvent(None, self._confirmed, self.server_wal_end or self._confirmed)
                     continue
                 select.select([cursor], [], [], max(0.0, idle_timeout - (now - last)))
                 continue
+            received = True
             yield ReplicationEvent(decode(message.payload), Lsn(message.data_start), Lsn(message.wal_end))
 
     def _send_feedback(self, *, force: bool) -> None:
