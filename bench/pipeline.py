@@ -2,7 +2,9 @@
 
 1. Snapshot: a table of N rows copied into Iceberg by pgcdc (Spark tasks over page ranges, inside the
    slot's exported snapshot), beside ``COPY ... TO STDOUT`` drained into nothing (the server's own limit)
-   and beside Spark's JDBC reader writing the same Iceberg table.
+   and beside Spark's JDBC reader writing the same Iceberg table. Both Spark readers first copy a
+   200,000-row table of the same shape, so that neither pays the one-off start-up (JVM compilation,
+   Python workers) in its figure; those first copies are printed too.
 2. Apply: a writer commits transactions of 100 rows (inserts and updates) as fast as it can while the
    pipeline streams them into Iceberg: rows/s from commit to Iceberg commit. Then the writer is paced at
    50% and 90% of that rate and the lag from each source commit to the mirror commit holding it is
@@ -37,15 +39,18 @@ TABLE = """
 CREATE TABLE big (id bigint PRIMARY KEY, a int, b text, c numeric(12, 2), d timestamptz, e bool, f float8,
                   g uuid, h jsonb, i date);
 CREATE TABLE flow (id bigint PRIMARY KEY, n int, note text, at timestamptz);
+CREATE TABLE warm (LIKE big INCLUDING ALL);
 CREATE PUBLICATION snap FOR TABLE big;
+CREATE PUBLICATION warm FOR TABLE warm;
 CREATE PUBLICATION flow FOR TABLE flow;
 """
 FILL = """
-INSERT INTO big SELECT i, i %% 1000, 'name ' || i, i * 1.25, now(), i %% 2 = 0, i / 3.0, md5(i::text)::uuid,
+INSERT INTO {table} SELECT i, i %% 1000, 'name ' || i, i * 1.25, now(), i %% 2 = 0, i / 3.0, md5(i::text)::uuid,
        jsonb_build_object('k', i), date '2024-01-01' + (i %% 365)::int
 FROM generate_series(%s::bigint, %s::bigint) i
 """
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
+WARM_ROWS = 200_000
 
 
 def raw_copy_rate(dsn: str, rows: int) -> float:
@@ -57,13 +62,14 @@ def raw_copy_rate(dsn: str, rows: int) -> float:
         return rows / (time.perf_counter() - started)
 
 
-def pgcdc_snapshot_rate(dsn: str, spark, rows: int) -> float:
-    pipeline = Pipeline(PipelineConfig(dsn=dsn, publication="snap", slot="bench_snap", namespace="bench_snap"),
-                        spark=spark)
+def pgcdc_snapshot_rate(dsn: str, spark, rows: int, table: str = "big") -> float:
+    publication = "snap" if table == "big" else table
+    pipeline = Pipeline(PipelineConfig(dsn=dsn, publication=publication, slot=f"bench_{publication}",
+                                       namespace=f"bench_{publication}"), spark=spark)
     started = time.perf_counter()
     copied = pipeline.snapshot()
     seconds = time.perf_counter() - started
-    assert copied["public.big"] == rows, copied
+    assert copied[f"public.{table}"] == rows, copied
     return rows / seconds
 
 
@@ -79,12 +85,12 @@ def ensure_jdbc_driver() -> str | None:
     return None
 
 
-def jdbc_rate(server: EmbeddedPostgres, spark, rows: int) -> float:
+def jdbc_rate(server: EmbeddedPostgres, spark, rows: int, table: str = "big") -> float:
     url = f"jdbc:postgresql://{server.host}:{server.port}/postgres"
-    frame = spark.read.jdbc(url, "big", column="id", lowerBound=0, upperBound=rows, numPartitions=2,
+    frame = spark.read.jdbc(url, table, column="id", lowerBound=0, upperBound=rows, numPartitions=2,
                             properties={"user": "postgres", "driver": "org.postgresql.Driver", "fetchsize": "10000"})
     started = time.perf_counter()
-    frame.writeTo("pgcdc.bench_jdbc.big").using("iceberg").createOrReplace()
+    frame.writeTo(f"pgcdc.bench_jdbc.{table}").using("iceberg").createOrReplace()
     return rows / (time.perf_counter() - started)
 
 
@@ -190,8 +196,17 @@ def main() -> None:
         if args.only != "apply":
             with psycopg.connect(server.dsn, autocommit=True) as conn:
                 for start in range(0, rows, 500_000):
-                    conn.execute(FILL, (start, min(rows, start + 500_000) - 1))
+                    conn.execute(FILL.format(table="big"), (start, min(rows, start + 500_000) - 1))
+                conn.execute(FILL.format(table="warm"), (0, WARM_ROWS - 1))
                 conn.execute("VACUUM ANALYZE big")
+                conn.execute("VACUUM ANALYZE warm")
+            # Both Spark readers first copy a small table: neither figure then holds the JVM's compilation of
+            # the Iceberg writer or the start of Python workers (one-off seconds, whichever runs first pays).
+            cold = pgcdc_snapshot_rate(server.dsn, spark, WARM_ROWS, "warm")
+            cold_jdbc = jdbc_rate(server, spark, WARM_ROWS, "warm") if not jdbc_problem else None
+            print(f"warm-up on {WARM_ROWS:,} rows: pgcdc {cold:,.0f} rows/s"
+                  + (f", JDBC {cold_jdbc:,.0f} rows/s" if cold_jdbc else ""), flush=True)
+            figures["snapshot_warmup_rows_per_s"] = round(cold)
             copy_rate = raw_copy_rate(server.dsn, rows)
             snapshot_rate = pgcdc_snapshot_rate(server.dsn, spark, rows)
             figures.update(snapshot_rows_per_s=round(snapshot_rate), copy_rows_per_s=round(copy_rate),

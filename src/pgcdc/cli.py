@@ -72,6 +72,10 @@ SparkConf = Annotated[list[str] | None, typer.Option(
 Resnapshot = Annotated[bool, typer.Option(
     "--resnapshot", help="Drop the slot (if any) and copy every table again at a new consistent point: the way "
                          "out after a lost or invalidated slot.")]
+SnapshotWriter = Annotated[str, typer.Option(
+    "--snapshot-writer", envvar="PGCDC_SNAPSHOT_WRITER", show_envvar=True,
+    help="How the initial copy is written: arrow (tasks write Parquet data files, one commit; needs a local or "
+         "mounted warehouse), spark (Spark's Iceberg writer: any storage), auto (arrow where it can).")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 
 
@@ -143,6 +147,7 @@ def run(
         "--heartbeat-seconds", envvar="PGCDC_HEARTBEAT_SECONDS",
         help="When idle, emit a logical message this often so a quiet slot keeps advancing.")] = None,
     resnapshot: Resnapshot = False,
+    snapshot_writer: SnapshotWriter = "auto",
     spill_dir: Annotated[str | None, typer.Option(
         "--spill-dir", envvar="PGCDC_SPILL_DIR", help="Where transactions larger than --memory-limit spill "
                                                       "(default: the system temporary directory).")] = None,
@@ -162,6 +167,7 @@ def run(
         batch_max_seconds=batch_seconds, changelog=changelog, snapshot=not no_snapshot, binary=binary,
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
+        snapshot_writer=snapshot_writer,
         memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout)
     from pgcdc.observability import MetricsServer, StatusLine
 
@@ -188,6 +194,7 @@ def snapshot(
     master: Master = None,
     conf: SparkConf = None,
     resnapshot: Resnapshot = False,
+    snapshot_writer: SnapshotWriter = "auto",
 ) -> None:
     """Create the slot and copy the published tables into Iceberg, consistent with the slot's start."""
     from pgcdc.observability import SnapshotProgress
@@ -195,7 +202,8 @@ def snapshot(
 
     config = _pipeline_config(dsn=dsn, publication=publication, slot=slot, warehouse=warehouse,
                               catalog=catalog, namespace=namespace, spark_master=master,
-                              spark_conf=_key_values(conf), resnapshot=resnapshot)
+                              spark_conf=_key_values(conf), resnapshot=resnapshot,
+                              snapshot_writer=snapshot_writer)
     with SnapshotProgress(console) as bars:
         copied = Pipeline(config, on_progress=bars.update).snapshot()
     if not copied:

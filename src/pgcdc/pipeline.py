@@ -88,6 +88,7 @@ class PipelineConfig:
     spill_dir: str | None = None
     resnapshot: bool = False
     receive_timeout_seconds: float = 60.0
+    snapshot_writer: str = "auto"
 
     def __post_init__(self) -> None:
         problems = []
@@ -118,6 +119,8 @@ class PipelineConfig:
             problems.append(f"origin {self.origin!r} must be any or none")
         if self.numeric not in ("string", "decimal38"):
             problems.append(f"numeric policy {self.numeric!r} must be string or decimal38")
+        if self.snapshot_writer not in ("auto", "arrow", "spark"):
+            problems.append(f"snapshot writer {self.snapshot_writer!r} must be auto, arrow or spark")
         if problems:
             raise ConfigError("; ".join(problems))
 
@@ -330,7 +333,7 @@ class Pipeline:
                 columns=[c.name for c in table.relation.columns], converter=converter,
                 spark_schema=converter.spark_schema, target_identifier=mirror.identifier,
                 snapshot_name=snapshot_name, consistent_lsn=consistent_lsn,
-                session_settings=dict(SESSION_SETTINGS), progress=report,
+                session_settings=dict(SESSION_SETTINGS), progress=report, writer=self.config.snapshot_writer,
             )
             copied[label] = result.rows
             mirror.position = consistent_lsn

@@ -45,3 +45,101 @@ def with_commit_properties(spark: SparkSession, properties: Mapping[str, str], f
     runtime_exception = jvm.java.lang.Class.forName("java.lang.RuntimeException")
     jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(java_properties, callable_, runtime_exception)
     return callable_.result  # type: ignore[return-value]
+
+
+# -- data files written outside Spark's writer (the initial copy) ------------------------------------------
+
+# An Iceberg column as the Parquet writer needs it: (field id, Arrow type with the ids of nested fields).
+FieldLayout = tuple[int, Any]
+
+
+def load_table(spark: SparkSession, identifier: str) -> Any:
+    """The ``org.apache.iceberg.Table`` behind a Spark identifier."""
+    jvm: Any = spark.sparkContext._jvm
+    return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, identifier)
+
+
+def local_data_directory(table: Any) -> str | None:
+    """Where the table's new data files go, when that is a directory of this machine's file system (a local
+    or shared-mount warehouse); None for object stores and HDFS, which only Spark's writer reaches."""
+    if table.spec().isPartitioned():
+        return None
+    location = str(table.locationProvider().newDataLocation("probe.parquet"))
+    if location.startswith("file:"):
+        return location.rsplit("/", 1)[0]
+    if location.startswith("/"):
+        return location.rsplit("/", 1)[0]
+    return None
+
+
+def parquet_layout(table: Any) -> list[tuple[str, FieldLayout]]:
+    """Each column's field id and Arrow type, nested ids included: Iceberg reads Parquet columns by id."""
+    return [(str(field.name()), _layout(field)) for field in table.schema().columns()]
+
+
+def _layout(field: Any) -> FieldLayout:
+    return int(field.fieldId()), _arrow_type(field.type())
+
+
+def _arrow_type(iceberg_type: Any) -> Any:
+    import pyarrow as pa
+
+    if iceberg_type.isStructType():
+        return pa.struct([_arrow_field(f) for f in iceberg_type.asStructType().fields()])
+    if iceberg_type.isListType():
+        as_list = iceberg_type.asListType()
+        element = pa.field("element", _arrow_type(as_list.elementType()), nullable=as_list.isElementOptional(),
+                           metadata={b"PARQUET:field_id": str(as_list.elementId()).encode()})
+        return pa.list_(element)
+    if iceberg_type.isMapType():
+        as_map = iceberg_type.asMapType()
+        key = pa.field("key", _arrow_type(as_map.keyType()), nullable=False,
+                       metadata={b"PARQUET:field_id": str(as_map.keyId()).encode()})
+        value = pa.field("value", _arrow_type(as_map.valueType()), nullable=as_map.isValueOptional(),
+                         metadata={b"PARQUET:field_id": str(as_map.valueId()).encode()})
+        return pa.map_(key, value)
+    name = str(iceberg_type.typeId().toString())
+    if name == "DECIMAL":
+        return pa.decimal128(int(iceberg_type.precision()), int(iceberg_type.scale()))
+    if name == "TIMESTAMP":
+        return pa.timestamp("us", tz="UTC" if iceberg_type.shouldAdjustToUTC() else None)
+    primitive = {"BOOLEAN": pa.bool_(), "INTEGER": pa.int32(), "LONG": pa.int64(), "FLOAT": pa.float32(),
+                 "DOUBLE": pa.float64(), "DATE": pa.date32(), "TIME": pa.time64("us"), "STRING": pa.string(),
+                 "BINARY": pa.binary()}.get(name)
+    if primitive is None:
+        raise NotImplementedError(f"no Parquet layout for Iceberg type {iceberg_type}")
+    return primitive
+
+
+def _arrow_field(field: Any) -> Any:
+    import pyarrow as pa
+
+    field_id, arrow_type = _layout(field)
+    return pa.field(str(field.name()), arrow_type, nullable=bool(field.isOptional()),
+                    metadata={b"PARQUET:field_id": str(field_id).encode()})
+
+
+def parquet_compression(table: Any) -> tuple[str, int | None]:
+    """The table's Parquet codec and level (Iceberg's defaults: zstd, the codec's own level)."""
+    properties = table.properties()
+    codec = str(properties.getOrDefault("write.parquet.compression-codec", "zstd")).lower()
+    level = properties.get("write.parquet.compression-level")
+    return ("none" if codec == "uncompressed" else codec), (int(level) if level is not None else None)
+
+
+def replace_with_files(spark: SparkSession, table: Any, files: list[tuple[str, int]],
+                       properties: Mapping[str, str]) -> None:
+    """One commit: every row of ``table`` replaced by the Parquet ``files`` (path, size in bytes), with
+    ``properties`` in the snapshot summary. Column metrics come from each file's footer."""
+    jvm: Any = spark.sparkContext._jvm
+    iceberg = jvm.org.apache.iceberg
+    metrics_config = iceberg.MetricsConfig.forTable(table)
+    overwrite = table.newOverwrite().overwriteByRowFilter(iceberg.expressions.Expressions.alwaysTrue())
+    for path, size in files:
+        metrics = iceberg.parquet.ParquetUtil.fileMetrics(table.io().newInputFile(path), metrics_config)
+        data_file = (iceberg.DataFiles.builder(table.spec()).withPath(path).withFormat(iceberg.FileFormat.PARQUET)
+                     .withFileSizeInBytes(size).withMetrics(metrics).build())
+        overwrite = overwrite.addFile(data_file)
+    for key, value in properties.items():
+        overwrite = overwrite.set(str(key), str(value))
+    overwrite.commit()

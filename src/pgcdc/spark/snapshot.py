@@ -2,19 +2,27 @@
 
 Each task reads a range of the table's pages (``ctid`` ranges, PostgreSQL 14+ scans them
 directly) inside the snapshot the slot exported (``SET TRANSACTION SNAPSHOT``), with
-``COPY ... TO STDOUT (FORMAT csv)`` parsed by Arrow's C++ CSV reader and converted with the
-same typed-values converter as the stream. All tasks' rows land in one atomic Iceberg
-overwrite carrying the slot's consistent point as ``pgcdc.lsn``: an interrupted copy commits
-nothing, and a new copy replaces whatever an earlier one left.
-"""
+``COPY ... TO STDOUT (FORMAT csv)`` drained by libpq into one buffer, parsed by Arrow's C++ CSV
+reader and converted with the same typed-values converter as the stream.
+
+Where the mirror's data location is a directory of this machine (a local or mounted warehouse), each
+task writes its rows as a Parquet data file in the table's layout (Iceberg field ids, Iceberg's types
+and codec) and the driver commits all files at once with their column metrics: the rows never pass
+one by one through the JVM. Elsewhere (object stores, HDFS) the tasks' Arrow batches go through
+Spark's Iceberg writer. Either way all rows land in one atomic overwrite carrying the slot's
+consistent point as ``pgcdc.lsn``: an interrupted copy commits nothing, and a new copy replaces
+whatever an earlier one left."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import math
+import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,7 +32,15 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 from psycopg import sql
 
+from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
+from pgcdc.spark.iceberg import (
+    load_table,
+    local_data_directory,
+    parquet_compression,
+    parquet_layout,
+    replace_with_files,
+)
 from pgcdc.spark.mirror import POSITION_PROPERTY
 
 if TYPE_CHECKING:
@@ -71,20 +87,24 @@ class PageRange:
 
 
 def plan_table_ranges(conn: psycopg.Connection, schema: str, table: str, *, target_rows_per_task: int = 250_000,
-                      max_tasks: int = 256) -> tuple[list[PageRange], int]:
-    """Split a table into page ranges of about ``target_rows_per_task`` rows; returns (ranges, row estimate).
-    Every page is covered exactly once; the last range is open-ended."""
+                      target_bytes_per_task: int = 64 << 20, max_tasks: int = 4096) -> tuple[list[PageRange], int]:
+    """Split a table into page ranges of about ``target_rows_per_task`` rows and at most about
+    ``target_bytes_per_task`` bytes of table and TOAST (a task holds its range's COPY output in memory);
+    returns (ranges, row estimate). Every page is covered exactly once; the last range is open-ended."""
     row = conn.execute(
         "SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint, GREATEST(c.reltuples, 0)::bigint, "
-        "c.relpages FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "c.relpages, pg_relation_size(c.oid) + CASE WHEN c.reltoastrelid = 0 THEN 0 "
+        "ELSE pg_relation_size(c.reltoastrelid) END "
+        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = %s AND c.relname = %s", (schema, table)).fetchone()
     if row is None:
         raise LookupError(f"table {schema}.{table} does not exist")
-    pages, reltuples, relpages = int(row[0]), int(row[1]), int(row[2])
+    pages, reltuples, relpages, size = int(row[0]), int(row[1]), int(row[2]), int(row[3])
     if reltuples == 0 and pages > 0:  # never analyzed: estimate from a typical page
         reltuples = pages * 60
     estimate = int(reltuples * pages / relpages) if relpages > 0 else reltuples
-    tasks = max(1, min(max_tasks, math.ceil(estimate / target_rows_per_task), pages or 1))
+    wanted = max(math.ceil(estimate / target_rows_per_task), math.ceil(size / target_bytes_per_task))
+    tasks = max(1, min(max_tasks, wanted, pages or 1))
     step = math.ceil(pages / tasks) if pages else 0
     ranges = [PageRange(i * step, (i + 1) * step) for i in range(tasks - 1)]
     ranges.append(PageRange((tasks - 1) * step, None))
@@ -108,7 +128,7 @@ def copy_csv_query(schema: str, table: str, columns: list[str], page_range: Page
 def _csv_options(width: int) -> tuple[pa_csv.ReadOptions, pa_csv.ParseOptions, pa_csv.ConvertOptions]:
     """COPY CSV with every non-null value quoted: an unquoted empty field is NULL, ``""`` the empty string."""
     names = [f"c{i}" for i in range(width)]
-    return (pa_csv.ReadOptions(column_names=names, block_size=_CSV_BLOCK),
+    return (pa_csv.ReadOptions(column_names=names, block_size=_CSV_BLOCK, use_threads=False),
             pa_csv.ParseOptions(newlines_in_values=True),
             pa_csv.ConvertOptions(column_types={n: pa.string() for n in names}, null_values=[""],
                                   strings_can_be_null=True, quoted_strings_can_be_null=False))
@@ -121,67 +141,96 @@ def read_csv_columns(data: bytes, width: int) -> list[pa.Array]:
     return [table.column(i).combine_chunks() for i in range(width)]
 
 
-class _CopyStream(io.RawIOBase):
-    """COPY TO STDOUT's chunks as a file, so Arrow parses while PostgreSQL still sends."""
-
-    def __init__(self, chunks: Iterator[Any]) -> None:
-        self._chunks = chunks
-        self._pending = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        # COPY sends one message per row: fill the whole buffer, not one row per call
-        view = memoryview(buffer).cast("B")
-        filled = 0
-        while filled < len(view):
-            if not self._pending:
-                chunk = next(self._chunks, None)
-                if chunk is None:
-                    break
-                self._pending = memoryview(chunk).cast("B")
-            size = min(len(view) - filled, len(self._pending))
-            view[filled:filled + size] = self._pending[:size]
-            self._pending = self._pending[size:]
-            filled += size
-        return filled
-
-
 def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schema: str, table: str,
                 columns: list[str], page_range: PageRange, converter: Any, target_schema: pa.Schema
                 ) -> Iterator[pa.RecordBatch]:
-    """One task: its page range, inside the exported snapshot, as Arrow batches in the target's layout. Batches
-    go out while the range is still being read: Spark writes one while the next is parsed."""
-    with psycopg.connect(dsn, autocommit=False, application_name="pgcdc snapshot") as conn:
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
-        for key, value in settings.items():
-            conn.execute("SELECT set_config(%s, %s, true)", (key, value))
-        conn.execute("SET LOCAL client_encoding = 'UTF8'")
-        with conn.cursor().copy(copy_csv_query(schema, table, columns, page_range)) as copy:
-            read, parse, convert = _csv_options(len(columns))
-            stream = io.BufferedReader(_CopyStream(iter(copy)), buffer_size=1 << 20)
-            try:
-                reader = pa_csv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert)
-            except pa.ArrowInvalid as exc:
-                if "Empty CSV file" not in str(exc):
-                    raise
-                return  # an empty page range
-            for batch in reader:
-                if batch.num_rows:
-                    rows = converter.convert_columns(batch.columns, binary=False).batch
-                    yield from pa.Table.from_batches([rows]).cast(target_schema).to_batches(max_chunksize=_BATCH_ROWS)
-        conn.rollback()
+    """One task: its page range, inside the exported snapshot, as Arrow batches in the target's layout.
+
+    psycopg2 drains the COPY into one buffer in C (no Python call per row; page ranges are planned small
+    enough to hold), which Arrow's CSV reader then parses in parallel blocks."""
+    import psycopg2
+
+    received = io.BytesIO()
+    connection = psycopg2.connect(dsn, application_name="pgcdc snapshot")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            cursor.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+            for key, value in settings.items():
+                cursor.execute("SELECT set_config(%s, %s, true)", (key, value))
+            cursor.execute("SET LOCAL client_encoding = 'UTF8'")
+            cursor.copy_expert(copy_csv_query(schema, table, columns, page_range).as_string(None), received)
+        connection.rollback()
+    finally:
+        connection.close()
+    if not received.tell():
+        return  # an empty page range
+    read, parse, convert = _csv_options(len(columns))
+    parsed = pa_csv.read_csv(pa.BufferReader(pa.py_buffer(received.getbuffer())), read_options=read,
+                             parse_options=parse, convert_options=convert)
+    del received
+    for batch in parsed.to_batches():
+        if batch.num_rows:
+            rows = converter.convert_columns(batch.columns, binary=False).batch
+            if rows.schema != target_schema:
+                rows = pa.Table.from_batches([rows]).cast(target_schema).combine_chunks().to_batches()[0]
+            yield from (rows.slice(offset, _BATCH_ROWS) for offset in range(0, rows.num_rows, _BATCH_ROWS))
+
+
+_ROW_GROUP_BYTES = 96 << 20  # Arrow bytes buffered per Parquet row group (Iceberg's default group: 128 MB)
+
+
+def _write_range(batches: Iterable[pa.RecordBatch], path: str, layout: list[tuple[str, Any]],
+                 compression: tuple[str, int | None]) -> int:
+    """``batches`` as one Parquet data file at ``path`` in the Iceberg table's layout (field ids on every
+    column, Iceberg's types: e.g. smallint stored as int); returns the rows written. A file is written
+    whole or removed."""
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([pa.field(name, arrow_type, metadata={b"PARQUET:field_id": str(field_id).encode()})
+                        for name, (field_id, arrow_type) in layout])
+    codec, level = compression
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    rows = 0
+    pending: list[pa.RecordBatch] = []
+    pending_bytes = 0
+    try:
+        with pq.ParquetWriter(path, schema, compression=codec, compression_level=level,
+                              use_compliant_nested_type=True) as writer:
+            for batch in batches:
+                pending.append(batch)
+                pending_bytes += batch.nbytes
+                rows += batch.num_rows
+                if pending_bytes >= _ROW_GROUP_BYTES:
+                    writer.write_table(_in_layout(pending, schema), row_group_size=1 << 30)
+                    pending, pending_bytes = [], 0
+            if pending or rows == 0:
+                writer.write_table(_in_layout(pending, schema), row_group_size=1 << 30)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    return rows
+
+
+def _in_layout(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    if not batches:
+        return schema.empty_table()
+    table = pa.Table.from_batches(batches)
+    # by name, in the table's order; the cast widens what Iceberg stores wider and attaches the nested ids
+    return pa.Table.from_arrays([table.column(field.name).cast(field.type) for field in schema], schema=schema)
 
 
 def copy_table(
     spark: SparkSession, *, dsn: str, source_schema: str, source_table: str, columns: list[str], converter: Any,
     spark_schema: StructType, target_identifier: str, snapshot_name: str, consistent_lsn: Lsn,
     session_settings: Mapping[str, str], progress: Callable[[CopyProgress], None] | None = None,
-    target_rows_per_task: int = 250_000,
+    target_rows_per_task: int = 250_000, writer: str = "auto",
 ) -> CopyResult:
-    """Copy ``source_schema.source_table`` into ``target_identifier`` as of ``snapshot_name``; see the module."""
+    """Copy ``source_schema.source_table`` into ``target_identifier`` as of ``snapshot_name``; see the module.
+    ``writer``: "arrow" writes Parquet data files in the tasks and commits them (tables in a local or mounted
+    directory), "spark" goes through Spark's Iceberg writer (any catalog and storage), "auto" picks "arrow"
+    where it can."""
     from pyspark.sql.functions import lit
     from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
@@ -197,20 +246,33 @@ def copy_table(
     copied = context.accumulator(0)
     settings = dict(session_settings)
 
-    def copy_partition(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
+    def ranges_of(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, PageRange]]:
         for batch in batches:
             for task in batch.to_pylist():
-                page_range = PageRange(task["first"], None if task["last"] < 0 else task["last"])
-                for rows in _read_range(dsn, snapshot_name, settings, source_schema, source_table, columns,
-                                        page_range, converter, target_schema):
-                    copied.add(rows.num_rows)
-                    yield rows
+                yield task["task"], PageRange(task["first"], None if task["last"] < 0 else task["last"])
+
+    def read(page_range: PageRange) -> Iterator[pa.RecordBatch]:
+        for rows in _read_range(dsn, snapshot_name, settings, source_schema, source_table, columns, page_range,
+                                converter, target_schema):
+            copied.add(rows.num_rows)
+            yield rows
 
     plan = StructType([StructField("task", IntegerType()), StructField("first", LongType()),
                        StructField("last", LongType())])
     tasks = spark.createDataFrame([(i, r.first, -1 if r.last is None else r.last) for i, r in enumerate(ranges)],
                                   plan).repartition(len(ranges), "task")
-    frame = tasks.mapInArrow(copy_partition, spark_schema)
+    table = load_table(spark, target_identifier)
+    directory = local_data_directory(table) if writer in ("auto", "arrow") else None
+    layout = None
+    if directory is not None:
+        try:
+            layout = parquet_layout(table)
+        except NotImplementedError as exc:
+            log.info("%s: Spark writes the copy (%s)", label, exc)
+    if writer == "arrow" and layout is None:
+        raise ConfigError(f"the arrow snapshot writer cannot write {target_identifier}: its data location is not "
+                          "a directory of this machine, it is partitioned, or it has a type without a Parquet "
+                          "layout; use --snapshot-writer spark (or auto)")
 
     done = threading.Event()
 
@@ -222,10 +284,37 @@ def copy_table(
     if reporter:
         reporter.start()
     try:
-        (frame.writeTo(target_identifier)
-         .option(f"snapshot-property.{POSITION_PROPERTY}", str(consistent_lsn))
-         .option("check-nullability", "false")
-         .overwrite(lit(True)))
+        if layout is not None and directory is not None:
+            # Each task writes its range as a Parquet data file with Arrow (no row-by-row trip through the
+            # JVM); the driver then commits all files at once, as Spark's writer would.
+            compression = parquet_compression(table)
+            prefix = f"{directory}/{uuid.uuid4()}"
+
+            def write_partition(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
+                from pyspark import TaskContext
+
+                context = TaskContext.get()
+                attempt = context.taskAttemptId() if context is not None else 0
+                for task, page_range in ranges_of(batches):
+                    # a file per attempt: a retried or speculative attempt never writes over another's file;
+                    # only the files of the attempts Spark returns are committed
+                    path = f"{prefix}-{task:05d}-{attempt}.parquet"
+                    rows = _write_range(read(page_range), _local_path(path), layout, compression)
+                    size = os.path.getsize(_local_path(path))
+                    yield pa.record_batch([[path], [rows], [size]], names=["path", "rows", "bytes"])
+
+            written = tasks.mapInArrow(write_partition, "path string, rows long, bytes long").collect()
+            replace_with_files(spark, table, [(w.path, w.bytes) for w in written],
+                               {POSITION_PROPERTY: str(consistent_lsn)})
+        else:
+            def copy_partition(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
+                for _, page_range in ranges_of(batches):
+                    yield from read(page_range)
+
+            (tasks.mapInArrow(copy_partition, spark_schema).writeTo(target_identifier)
+             .option(f"snapshot-property.{POSITION_PROPERTY}", str(consistent_lsn))
+             .option("check-nullability", "false")
+             .overwrite(lit(True)))
     finally:
         done.set()
         if reporter:
@@ -239,3 +328,10 @@ def copy_table(
         progress(CopyProgress(label, rows, rows, seconds))
     log.info("snapshot of %s: %d rows in %d tasks, %.1fs", label, rows, len(ranges), seconds)
     return CopyResult(rows=rows, seconds=seconds, tasks=len(ranges))
+
+
+def _local_path(location: str) -> str:
+    """A ``file:`` location (``file:/x``, ``file:///x``) as a path of this machine."""
+    if location.startswith("file://"):
+        return location[len("file://"):]
+    return location.removeprefix("file:")
