@@ -65,11 +65,7 @@ def local_data_directory(table: Any) -> str | None:
     if table.spec().isPartitioned():
         return None
     location = str(table.locationProvider().newDataLocation("probe.parquet"))
-    if location.startswith("file:"):
-        return location.rsplit("/", 1)[0]
-    if location.startswith("/"):
-        return location.rsplit("/", 1)[0]
-    return None
+    return location.rsplit("/", 1)[0] if location.startswith(("file:", "/")) else None
 
 
 def parquet_layout(table: Any) -> list[tuple[str, FieldLayout]]:

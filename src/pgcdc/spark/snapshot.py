@@ -147,7 +147,8 @@ def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schem
     """One task: its page range, inside the exported snapshot, as Arrow batches in the target's layout.
 
     psycopg2 drains the COPY into one buffer in C (no Python call per row; page ranges are planned small
-    enough to hold), which Arrow's CSV reader then parses in parallel blocks."""
+    enough to hold), which Arrow's CSV reader then parses block by block on this thread: the tasks are the
+    parallelism, and a reader thread pool per task only contends with them and with the server."""
     import psycopg2
 
     received = io.BytesIO()
@@ -300,6 +301,9 @@ def copy_table(
                     # only the files of the attempts Spark returns are committed
                     path = f"{prefix}-{task:05d}-{attempt}.parquet"
                     rows = _write_range(read(page_range), _local_path(path), layout, compression)
+                    if not rows:  # an empty page range: no data file
+                        os.unlink(_local_path(path))
+                        continue
                     size = os.path.getsize(_local_path(path))
                     yield pa.record_batch([[path], [rows], [size]], names=["path", "rows", "bytes"])
 
