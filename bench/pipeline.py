@@ -3,8 +3,8 @@
 1. Snapshot: a table of N rows copied into Iceberg by pgcdc (Spark tasks over page ranges, inside the
    slot's exported snapshot), beside ``COPY ... TO STDOUT`` drained into nothing (the server's own limit)
    and beside Spark's JDBC reader writing the same Iceberg table. Both Spark readers first copy a
-   200,000-row table of the same shape, so that neither pays the one-off start-up (JVM compilation,
-   Python workers) in its figure; those first copies are printed too.
+   1,000,000-row table of the same shape (100,000 with --quick), so that neither pays the one-off
+   start-up (JVM compilation, Python workers) in its figure; those first copies are printed too.
 2. Apply: a writer commits transactions of 100 rows (inserts and updates) as fast as it can while the
    pipeline streams them into Iceberg: rows/s from commit to Iceberg commit. Then the writer is paced at
    50% and 90% of that rate and the lag from each source commit to the mirror commit holding it is
@@ -50,7 +50,6 @@ INSERT INTO {table} SELECT i, i %% 1000, 'name ' || i, i * 1.25, now(), i %% 2 =
 FROM generate_series(%s::bigint, %s::bigint) i
 """
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
-WARM_ROWS = 200_000
 
 
 def raw_copy_rate(dsn: str, rows: int) -> float:
@@ -180,6 +179,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("snapshot", "apply"), help="measure one part only")
     args = parser.parse_args()
     rows = 300_000 if args.quick else 5_000_000
+    warm_rows = 100_000 if args.quick else 1_000_000
     phase_seconds = 15.0 if args.quick else 60.0
     notes: dict[str, str] = {}
     figures: dict[str, object] = {"snapshot_rows": rows, "snapshot_rows_per_s": None, "copy_rows_per_s": None,
@@ -197,14 +197,14 @@ def main() -> None:
             with psycopg.connect(server.dsn, autocommit=True) as conn:
                 for start in range(0, rows, 500_000):
                     conn.execute(FILL.format(table="big"), (start, min(rows, start + 500_000) - 1))
-                conn.execute(FILL.format(table="warm"), (0, WARM_ROWS - 1))
+                conn.execute(FILL.format(table="warm"), (0, warm_rows - 1))
                 conn.execute("VACUUM ANALYZE big")
                 conn.execute("VACUUM ANALYZE warm")
             # Both Spark readers first copy a small table: neither figure then holds the JVM's compilation of
             # the Iceberg writer or the start of Python workers (one-off seconds, whichever runs first pays).
-            cold = pgcdc_snapshot_rate(server.dsn, spark, WARM_ROWS, "warm")
-            cold_jdbc = jdbc_rate(server, spark, WARM_ROWS, "warm") if not jdbc_problem else None
-            print(f"warm-up on {WARM_ROWS:,} rows: pgcdc {cold:,.0f} rows/s"
+            cold = pgcdc_snapshot_rate(server.dsn, spark, warm_rows, "warm")
+            cold_jdbc = jdbc_rate(server, spark, warm_rows, "warm") if not jdbc_problem else None
+            print(f"warm-up on {warm_rows:,} rows: pgcdc {cold:,.0f} rows/s"
                   + (f", JDBC {cold_jdbc:,.0f} rows/s" if cold_jdbc else ""), flush=True)
             figures["snapshot_warmup_rows_per_s"] = round(cold)
             copy_rate = raw_copy_rate(server.dsn, rows)

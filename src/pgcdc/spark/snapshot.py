@@ -247,21 +247,12 @@ def copy_table(
     copied = context.accumulator(0)
     settings = dict(session_settings)
 
-    def ranges_of(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, PageRange]]:
-        for batch in batches:
-            for task in batch.to_pylist():
-                yield task["task"], PageRange(task["first"], None if task["last"] < 0 else task["last"])
-
     def read(page_range: PageRange) -> Iterator[pa.RecordBatch]:
         for rows in _read_range(dsn, snapshot_name, settings, source_schema, source_table, columns, page_range,
                                 converter, target_schema):
             copied.add(rows.num_rows)
             yield rows
 
-    plan = StructType([StructField("task", IntegerType()), StructField("first", LongType()),
-                       StructField("last", LongType())])
-    tasks = spark.createDataFrame([(i, r.first, -1 if r.last is None else r.last) for i, r in enumerate(ranges)],
-                                  plan).repartition(len(ranges), "task")
     table = load_table(spark, target_identifier)
     directory = local_data_directory(table) if writer in ("auto", "arrow") else None
     layout = None
@@ -291,12 +282,12 @@ def copy_table(
             compression = parquet_compression(table)
             prefix = f"{directory}/{uuid.uuid4()}"
 
-            def write_partition(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
+            def write_ranges(numbered: Iterable[tuple[int, PageRange]]) -> Iterator[tuple[str, int]]:
                 from pyspark import TaskContext
 
-                context = TaskContext.get()
-                attempt = context.taskAttemptId() if context is not None else 0
-                for task, page_range in ranges_of(batches):
+                task_context = TaskContext.get()
+                attempt = task_context.taskAttemptId() if task_context is not None else 0
+                for task, page_range in numbered:
                     # a file per attempt: a retried or speculative attempt never writes over another's file;
                     # only the files of the attempts Spark returns are committed
                     path = f"{prefix}-{task:05d}-{attempt}.parquet"
@@ -304,16 +295,23 @@ def copy_table(
                     if not rows:  # an empty page range: no data file
                         os.unlink(_local_path(path))
                         continue
-                    size = os.path.getsize(_local_path(path))
-                    yield pa.record_batch([[path], [rows], [size]], names=["path", "rows", "bytes"])
+                    yield path, os.path.getsize(_local_path(path))
 
-            written = tasks.mapInArrow(write_partition, "path string, rows long, bytes long").collect()
-            replace_with_files(spark, table, [(w.path, w.bytes) for w in written],
+            # plain Python tasks (an RDD, one range each): no SQL plan, shuffle or code generation to pay for
+            written = context.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(write_ranges).collect()
+            replace_with_files(spark, table, written,
                                {POSITION_PROPERTY: str(consistent_lsn)})
         else:
             def copy_partition(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
-                for _, page_range in ranges_of(batches):
-                    yield from read(page_range)
+                for batch in batches:
+                    for task in batch.to_pylist():
+                        yield from read(PageRange(task["first"], None if task["last"] < 0 else task["last"]))
+
+            plan = StructType([StructField("task", IntegerType()), StructField("first", LongType()),
+                               StructField("last", LongType())])
+            tasks = spark.createDataFrame(
+                [(i, r.first, -1 if r.last is None else r.last) for i, r in enumerate(ranges)], plan
+            ).repartition(len(ranges), "task")
 
             (tasks.mapInArrow(copy_partition, spark_schema).writeTo(target_identifier)
              .option(f"snapshot-property.{POSITION_PROPERTY}", str(consistent_lsn))
