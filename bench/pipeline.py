@@ -4,7 +4,8 @@
    slot's exported snapshot), beside ``COPY ... TO STDOUT`` drained into nothing (the server's own limit)
    and beside Spark's JDBC reader writing the same Iceberg table. Both Spark readers first copy a
    1,000,000-row table of the same shape (100,000 with --quick), so that neither pays the one-off
-   start-up (JVM compilation, Python workers) in its figure; those first copies are printed too.
+   start-up (JVM compilation, Python workers) in its figure; those first copies are printed too. Each
+   copy also prints the CPU it took per row, by program (PostgreSQL, the JVM, Python workers).
 2. Apply: a writer commits transactions of 100 rows (inserts and updates) as fast as it can while the
    pipeline streams them into Iceberg: rows/s from commit to Iceberg commit. Then the writer is paced at
    50% and 90% of that rate and the lag from each source commit to the mirror commit holding it is
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -50,6 +52,41 @@ INSERT INTO {table} SELECT i, i %% 1000, 'name ' || i, i * 1.25, now(), i %% 2 =
 FROM generate_series(%s::bigint, %s::bigint) i
 """
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
+
+
+def cpu_seconds_by_program() -> Counter[str]:
+    """CPU seconds used so far by each program of this machine (children that ended count in their parent:
+    PostgreSQL's backends in the postmaster, Python workers in PySpark's daemon)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    totals: Counter[str] = Counter()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat_file:
+                stat = stat_file.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        seconds = sum(int(f) for f in fields[11:15]) / ticks  # utime, stime, cutime, cstime
+        if int(entry.name) == os.getpid():
+            totals["driver"] += seconds
+        elif name.startswith("postgres"):
+            totals["postgres"] += seconds
+        elif name == "java":
+            totals["jvm"] += seconds
+        elif name.startswith("python"):
+            totals["python workers"] += seconds
+    return totals
+
+
+def cpu_per_row(before: Counter[str], rows: int) -> str:
+    used = cpu_seconds_by_program()
+    used.subtract(before)
+    parts = [f"{program} {used[program] * 1e6 / rows:.2f}" for program in ("postgres", "jvm", "python workers",
+                                                                           "driver") if used[program] > 0]
+    return f"CPU µs/row: {', '.join(parts)} (total {sum(used.values()) * 1e6 / rows:.2f})"
 
 
 def raw_copy_rate(dsn: str, rows: int) -> float:
@@ -204,25 +241,31 @@ def main() -> None:
             # the Iceberg writer or the start of Python workers (one-off seconds, whichever runs first pays).
             cold = pgcdc_snapshot_rate(server.dsn, spark, warm_rows, "warm")
             cold_jdbc = jdbc_rate(server, spark, warm_rows, "warm") if not jdbc_problem else None
+            cpu = cpu_seconds_by_program()
             print(f"warm-up on {warm_rows:,} rows: pgcdc {cold:,.0f} rows/s"
                   + (f", JDBC {cold_jdbc:,.0f} rows/s" if cold_jdbc else ""), flush=True)
             figures["snapshot_warmup_rows_per_s"] = round(cold)
             copy_rate = raw_copy_rate(server.dsn, rows)
+            copy_cpu = cpu_per_row(cpu, rows)
+            cpu = cpu_seconds_by_program()
             snapshot_rate = pgcdc_snapshot_rate(server.dsn, spark, rows)
+            snapshot_cpu = cpu_per_row(cpu, rows)
             figures.update(snapshot_rows_per_s=round(snapshot_rate), copy_rows_per_s=round(copy_rate),
                            snapshot_ratio_vs_copy=round(snapshot_rate / copy_rate, 2))
             print(f"snapshot of {rows:,} rows (10 columns)")
-            print(f"  COPY TO STDOUT, drained          {copy_rate:>12,.0f} rows/s")
+            print(f"  COPY TO STDOUT, drained          {copy_rate:>12,.0f} rows/s  {copy_cpu}")
             print(f"  pgcdc snapshot into Iceberg      {snapshot_rate:>12,.0f} rows/s  "
-                  f"({snapshot_rate / copy_rate:.0%} of COPY)", flush=True)
+                  f"({snapshot_rate / copy_rate:.0%} of COPY)  {snapshot_cpu}", flush=True)
             if jdbc_problem:
                 notes["jdbc"] = jdbc_problem
                 print(f"  Spark JDBC reader: not measured ({jdbc_problem})")
             else:
+                cpu = cpu_seconds_by_program()
                 jdbc = jdbc_rate(server, spark, rows)
+                jdbc_cpu = cpu_per_row(cpu, rows)
                 figures.update(jdbc_rows_per_s=round(jdbc), snapshot_ratio_vs_jdbc=round(snapshot_rate / jdbc, 2))
                 print(f"  Spark JDBC reader into Iceberg   {jdbc:>12,.0f} rows/s  "
-                      f"(pgcdc is {snapshot_rate / jdbc:.1f}x)", flush=True)
+                      f"(pgcdc is {snapshot_rate / jdbc:.1f}x)  {jdbc_cpu}", flush=True)
         if args.only != "snapshot":
             with psycopg.connect(server.dsn, autocommit=True) as conn:
                 conn.execute("SELECT pg_create_logical_replication_slot('bench_flow', 'pgoutput')")

@@ -9,20 +9,41 @@ as whole rows (not counts), in any order, NaN equal to NaN.
 from __future__ import annotations
 
 import hashlib
+import io
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import psycopg
 import pyarrow as pa
+import pyarrow.csv as pa_csv
+from psycopg import sql
 
 from pgcdc.replication.options import with_session_settings
 from pgcdc.replication.published import published_tables
 from pgcdc.spark.mirror import quote
-from pgcdc.spark.snapshot import copy_csv_query, read_csv_columns
 
 if TYPE_CHECKING:
     from pgcdc.pipeline import Pipeline
+
+
+def copy_csv_query(schema: str, table: str, columns: list[str]) -> sql.Composed:
+    """COPY of the columns as CSV with every non-null value quoted (see read_csv_columns)."""
+    select = sql.SQL("SELECT {} FROM {}.{}").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in columns), sql.Identifier(schema), sql.Identifier(table))
+    return sql.SQL("COPY ({}) TO STDOUT (FORMAT csv, NULL '', FORCE_QUOTE *)").format(select)
+
+
+def read_csv_columns(data: bytes, width: int) -> list[pa.Array]:
+    """The columns of a whole COPY CSV output (see :func:`copy_csv_query`) as string arrays: an unquoted empty
+    field is NULL, ``""`` the empty string."""
+    names = [f"c{i}" for i in range(width)]
+    table = pa_csv.read_csv(
+        io.BytesIO(data), read_options=pa_csv.ReadOptions(column_names=names),
+        parse_options=pa_csv.ParseOptions(newlines_in_values=True),
+        convert_options=pa_csv.ConvertOptions(column_types={n: pa.string() for n in names}, null_values=[""],
+                                              strings_can_be_null=True, quoted_strings_can_be_null=False))
+    return [table.column(i).combine_chunks() for i in range(width)]
 
 
 @dataclass(frozen=True)

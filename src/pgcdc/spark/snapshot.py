@@ -2,8 +2,9 @@
 
 Each task reads a range of the table's pages (``ctid`` ranges, PostgreSQL 14+ scans them
 directly) inside the snapshot the slot exported (``SET TRANSACTION SNAPSHOT``), with
-``COPY ... TO STDOUT (FORMAT csv)`` drained by libpq into one buffer, parsed by Arrow's C++ CSV
-reader and converted with the same typed-values converter as the stream.
+``COPY ... TO STDOUT (FORMAT binary)`` drained by libpq into one buffer, split into columns in C and
+converted with the same typed-values converter as the stream (columns of types without a binary
+decoder are copied as their text form).
 
 Where the mirror's data location is a directory of this machine (a local or mounted warehouse), each
 task writes its rows as a Parquet data file in the table's layout (Iceberg field ids, Iceberg's types
@@ -29,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pyarrow as pa
-import pyarrow.csv as pa_csv
 from psycopg import sql
 
 from pgcdc.errors import ConfigError
@@ -42,6 +42,7 @@ from pgcdc.spark.iceberg import (
     replace_with_files,
 )
 from pgcdc.spark.mirror import POSITION_PROPERTY
+from pgcdc.types.copy_binary import split_copy_binary
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgcdc.spark.snapshot")
 
 _BATCH_ROWS = 65_536
-_CSV_BLOCK = 4 << 20  # bytes of CSV per parsed batch: about 25,000 rows of a typical table
 
 
 @dataclass(frozen=True)
@@ -111,46 +111,53 @@ def plan_table_ranges(conn: psycopg.Connection, schema: str, table: str, *, targ
     return ranges, estimate
 
 
-def copy_csv_query(schema: str, table: str, columns: list[str], page_range: PageRange | None = None
-                   ) -> sql.Composed:
-    """COPY of the columns (of a page range) as CSV with every non-null value quoted (see read_csv_columns)."""
+def text_output_functions(conn: psycopg.Connection, converter: Any) -> dict[str, tuple[str, str]]:
+    """For each column whose type has no binary decoder: its type's output function (schema, name), which
+    the COPY calls to read the column as the text the stream would carry (``::text`` is not that: e.g. inet
+    ``::1`` casts to ``::1/128``)."""
+    wanted = {column.name: column.type_oid for column, kind in zip(converter.relation.columns, converter.kinds,
+                                                                   strict=True) if kind.binary is None}
+    if not wanted:
+        return {}
+    rows = conn.execute(
+        "SELECT t.oid, n.nspname, p.proname FROM pg_type t JOIN pg_proc p ON p.oid = t.typoutput "
+        "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE t.oid = ANY(%s)", (list(set(wanted.values())),)
+    ).fetchall()
+    functions = {int(oid): (str(schema), str(name)) for oid, schema, name in rows}
+    missing = sorted(name for name, oid in wanted.items() if oid not in functions)
+    if missing:
+        raise LookupError(f"the types of columns {', '.join(missing)} no longer exist")
+    return {name: functions[oid] for name, oid in wanted.items()}
+
+
+def copy_binary_query(schema: str, table: str, columns: list[str], page_range: PageRange | None = None,
+                      text_outputs: Mapping[str, tuple[str, str]] | None = None) -> sql.Composed:
+    """COPY of the columns (of a page range) in binary format; the columns of ``text_outputs`` (see
+    :func:`text_output_functions`) as their text form."""
+    text_outputs = text_outputs or {}
     conditions: list[sql.Composable] = [sql.SQL("true")]
     if page_range is not None:
         conditions = [sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({page_range.first},0)"))]
         if page_range.last is not None:
             conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({page_range.last},0)")))
+    selected = [sql.SQL("pg_catalog.textin({}({}))").format(sql.Identifier(*text_outputs[c]), sql.Identifier(c))
+                if c in text_outputs else sql.Identifier(c) for c in columns]
     select = sql.SQL("SELECT {} FROM {}.{} WHERE {}").format(
-        sql.SQL(", ").join(sql.Identifier(c) for c in columns), sql.Identifier(schema), sql.Identifier(table),
-        sql.SQL(" AND ").join(conditions))
-    return sql.SQL("COPY ({}) TO STDOUT (FORMAT csv, NULL '', FORCE_QUOTE *)").format(select)
-
-
-def _csv_options(width: int) -> tuple[pa_csv.ReadOptions, pa_csv.ParseOptions, pa_csv.ConvertOptions]:
-    """COPY CSV with every non-null value quoted: an unquoted empty field is NULL, ``""`` the empty string."""
-    names = [f"c{i}" for i in range(width)]
-    return (pa_csv.ReadOptions(column_names=names, block_size=_CSV_BLOCK, use_threads=False),
-            pa_csv.ParseOptions(newlines_in_values=True),
-            pa_csv.ConvertOptions(column_types={n: pa.string() for n in names}, null_values=[""],
-                                  strings_can_be_null=True, quoted_strings_can_be_null=False))
-
-
-def read_csv_columns(data: bytes, width: int) -> list[pa.Array]:
-    """The columns of a whole COPY CSV output (see :func:`copy_csv_query`) as string arrays."""
-    read, parse, convert = _csv_options(width)
-    table = pa_csv.read_csv(io.BytesIO(data), read_options=read, parse_options=parse, convert_options=convert)
-    return [table.column(i).combine_chunks() for i in range(width)]
+        sql.SQL(", ").join(selected), sql.Identifier(schema), sql.Identifier(table), sql.SQL(" AND ").join(conditions))
+    return sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(select)
 
 
 def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schema: str, table: str,
-                columns: list[str], page_range: PageRange, converter: Any, target_schema: pa.Schema
-                ) -> Iterator[pa.RecordBatch]:
+                columns: list[str], page_range: PageRange, converter: Any, target_schema: pa.Schema,
+                text_outputs: Mapping[str, tuple[str, str]]) -> Iterator[pa.RecordBatch]:
     """One task: its page range, inside the exported snapshot, as Arrow batches in the target's layout.
 
-    psycopg2 drains the COPY into one buffer in C (no Python call per row; page ranges are planned small
-    enough to hold), which Arrow's CSV reader then parses block by block on this thread: the tasks are the
-    parallelism, and a reader thread pool per task only contends with them and with the server."""
+    psycopg2 drains the COPY into one buffer (page ranges are planned small enough to hold), which is split
+    into per-column arrays in C and converted column by column: no Python object per value for the
+    common types."""
     import psycopg2
 
+    binary = [column not in text_outputs for column in columns]
     received = io.BytesIO()
     connection = psycopg2.connect(dsn, application_name="pgcdc snapshot")
     try:
@@ -160,22 +167,20 @@ def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schem
             for key, value in settings.items():
                 cursor.execute("SELECT set_config(%s, %s, true)", (key, value))
             cursor.execute("SET LOCAL client_encoding = 'UTF8'")
-            cursor.copy_expert(copy_csv_query(schema, table, columns, page_range).as_string(None), received)
+            query = copy_binary_query(schema, table, columns, page_range, text_outputs)
+            cursor.copy_expert(query.as_string(None), received)
         connection.rollback()
     finally:
         connection.close()
-    if not received.tell():
-        return  # an empty page range
-    read, parse, convert = _csv_options(len(columns))
-    parsed = pa_csv.read_csv(pa.BufferReader(pa.py_buffer(received.getbuffer())), read_options=read,
-                             parse_options=parse, convert_options=convert)
+    arrays = split_copy_binary(received.getbuffer(), len(columns), source=f"{schema}.{table} pages "
+                               f"{page_range.first}..{'' if page_range.last is None else page_range.last}")
     del received
-    for batch in parsed.to_batches():
-        if batch.num_rows:
-            rows = converter.convert_columns(batch.columns, binary=False).batch
-            if rows.schema != target_schema:
-                rows = pa.Table.from_batches([rows]).cast(target_schema).combine_chunks().to_batches()[0]
-            yield from (rows.slice(offset, _BATCH_ROWS) for offset in range(0, rows.num_rows, _BATCH_ROWS))
+    total = len(arrays[0]) if arrays else 0
+    for offset in range(0, total, _BATCH_ROWS):
+        rows = converter.convert_columns([a.slice(offset, _BATCH_ROWS) for a in arrays], binary=binary).batch
+        if rows.schema != target_schema:
+            rows = pa.Table.from_batches([rows]).cast(target_schema).combine_chunks().to_batches()[0]
+        yield rows
 
 
 _ROW_GROUP_BYTES = 96 << 20  # Arrow bytes buffered per Parquet row group (Iceberg's default group: 128 MB)
@@ -242,6 +247,7 @@ def copy_table(
     with psycopg.connect(dsn, autocommit=True) as conn:
         ranges, estimate = plan_table_ranges(conn, source_schema, source_table,
                                              target_rows_per_task=target_rows_per_task)
+        text_outputs = text_output_functions(conn, converter)
     target_schema = spark_arrow_schema(spark_schema)
     context = spark.sparkContext
     copied = context.accumulator(0)
@@ -249,7 +255,7 @@ def copy_table(
 
     def read(page_range: PageRange) -> Iterator[pa.RecordBatch]:
         for rows in _read_range(dsn, snapshot_name, settings, source_schema, source_table, columns, page_range,
-                                converter, target_schema):
+                                converter, target_schema, text_outputs):
             copied.add(rows.num_rows)
             yield rows
 

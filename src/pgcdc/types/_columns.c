@@ -11,7 +11,10 @@
  *   jsonb_binary(values)                  -> (offsets, data, valid) or None
  *   fixed_text(values, kind)              -> (native data, valid) or None; kind 'h' int16, 'i' int32,
  *                                            'q' int64, 'T' timestamp (micros since 1970)
+ *   copy_binary_columns(data, width)      -> (rows, [(offsets, offset width 4|8, data, validity bitmap, nulls)]);
+ *                                            ValueError naming the row and byte on malformed input
  *
+ * ``values`` is a list of bytes/str/None or an Arrow binary/string array's packed buffers (see Values).
  * offsets are int32 (n + 1), valid and item_valid one byte per value (1 = not null).
  */
 #define PY_SSIZE_T_CLEAN
@@ -87,6 +90,105 @@ value_bytes(PyObject *value, const char **data, Py_ssize_t *size)
     }
     PyErr_SetString(PyExc_TypeError, "column values must be bytes or str");
     return -1;
+}
+
+/* A column's values: a Python sequence of bytes/str/None (the stream), or the buffers of an Arrow binary or
+ * string array, packed by convert.py as (count, first, validity or None, offsets, offset width 4 or 8, data)
+ * (the snapshot's COPY output), read in place. */
+typedef struct {
+    PyObject *sequence;  /* NULL when packed */
+    Py_ssize_t count, first;
+    int offset_width, has_validity;
+    Py_buffer validity, offsets, data;
+} Values;
+
+static int
+values_open(PyObject *object, Values *v)
+{
+    memset(v, 0, sizeof(*v));
+    if (PyTuple_Check(object) && PyTuple_GET_SIZE(object) == 6) {
+        PyObject *validity;
+        if (!PyArg_ParseTuple(object, "nnOy*iy*", &v->count, &v->first, &validity, &v->offsets, &v->offset_width,
+                              &v->data))
+            return -1;
+        if (validity != Py_None) {
+            if (PyObject_GetBuffer(validity, &v->validity, PyBUF_SIMPLE) < 0)
+                goto error;
+            v->has_validity = 1;
+        }
+        Py_ssize_t needed_bits = v->first + v->count;
+        if ((v->offset_width != 4 && v->offset_width != 8) || v->count < 0 || v->first < 0 ||
+            v->offsets.len < (needed_bits + 1) * v->offset_width ||
+            (v->has_validity && v->validity.len * 8 < needed_bits)) {
+            PyErr_SetString(PyExc_ValueError, "packed column buffers are too short");
+            goto error;
+        }
+        return 0;
+    error:
+        PyBuffer_Release(&v->offsets);
+        PyBuffer_Release(&v->data);
+        if (v->has_validity)
+            PyBuffer_Release(&v->validity);
+        return -1;
+    }
+    v->sequence = PySequence_Fast(object, "values must be a sequence");
+    if (v->sequence == NULL)
+        return -1;
+    v->count = PySequence_Fast_GET_SIZE(v->sequence);
+    return 0;
+}
+
+static inline int64_t
+packed_offset(const Values *v, Py_ssize_t index)
+{
+    if (v->offset_width == 4) {
+        int32_t o;
+        memcpy(&o, (const char *) v->offsets.buf + 4 * index, 4);
+        return o;
+    }
+    int64_t o;
+    memcpy(&o, (const char *) v->offsets.buf + 8 * index, 8);
+    return o;
+}
+
+/* Value r: 1 present (its bytes in *data, *size), 0 null, 2 neither bytes nor str (the exact path takes it),
+ * -1 error (exception set). */
+static int
+values_get(const Values *v, Py_ssize_t r, const char **data, Py_ssize_t *size)
+{
+    if (v->sequence != NULL) {
+        PyObject *value = PySequence_Fast_GET_ITEM(v->sequence, r);
+        if (value == Py_None)
+            return 0;
+        if (!PyBytes_Check(value) && !PyUnicode_Check(value))
+            return 2;
+        return value_bytes(value, data, size) < 0 ? -1 : 1;
+    }
+    Py_ssize_t index = v->first + r;
+    if (v->has_validity && !((((const unsigned char *) v->validity.buf)[index >> 3] >> (index & 7)) & 1))
+        return 0;
+    int64_t start = packed_offset(v, index), end = packed_offset(v, index + 1);
+    if (start < 0 || end < start || end > v->data.len) {
+        PyErr_SetString(PyExc_ValueError, "packed column offsets out of bounds");
+        return -1;
+    }
+    *data = (const char *) v->data.buf + start;
+    *size = (Py_ssize_t) (end - start);
+    return 1;
+}
+
+static void
+values_close(Values *v)
+{
+    if (v->sequence != NULL) {
+        Py_DECREF(v->sequence);
+        v->sequence = NULL;
+        return;
+    }
+    PyBuffer_Release(&v->offsets);
+    PyBuffer_Release(&v->data);
+    if (v->has_validity)
+        PyBuffer_Release(&v->validity);
 }
 
 /* -- split_columns ------------------------------------------------------------------------------- */
@@ -384,25 +486,27 @@ int_array(PyObject *args, int binary)
         PyErr_SetString(PyExc_ValueError, "bytes_per_int must be 2, 4 or 8");
         return NULL;
     }
-    PyObject *sequence = PySequence_Fast(values, "values must be a sequence");
-    if (sequence == NULL)
+    Values source;
+    if (values_open(values, &source) < 0)
         return NULL;
     ListBuilder lb = {{0}, {0}, {0}, {0}, 0, width};
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    Py_ssize_t count = source.count;
     int32_t zero = 0;
     if (buffer_append(&lb.offsets, &zero, 4) < 0)
         goto error;
     for (Py_ssize_t r = 0; r < count; r++) {
-        PyObject *value = PySequence_Fast_GET_ITEM(sequence, r);
-        if (value == Py_None) {
+        const char *data;
+        Py_ssize_t size;
+        int got = values_get(&source, r, &data, &size);
+        if (got < 0)
+            goto error;
+        if (got == 2)
+            goto not_fast;
+        if (got == 0) {
             if (end_row(&lb, 0) < 0)
                 goto error;
             continue;
         }
-        const char *data;
-        Py_ssize_t size;
-        if (value_bytes(value, &data, &size) < 0)
-            goto error;
         int parsed = binary ? parse_int_array_binary(&lb, (const unsigned char *) data, size)
                             : parse_int_array_text(&lb, data, size);
         if (parsed < 0)
@@ -412,7 +516,7 @@ int_array(PyObject *args, int binary)
         if (end_row(&lb, 1) < 0)
             goto error;
     }
-    Py_DECREF(sequence);
+    values_close(&source);
     PyObject *offsets = buffer_finish(&lb.offsets), *list_valid = buffer_finish(&lb.list_valid);
     PyObject *items = buffer_finish(&lb.items), *item_valid = buffer_finish(&lb.item_valid);
     if (!offsets || !list_valid || !items || !item_valid) {
@@ -428,14 +532,14 @@ not_fast:
     buffer_free(&lb.list_valid);
     buffer_free(&lb.items);
     buffer_free(&lb.item_valid);
-    Py_DECREF(sequence);
+    values_close(&source);
     Py_RETURN_NONE;
 error:
     buffer_free(&lb.offsets);
     buffer_free(&lb.list_valid);
     buffer_free(&lb.items);
     buffer_free(&lb.item_valid);
-    Py_DECREF(sequence);
+    values_close(&source);
     return NULL;
 }
 
@@ -457,41 +561,46 @@ int_array_binary(PyObject *self, PyObject *args)
 typedef int (*ValueWriter)(const char *data, Py_ssize_t size, char *slot, const void *context);
 
 /* (data, valid) for a column of fixed-width results: nulls get slots filled with null_fill; None when a value
- * is not bytes or its writer declines it. */
+ * is neither bytes nor str or its writer declines it. */
 static PyObject *
 fixed_width_column(PyObject *values, Py_ssize_t width, char null_fill, ValueWriter write, const void *context)
 {
-    PyObject *sequence = PySequence_Fast(values, "values must be a sequence");
-    if (sequence == NULL)
+    Values source;
+    if (values_open(values, &source) < 0)
         return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    Py_ssize_t count = source.count;
     PyObject *data = PyBytes_FromStringAndSize(NULL, width * count);
     PyObject *valid = PyBytes_FromStringAndSize(NULL, count);
-    if (data == NULL || valid == NULL) {
-        Py_XDECREF(data);
-        Py_XDECREF(valid);
-        Py_DECREF(sequence);
-        return NULL;
-    }
+    if (data == NULL || valid == NULL)
+        goto error;
     char *out = PyBytes_AS_STRING(data), *flags = PyBytes_AS_STRING(valid);
     for (Py_ssize_t r = 0; r < count; r++) {
-        PyObject *value = PySequence_Fast_GET_ITEM(sequence, r);
         char *slot = out + width * r;
-        if (value == Py_None) {
+        const char *value;
+        Py_ssize_t size;
+        int got = values_get(&source, r, &value, &size);
+        if (got < 0)
+            goto error;
+        if (got == 0) {
             flags[r] = 0;
             memset(slot, null_fill, width);
             continue;
         }
-        if (!PyBytes_Check(value) || !write(PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), slot, context)) {
+        if (got == 2 || !write(value, size, slot, context)) {
             Py_DECREF(data);
             Py_DECREF(valid);
-            Py_DECREF(sequence);
+            values_close(&source);
             Py_RETURN_NONE;
         }
         flags[r] = 1;
     }
-    Py_DECREF(sequence);
+    values_close(&source);
     return Py_BuildValue("(NN)", data, valid);
+error:
+    Py_XDECREF(data);
+    Py_XDECREF(valid);
+    values_close(&source);
+    return NULL;
 }
 
 /* -- numeric(p, s) binary ------------------------------------------------------------------------ */
@@ -609,10 +718,10 @@ jsonb_binary(PyObject *self, PyObject *args)
     PyObject *values;
     if (!PyArg_ParseTuple(args, "O", &values))
         return NULL;
-    PyObject *sequence = PySequence_Fast(values, "values must be a sequence");
-    if (sequence == NULL)
+    Values source;
+    if (values_open(values, &source) < 0)
         return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    Py_ssize_t count = source.count;
     Buffer offsets = {0}, text = {0};
     PyObject *valid = PyBytes_FromStringAndSize(NULL, count);
     int32_t offset = 0;
@@ -620,23 +729,25 @@ jsonb_binary(PyObject *self, PyObject *args)
         goto error;
     char *flags = PyBytes_AS_STRING(valid);
     for (Py_ssize_t r = 0; r < count; r++) {
-        PyObject *value = PySequence_Fast_GET_ITEM(sequence, r);
-        if (value == Py_None) {
+        const char *value;
+        Py_ssize_t size;
+        int got = values_get(&source, r, &value, &size);
+        if (got < 0)
+            goto error;
+        if (got == 0) {
             flags[r] = 0;
         } else {
-            if (!PyBytes_Check(value) || PyBytes_GET_SIZE(value) < 1 || PyBytes_AS_STRING(value)[0] != 1 ||
-                (int64_t) offset + PyBytes_GET_SIZE(value) - 1 > INT32_MAX)
+            if (got == 2 || size < 1 || value[0] != 1 || (int64_t) offset + size - 1 > INT32_MAX)
                 goto not_fast;
-            Py_ssize_t size = PyBytes_GET_SIZE(value) - 1;
-            if (buffer_append(&text, PyBytes_AS_STRING(value) + 1, size) < 0)
+            if (buffer_append(&text, value + 1, size - 1) < 0)
                 goto error;
-            offset += (int32_t) size;
+            offset += (int32_t) (size - 1);
             flags[r] = 1;
         }
         if (buffer_append(&offsets, &offset, 4) < 0)
             goto error;
     }
-    Py_DECREF(sequence);
+    values_close(&source);
     PyObject *offsets_bytes = buffer_finish(&offsets), *text_bytes = buffer_finish(&text);
     if (offsets_bytes == NULL || text_bytes == NULL) {
         Py_XDECREF(offsets_bytes);
@@ -649,13 +760,13 @@ not_fast:
     buffer_free(&offsets);
     buffer_free(&text);
     Py_DECREF(valid);
-    Py_DECREF(sequence);
+    values_close(&source);
     Py_RETURN_NONE;
 error:
     buffer_free(&offsets);
     buffer_free(&text);
     Py_XDECREF(valid);
-    Py_DECREF(sequence);
+    values_close(&source);
     return NULL;
 }
 
@@ -828,6 +939,176 @@ fixed_text(PyObject *self, PyObject *args)
     return fixed_width_column(values, width, 0, kind == 'T' ? write_timestamp_text : write_integer_text, &kind);
 }
 
+/* -- COPY ... TO STDOUT (FORMAT binary) -> one Arrow large_binary column per field --------------------- */
+
+static const char COPY_SIGNATURE[11] = {'P', 'G', 'C', 'O', 'P', 'Y', '\n', '\377', '\r', '\n', '\0'};
+
+typedef struct {
+    Py_ssize_t bytes, nulls;
+    PyObject *offsets, *data, *validity;
+    char *offsets_out, *data_out;
+    unsigned char *validity_out;
+    int offset_width;
+} CopyColumn;
+
+static PyObject *
+copy_error(const char *message, Py_ssize_t row, Py_ssize_t position)
+{
+    PyErr_Format(PyExc_ValueError, "COPY binary data: %s (row %zd, byte %zd)", message, row, position);
+    return NULL;
+}
+
+static inline uint32_t
+be32(const unsigned char *p)
+{
+    return ((uint32_t) p[0] << 24) | ((uint32_t) p[1] << 16) | ((uint32_t) p[2] << 8) | p[3];
+}
+
+/* The first pass: checks the whole stream, counts rows and each column's bytes and nulls. -1 on malformed. */
+static int
+copy_binary_measure(const unsigned char *p, Py_ssize_t n, int width, Py_ssize_t *start, Py_ssize_t *rows_out,
+                    CopyColumn *columns)
+{
+    if (n < 19 || memcmp(p, COPY_SIGNATURE, 11) != 0) {
+        copy_error("no PGCOPY signature", 0, 0);
+        return -1;
+    }
+    if (be32(p + 11) & 0xFFFF0000u) {  /* critical flags, e.g. OIDs included */
+        copy_error("unsupported header flags", 0, 11);
+        return -1;
+    }
+    uint32_t extension = be32(p + 15);
+    if ((Py_ssize_t) extension > n - 19) {
+        copy_error("header extension past the end", 0, 15);
+        return -1;
+    }
+    Py_ssize_t pos = 19 + (Py_ssize_t) extension, rows = 0;
+    *start = pos;
+    for (;;) {
+        if (pos + 2 > n) {
+            copy_error("no trailer", rows, pos);
+            return -1;
+        }
+        int16_t fields = (int16_t) ((p[pos] << 8) | p[pos + 1]);
+        pos += 2;
+        if (fields == -1) {
+            if (pos != n) {
+                copy_error("data after the trailer", rows, pos);
+                return -1;
+            }
+            *rows_out = rows;
+            return 0;
+        }
+        if (fields != width) {
+            PyErr_Format(PyExc_ValueError, "COPY binary data: row %zd has %d fields, %d expected", rows,
+                         (int) fields, width);
+            return -1;
+        }
+        for (int c = 0; c < width; c++) {
+            if (pos + 4 > n) {
+                copy_error("row truncated", rows, pos);
+                return -1;
+            }
+            int32_t size = (int32_t) be32(p + pos);
+            pos += 4;
+            if (size == -1) {
+                columns[c].nulls++;
+            } else if (size < 0 || size > n - pos) {
+                copy_error(size < 0 ? "negative field length" : "field past the end", rows, pos - 4);
+                return -1;
+            } else {
+                columns[c].bytes += size;
+                pos += size;
+            }
+        }
+        rows++;
+    }
+}
+
+static PyObject *
+copy_binary_columns(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    int width;
+    if (!PyArg_ParseTuple(args, "y*i", &view, &width))
+        return NULL;
+    if (width < 0 || width > 1664) {  /* MaxTupleAttributeNumber */
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "width must be 0..1664");
+        return NULL;
+    }
+    const unsigned char *p = view.buf;
+    PyObject *result = NULL, *list = NULL;
+    Py_ssize_t rows = 0, pos = 0;
+    CopyColumn *columns = PyMem_Calloc(width ? width : 1, sizeof(CopyColumn));
+    if (columns == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    if (copy_binary_measure(p, view.len, width, &pos, &rows, columns) < 0)
+        goto done;
+    /* exact sizes known: each column's buffers are allocated once, as the bytes objects returned */
+    for (int c = 0; c < width; c++) {
+        CopyColumn *column = &columns[c];
+        column->offset_width = column->bytes > INT32_MAX ? 8 : 4;
+        column->offsets = PyBytes_FromStringAndSize(NULL, (rows + 1) * column->offset_width);
+        column->data = PyBytes_FromStringAndSize(NULL, column->bytes);
+        column->validity = PyBytes_FromStringAndSize(NULL, (rows + 7) / 8);
+        if (!column->offsets || !column->data || !column->validity)
+            goto done;
+        column->offsets_out = PyBytes_AS_STRING(column->offsets);
+        column->data_out = PyBytes_AS_STRING(column->data);
+        column->validity_out = (unsigned char *) PyBytes_AS_STRING(column->validity);
+        memset(column->validity_out, 0, (rows + 7) / 8);
+        memset(column->offsets_out, 0, column->offset_width);
+        column->bytes = 0;
+    }
+    /* the second pass: the stream is known to be well formed */
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        pos += 2;
+        for (int c = 0; c < width; c++) {
+            CopyColumn *column = &columns[c];
+            int32_t size = (int32_t) be32(p + pos);
+            pos += 4;
+            if (size >= 0) {
+                memcpy(column->data_out + column->bytes, p + pos, size);
+                column->bytes += size;
+                pos += size;
+                column->validity_out[r >> 3] |= (unsigned char) (1 << (r & 7));
+            }
+            if (column->offset_width == 4) {
+                int32_t end = (int32_t) column->bytes;
+                memcpy(column->offsets_out + 4 * (r + 1), &end, 4);
+            } else {
+                int64_t end = column->bytes;
+                memcpy(column->offsets_out + 8 * (r + 1), &end, 8);
+            }
+        }
+    }
+    list = PyList_New(width);
+    if (list == NULL)
+        goto done;
+    for (int c = 0; c < width; c++) {
+        CopyColumn *column = &columns[c];
+        PyObject *item = Py_BuildValue("(OiOOn)", column->offsets, column->offset_width, column->data,
+                                       column->validity, column->nulls);
+        if (item == NULL)
+            goto done;
+        PyList_SET_ITEM(list, c, item);
+    }
+    result = Py_BuildValue("(nO)", rows, list);
+done:
+    Py_XDECREF(list);
+    for (int c = 0; c < width; c++) {
+        Py_XDECREF(columns[c].offsets);
+        Py_XDECREF(columns[c].data);
+        Py_XDECREF(columns[c].validity);
+    }
+    PyMem_Free(columns);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"fixed_text", fixed_text, METH_VARARGS, "integers and timestamps from text -> buffers, or None"},
     {"configure_rows", configure_rows, METH_VARARGS, "TupleData and its slot descriptors (kinds, values)"},
@@ -837,6 +1118,8 @@ static PyMethodDef methods[] = {
     {"numeric_binary", numeric_binary, METH_VARARGS, "numeric binary -> decimal128 buffers at a scale, or None"},
     {"uuid_binary", uuid_binary, METH_VARARGS, "uuid binary -> 36-character text buffers, or None"},
     {"jsonb_binary", jsonb_binary, METH_VARARGS, "jsonb binary -> string buffers, or None"},
+    {"copy_binary_columns", copy_binary_columns, METH_VARARGS,
+     "COPY binary output, width -> (rows, per column (offsets, offset width, data, validity, null count))"},
     {NULL, NULL, 0, NULL},
 };
 

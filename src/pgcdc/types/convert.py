@@ -67,11 +67,41 @@ else:
 
 
 def _accelerated(name: str, values: Values | pa.Array, *args: object) -> tuple | None:
-    """The C function ``name`` over a Python list of values, or None (not built, columnar input, a value off
-    the fast path)."""
-    if _accelerator is None or not isinstance(values, list):
+    """The C function ``name`` over a list of values or an Arrow binary/string array (read in place), or None
+    (not built, another input, a value off the fast path)."""
+    if _accelerator is None:
         return None
+    if not isinstance(values, list):
+        values = _packed(values)
+        if values is None:
+            return None
     return getattr(_accelerator, name)(values, *args)
+
+
+def _packed(values: object) -> tuple | None:
+    """An Arrow binary or string array as the C module reads it: (count, first, validity, offsets, offset
+    width, data)."""
+    if not isinstance(values, pa.Array):
+        return None
+    if pa.types.is_large_binary(values.type) or pa.types.is_large_string(values.type):
+        width = 8
+    elif pa.types.is_binary(values.type) or pa.types.is_string(values.type):
+        width = 4
+    else:
+        return None
+    validity, offsets, data = values.buffers()
+    return len(values), values.offset, validity, offsets, width, b"" if data is None else data
+
+
+def _as_list(values: Values | pa.Array) -> Values:
+    """Values one by one, for the paths that take them so (an Arrow array becomes a list of bytes)."""
+    return values.to_pylist() if isinstance(values, pa.Array) else values
+
+
+def _columnar(decoder: Callable[[Values], pa.Array]) -> Callable[[Values], pa.Array]:
+    """Marks a binary decoder that also takes an Arrow binary array (the snapshot's COPY columns) as is."""
+    decoder.columnar = True  # type: ignore[attr-defined]
+    return decoder
 
 
 def _validity(flags: bytes) -> pa.Buffer:
@@ -119,9 +149,11 @@ def _as_strings(values: Values | pa.Array) -> pa.Array:
     return pa.array(values, pa.binary()).cast(pa.string())
 
 
-def _fixed(values: Values, width: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+def _fixed(values: Values | pa.Array, width: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """Fixed-width big-endian binary values as a native NumPy array and a null mask (no Python per value:
     Arrow gathers the bytes into one buffer, NumPy swaps them)."""
+    if isinstance(values, pa.Array):
+        return _fixed_columnar(values, width, dtype)
     try:
         gathered = pa.array(values, pa.binary(width))
     except pa.ArrowInvalid:
@@ -130,6 +162,28 @@ def _fixed(values: Values, width: int, dtype: str) -> tuple[np.ndarray, np.ndarr
     big_endian = np.dtype(dtype).newbyteorder(">")
     raw = np.frombuffer(gathered.buffers()[1], dtype=big_endian, count=len(gathered) * width // big_endian.itemsize)
     return raw.astype(dtype), mask
+
+
+def _fixed_columnar(values: pa.Array, width: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """``_fixed`` over an Arrow binary array: its present values lie back to back in its data buffer."""
+    packed = _packed(values)
+    if packed is None:
+        raise _ValueError(f"binary values of {width} bytes expected, not {values.type}")
+    count, first, _, offset_buffer, offset_width, data = packed
+    offsets = np.frombuffer(offset_buffer, dtype=f"i{offset_width}", count=first + count + 1)[first:]
+    mask = values.is_null().to_numpy(zero_copy_only=False)
+    lengths = np.diff(offsets)
+    if (lengths[~mask] != width).any() or lengths[mask].any():
+        raise _ValueError(f"binary values of {width} bytes expected")
+    native = np.dtype(dtype)
+    per_value = width // native.itemsize
+    raw = np.frombuffer(data, dtype=np.uint8, count=int(offsets[-1]))[offsets[0]:]
+    present = raw.view(native.newbyteorder(">")).astype(native)
+    if not mask.any():
+        return present, mask
+    out = np.zeros((count, per_value), dtype=native)
+    out[~mask] = present.reshape(-1, per_value)
+    return out.ravel(), mask
 
 
 def _fixed_from_c(values: Values | pa.Array, kind: str, target: pa.DataType) -> pa.Array | None:
@@ -160,6 +214,7 @@ def _cast_text(target: pa.DataType, fallback: Callable[[str], object] | None = N
 
 
 def _fixed_binary(width: int, dtype: str, target: pa.DataType) -> Callable[[Values], pa.Array]:
+    @_columnar
     def decode(values: Values) -> pa.Array:
         data, mask = _fixed(values, width, dtype)
         return pa.array(data, target, mask=mask)
@@ -175,15 +230,18 @@ def _bool_text(values: Values) -> pa.Array:
     return pc.equal(strings, "t")
 
 
+@_columnar
 def _bool_binary(values: Values) -> pa.Array:
     data, mask = _fixed(values, 1, "u1")
     return pa.array(data != 0, pa.bool_(), mask=mask)
 
 
+@_columnar
 def _string_binary(values: Values) -> pa.Array:
     return _as_strings(values)
 
 
+@_columnar
 def _jsonb_binary(values: Values) -> pa.Array:
     fast = _accelerated("jsonb_binary", values)
     if fast is not None:
@@ -197,7 +255,7 @@ def _jsonb_binary(values: Values) -> pa.Array:
             raise _ValueError(f"unknown jsonb binary version {raw[:1]!r}")
         return raw[1:]
 
-    return _as_strings([None if v is None else body(v) for v in values])
+    return _as_strings([None if v is None else body(v) for v in _as_list(values)])
 
 
 def _bytea_text(values: Values) -> pa.Array:
@@ -209,7 +267,10 @@ def _bytea_text(values: Values) -> pa.Array:
     return pa.array([None if s is None else unhex(s) for s in _as_strings(values).to_pylist()], pa.binary())
 
 
+@_columnar
 def _bytes_binary(values: Values) -> pa.Array:
+    if isinstance(values, pa.Array):
+        return values.cast(pa.binary())
     return pa.array([None if v is None else bytes(v) for v in values], pa.binary())
 
 
@@ -293,6 +354,7 @@ def _date_text(infinity: _Infinity) -> Callable[[Values], pa.Array]:
 
 
 def _date_binary(infinity: _Infinity) -> Callable[[Values], pa.Array]:
+    @_columnar
     def decode(values: Values) -> pa.Array:
         data, mask = _fixed(values, 4, "i4")
         days = data.astype("i8") + PG_EPOCH_DAYS
@@ -321,6 +383,7 @@ def _timestamp_text(target: pa.DataType, infinity: _Infinity) -> Callable[[Value
 
 
 def _timestamp_binary(target: pa.DataType, infinity: _Infinity) -> Callable[[Values], pa.Array]:
+    @_columnar
     def decode(values: Values) -> pa.Array:
         data, mask = _fixed(values, 8, "i8")
         special = (data == INT64_MAX) | (data == INT64_MIN)
@@ -346,6 +409,7 @@ def _time_text(values: Values) -> pa.Array:
     return pa.array([None if s is None else _time_micros(s) for s in _as_strings(values).to_pylist()], pa.int64())
 
 
+@_columnar
 def _time_binary(values: Values) -> pa.Array:
     data, mask = _fixed(values, 8, "i8")
     return pa.array(data, pa.int64(), mask=mask)
@@ -410,6 +474,7 @@ _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype="S1")
 _UUID_DASHES = (8, 12, 16, 20)
 
 
+@_columnar
 def _uuid_binary(values: Values) -> pa.Array:
     """16-byte uuids to their canonical text (in C, or with NumPy over all values at once)."""
     fast = _accelerated("uuid_binary", values)
@@ -418,7 +483,7 @@ def _uuid_binary(values: Values) -> pa.Array:
         offsets = np.arange(0, 36 * (len(values) + 1), 36, dtype=np.int32)
         return pa.Array.from_buffers(pa.string(), len(values), [_validity(valid), pa.py_buffer(offsets),
                                                                 pa.py_buffer(text)])
-    data, mask = _fixed(values, 16, "u1") if values else (np.empty(0, "u1"), np.empty(0, bool))
+    data, mask = _fixed(values, 16, "u1") if len(values) else (np.empty(0, "u1"), np.empty(0, bool))
     octets = data.reshape(-1, 16)
     digits = np.empty((len(octets), 32), dtype="S1")
     digits[:, 0::2] = _HEX_DIGITS[octets >> 4]
@@ -507,11 +572,13 @@ def _numeric_decoders(typmod: int, options: ConversionOptions) -> tuple[pa.DataT
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return from_strings(strings.to_pylist())
 
+    @_columnar
     def binary(values: Values) -> pa.Array:
         fast = _accelerated("numeric_binary", values, scale)
         if fast is not None:
             data, valid = fast
             return pa.Array.from_buffers(target, len(values), [_validity(valid), pa.py_buffer(data)])
+        values = _as_list(values)
         load = _psycopg_loader(1700, binary=True)
         decimals = [None if v is None else load(v) for v in values]
         try:
@@ -702,10 +769,11 @@ def _int_array(element: ColumnKind, binary: bool, fallback: Callable) -> Callabl
     width = _INT_WIDTHS[element.type_name]
     name = "int_array_binary" if binary else "int_array_text"
 
+    @_columnar
     def decode(values: Values) -> pa.Array:
         fast = _accelerated(name, values, width)
         if fast is None:
-            return fallback(values)
+            return fallback(_as_list(values) if binary else values)
         offsets, list_valid, items, item_valid = fast
         elements = pa.Array.from_buffers(element.arrow_type, len(item_valid),
                                          [_validity(item_valid), pa.py_buffer(items)])
@@ -856,9 +924,12 @@ class TableConverter:
         all_values = list(itertools.chain.from_iterable([row.values for row in rows]))
         return [all_values[i::width] for i in range(width)], [all_kinds[i::width] for i in range(width)]
 
-    def convert_columns(self, columns: Sequence[Values], *, binary: bool, lsn: Lsn | None = None) -> ConvertedRows:
-        """The same conversion fed column-wise (COPY output, catalog reads): one list of values per column."""
-        arrays = [self._decode(i, values, binary, lsn) for i, values in enumerate(columns)]
+    def convert_columns(self, columns: Sequence[Values | pa.Array], *, binary: bool | Sequence[bool],
+                        lsn: Lsn | None = None) -> ConvertedRows:
+        """The same conversion fed column-wise (COPY output, catalog reads): per column, a list of values or an
+        Arrow binary/string array of them; ``binary`` says their format, for all columns or for each."""
+        formats = [binary] * len(columns) if isinstance(binary, bool) else list(binary)
+        arrays = [self._decode(i, values, formats[i], lsn) for i, values in enumerate(columns)]
         return ConvertedRows(pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema), {})
 
     def _decode(self, index: int, values: Values, binary: bool, lsn: Lsn | None) -> pa.Array:
@@ -867,6 +938,8 @@ class TableConverter:
         if decoder is None:
             raise ConversionError(f"{self._column(index)}: type {kind.type_name} has no binary decoder; stream this "
                                   "table in text mode (binary off)")
+        if binary and isinstance(values, pa.Array) and not getattr(decoder, "columnar", False):
+            values = values.to_pylist()
         try:
             array = decoder(values)
         except (_ValueError, ValueError, struct.error, UnicodeDecodeError, pa.ArrowInvalid, OverflowError) as exc:
