@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -161,9 +162,17 @@ class Writer(threading.Thread):
                     time.sleep(max(0.0, due - time.monotonic()))
 
 
-def streaming_phase(dsn: str, spark, seconds: float, rate: float | None, first_id: int
-                    ) -> tuple[float, list[float], int]:
-    """Run the writer and the pipeline together; returns (applied rows/s, lags in s, next id)."""
+@dataclass
+class Phase:
+    rows_per_s: float  # from the first commit to the mirror holding the last
+    lags: list[float]  # per source transaction: seconds from its commit to the Iceberg commit holding it
+    next_id: int
+    rows: int
+    written_per_s: float  # what the writer committed while it ran
+
+
+def streaming_phase(dsn: str, spark, seconds: float, rate: float | None, first_id: int) -> Phase:
+    """Run the writer and the pipeline together."""
     applied: list[tuple[float, Lsn]] = []
 
     def on_progress(progress) -> None:
@@ -202,7 +211,7 @@ def streaming_phase(dsn: str, spark, seconds: float, rate: float | None, first_i
     for committed_at, lsn in writer.commits:
         mirrored_at = next(t for t, applied_lsn in applied if applied_lsn >= lsn)
         lags.append(max(0.0, mirrored_at - committed_at))
-    return rows / elapsed, lags, writer.next_id
+    return Phase(rows / elapsed, lags, writer.next_id, rows, writer.rows / seconds)
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -269,12 +278,16 @@ def main() -> None:
         if args.only != "snapshot":
             with psycopg.connect(server.dsn, autocommit=True) as conn:
                 conn.execute("SELECT pg_create_logical_replication_slot('bench_flow', 'pgoutput')")
-            apply_rate, _, next_id = streaming_phase(server.dsn, spark, phase_seconds, None, 1)
+            cpu = cpu_seconds_by_program()
+            unpaced = streaming_phase(server.dsn, spark, phase_seconds, None, 1)
+            apply_rate, next_id = unpaced.rows_per_s, unpaced.next_id
             figures["apply_rows_per_s"] = round(apply_rate)
-            print(f"apply under an unpaced writer: {apply_rate:,.0f} rows/s from source commit to Iceberg commit",
-                  flush=True)
+            print(f"apply under an unpaced writer: {apply_rate:,.0f} rows/s from source commit to Iceberg commit "
+                  f"(the writer committed {unpaced.written_per_s:,.0f} rows/s)  {cpu_per_row(cpu, unpaced.rows)} "
+                  "(driver: the writer and pgcdc)", flush=True)
             for share in (0.5, 0.9):
-                _, lags, next_id = streaming_phase(server.dsn, spark, phase_seconds, apply_rate * share, next_id)
+                paced = streaming_phase(server.dsn, spark, phase_seconds, apply_rate * share, next_id)
+                lags, next_id = paced.lags, paced.next_id
                 p50, p99 = percentile(lags, 0.5), percentile(lags, 0.99)
                 suffix = "" if share == 0.9 else "_at_50pct"
                 figures.update({f"lag_p50_s{suffix}": round(p50, 2), f"lag_p99_s{suffix}": round(p99, 2)})

@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pgcdc.errors import ConfigError, PositionCorruptError
 from pgcdc.faults import injection_point
 from pgcdc.lsn import ZERO, Lsn
-from pgcdc.pgoutput.messages import Relation, TupleData, Type
+from pgcdc.pgoutput.messages import PG_EPOCH_UNIX_MICROS, Relation, TupleData, Type
 from pgcdc.replication import (
     LogicalReplicationStream,
     ReplicationOptions,
@@ -722,7 +723,7 @@ def build_change_table(changes: Iterable[tuple[Transaction, Change]], converter:
         (C.UNCHANGED, pa.array(unchanged_lists, pa.list_(pa.string()))),
         (C.OLD_KEY, old_key),
         (C.XID, pa.array(xids, pa.int64())),
-        (C.COMMIT_TS, pa.array([_pg_micros_to_unix(t) for t in commit_ts], pa.timestamp("us", tz="UTC"))),
+        (C.COMMIT_TS, pc.add(pa.array(commit_ts, pa.int64()), PG_EPOCH_UNIX_MICROS).cast(pa.timestamp("us", tz="UTC"))),
         (C.ORIGIN, pa.array(origins, pa.string())),
         (C.BEFORE, before_struct),
     ]
@@ -739,8 +740,3 @@ def _fit(tuple_data: TupleData | None, width: int) -> TupleData:
         raise ConfigError(f"a row has {len(tuple_data)} columns where its relation has {width}")
     return tuple_data
 
-
-def _pg_micros_to_unix(micros: int) -> int:
-    from pgcdc.pgoutput.messages import PG_EPOCH_UNIX_MICROS
-
-    return micros + PG_EPOCH_UNIX_MICROS

@@ -168,3 +168,14 @@ def test_change_log_records_every_change_once(spark, mirrors):
     assert [tuple(r) for r in log] == [("I", "0/3", 0, None, None, "a"), ("U", "0/4", 0, None, "a", "b"),
                                        ("D", "0/5", 0, "upstream", None, None)]
     assert rows_of(spark, mirror.identifier) == []
+
+
+def test_merge_reads_only_the_key_range_of_its_batch():
+    """The MERGE's extra condition spans the batch's keys (the events hold the old keys of key changes too, see
+    the key change above), and only integer keys get one."""
+    from pgcdc.spark.apply import _key_ranges
+
+    events = pa.table({"id": pa.array([7, -3, 12], pa.int64()), "name": ["b", "a", "c"]})
+    assert _key_ranges(events, ["id"]) == ["t.`id` BETWEEN -3 AND 12"]
+    assert _key_ranges(events, ["id", "name"]) == ["t.`id` BETWEEN -3 AND 12"]
+    assert _key_ranges(events, ["name"]) == []

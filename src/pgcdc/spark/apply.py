@@ -132,7 +132,7 @@ def _apply_keyed(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, ls
         f"{quote(n)} = CASE WHEN array_contains(s.{C.UNCHANGED}, {sql_string(n)}) THEN t.{quote(n)} "
         f"ELSE s.{quote(n)} END" if n in maybe_unchanged else f"{quote(n)} = s.{quote(n)}"
         for n in names)
-    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
+    on = " AND ".join([f"t.{quote(k)} = s.{quote(k)}" for k in keys] + _key_ranges(events, keys))
     statement = (
         f"MERGE INTO {mirror.identifier} t USING _pgcdc_source s ON {on} "
         f"WHEN MATCHED AND s.{C.OP} = 'D' THEN DELETE "
@@ -140,6 +140,20 @@ def _apply_keyed(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, ls
         f"WHEN NOT MATCHED AND s.{C.OP} <> 'D' THEN INSERT ({', '.join(quote(n) for n in names)}) "
         f"VALUES ({', '.join('s.' + quote(n) for n in names)})")
     with_commit_properties(spark, {POSITION_PROPERTY: str(lsn)}, lambda: spark.sql(statement))
+
+
+def _key_ranges(events: pa.Table, keys: list[str]) -> list[str]:
+    """``t.k BETWEEN lo AND hi`` for each integer key column, lo and hi the batch's own extremes: it changes no
+    match (every event's key lies in the range) but lets Iceberg skip the mirror's data files whose key
+    statistics fall outside it, so a MERGE reads the part of the mirror the batch touches, not all of it."""
+    ranges = []
+    for key in keys:
+        column = events.column(key)
+        if not pa.types.is_integer(column.type) or column.null_count == len(column):
+            continue
+        extremes = pc.min_max(column)
+        ranges.append(f"t.{quote(key)} BETWEEN {int(extremes['min'].as_py())} AND {int(extremes['max'].as_py())}")
+    return ranges
 
 
 def _with_old_key_deletes(changes: pa.Table, keys: list[str], fill_keys: pa.Array | None) -> pa.Table:
