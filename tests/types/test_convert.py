@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from pgcdc.errors import ConversionError
 from pgcdc.pgoutput import Insert, Relation, Type, decode
+from pgcdc.replication.published import published_tables
 from pgcdc.spark.snapshot import copy_binary_query, text_output_functions
 from pgcdc.types import SESSION_SETTINGS, ConversionOptions, TableConverter, TypeRegistry
 from pgcdc.types.copy_binary import split_copy_binary
@@ -40,32 +41,35 @@ def captured(pg, ddl: str, inserts: list[tuple], *, binary: bool | str, options:
         _session(conn)
         conn.execute(f"CREATE TABLE t (id int PRIMARY KEY, {ddl})")
         conn.execute("CREATE PUBLICATION pub FOR TABLE t")
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (pg.name,))
+        if binary != "copy":
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (pg.name,))
         placeholders = ", ".join(["%s"] * (len(inserts[0]) + 1))
         for index, row in enumerate(inserts):
             conn.execute(f"INSERT INTO t VALUES ({placeholders})", (index, *row))
         registry = TypeRegistry()
         registry.load_from_server(conn)
-        rows = conn.execute(
-            "SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
-            "'publication_names', 'pub', 'binary', %s)", (pg.name, "true" if slot_binary else "false")).fetchall()
-        relation, tuples = None, []
-        for (data,) in rows:
-            message = decode(data, proto_version=1, in_stream=False)
-            if isinstance(message, Relation):
-                relation = message
-            elif isinstance(message, Type):
-                registry.observe(message)
-            elif isinstance(message, Insert):
-                tuples.append(message.new)
-                assert set(message.new.kinds) <= {"b", "n"} if slot_binary else {"t", "n"}
-        converter = TableConverter(relation, registry, options)
-        if binary == "copy":
+        if binary == "copy":  # the relation as the snapshot knows it: from the catalog, no slot
+            converter = TableConverter(published_tables(conn, "pub")[0].relation, registry, options)
             batch = copied(conn, converter)
+        else:
+            rows = conn.execute(
+                "SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+                "'publication_names', 'pub', 'binary', %s)", (pg.name, "true" if slot_binary else "false")
+            ).fetchall()
+            relation, tuples = None, []
+            for (data,) in rows:
+                message = decode(data, proto_version=1, in_stream=False)
+                if isinstance(message, Relation):
+                    relation = message
+                elif isinstance(message, Type):
+                    registry.observe(message)
+                elif isinstance(message, Insert):
+                    tuples.append(message.new)
+                    assert set(message.new.kinds) <= {"b", "n"} if slot_binary else {"t", "n"}
+            converter = TableConverter(relation, registry, options)
+            batch = converter.convert(tuples).batch
     with pg.connect() as conn:  # psycopg's own loaders, default session: the server's view of the values
         server = conn.execute("SELECT * FROM t ORDER BY id").fetchall() if read_back else []
-    if binary != "copy":
-        batch = converter.convert(tuples).batch
     return batch, server, converter
 
 
@@ -127,8 +131,6 @@ def test_unconstrained_numeric_policies(pg, binary):
 
 
 def batch_relation(pg) -> Relation:
-    from pgcdc.replication.published import published_tables
-
     with pg.connect() as conn:
         return published_tables(conn, "pub")[0].relation
 
