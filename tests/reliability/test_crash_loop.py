@@ -67,8 +67,9 @@ def crash_loop(pg, spark, rounds: list[str | None], seed: int) -> None:
     figures = assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
     print(f"kills survived: {sum(fired.values())} {fired}; workload transactions: {transactions}; {figures}")
     assert figures["rows_lost"] == 0 and figures["rows_extra"] == 0
-    aimed = [spec for spec in fired if not spec.startswith("random")]
-    assert len(aimed) >= len([r for r in rounds if r]) // 2, f"most aimed kills must fire: {fired}"
+    # kills, not distinct aims: the soak run repeats each aim (a repeated snapshot aim finds the copy done)
+    aimed_kills = sum(count for spec, count in fired.items() if not spec.startswith("random"))
+    assert aimed_kills >= len([r for r in rounds if r]) // 2, f"most aimed kills must fire: {fired}"
 
 
 def test_killed_at_aimed_and_random_instants_loses_and_duplicates_nothing(pg, spark):
@@ -76,5 +77,6 @@ def test_killed_at_aimed_and_random_instants_loses_and_duplicates_nothing(pg, sp
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(3600)  # 27 restarts, each starting a JVM: longer than the suite's per-test limit
 def test_soak_crash_loop_of_many_kills(pg, spark):
     crash_loop(pg, spark, ROUNDS * 3, seed=int(time.time()))
