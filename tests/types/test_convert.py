@@ -19,9 +19,8 @@ from hypothesis import strategies as st
 from pgcdc.errors import ConversionError
 from pgcdc.pgoutput import Insert, Relation, Type, decode
 from pgcdc.replication.published import published_tables
-from pgcdc.spark.snapshot import copy_binary_query, text_output_functions
+from pgcdc.spark.snapshot import convert_copy_binary, copy_binary_query, text_output_functions
 from pgcdc.types import SESSION_SETTINGS, ConversionOptions, TableConverter, TypeRegistry
-from pgcdc.types.copy_binary import split_copy_binary
 
 # text and binary: pgoutput tuple data from a slot; copy: the snapshot's COPY binary output, split into columns
 FORMATS = pytest.mark.parametrize("binary", [False, True, "copy"], ids=["text", "binary", "copy"])
@@ -73,18 +72,18 @@ def captured(pg, ddl: str, inserts: list[tuple], *, binary: bool | str, options:
     return batch, server, converter
 
 
-def copied(conn: psycopg.Connection, converter: TableConverter) -> pa.RecordBatch:
+def copied(conn: psycopg.Connection, converter: TableConverter) -> pa.Table:
     """Table t as the snapshot reads it: COPY binary (types without a binary decoder as text), split, converted."""
     names = [column.name for column in converter.relation.columns]
     text_outputs = text_output_functions(conn, converter)
-    formats = [name not in text_outputs for name in names]
     query = copy_binary_query("public", "t", names, text_outputs=text_outputs)
     data = bytearray()
     with conn.cursor().copy(query) as copy:
         for chunk in copy:
             data += chunk
-    batch = converter.convert_columns(split_copy_binary(bytes(data), len(names), source="t"), binary=formats).batch
-    return batch.take(pc.sort_indices(batch, [("id", "ascending")]))
+    table = pa.Table.from_batches(convert_copy_binary(bytes(data), names, converter, text_outputs, source="t"),
+                                  schema=converter.arrow_schema)
+    return table.take(pc.sort_indices(table, [("id", "ascending")]))
 
 
 @FORMATS

@@ -157,7 +157,6 @@ def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schem
     common types."""
     import psycopg2
 
-    binary = [column not in text_outputs for column in columns]
     received = io.BytesIO()
     connection = psycopg2.connect(dsn, application_name="pgcdc snapshot")
     try:
@@ -172,15 +171,24 @@ def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schem
         connection.rollback()
     finally:
         connection.close()
-    arrays = split_copy_binary(received.getbuffer(), len(columns), source=f"{schema}.{table} pages "
-                               f"{page_range.first}..{'' if page_range.last is None else page_range.last}")
-    del received
-    total = len(arrays[0]) if arrays else 0
-    for offset in range(0, total, _BATCH_ROWS):
-        rows = converter.convert_columns([a.slice(offset, _BATCH_ROWS) for a in arrays], binary=binary).batch
+    batches = convert_copy_binary(received.getbuffer(), columns, converter, text_outputs, source=(
+        f"{schema}.{table} pages {page_range.first}..{'' if page_range.last is None else page_range.last}"))
+    del received  # split: the COPY output is no longer needed
+    for rows in batches:
         if rows.schema != target_schema:
             rows = pa.Table.from_batches([rows]).cast(target_schema).combine_chunks().to_batches()[0]
         yield rows
+
+
+def convert_copy_binary(data: bytes | memoryview, columns: list[str], converter: Any,
+                        text_outputs: Mapping[str, tuple[str, str]], *, source: str) -> Iterator[pa.RecordBatch]:
+    """The whole output of :func:`copy_binary_query` (``columns``, the ``text_outputs`` ones as text), split now
+    into per-column arrays, then converted lazily in batches of at most ``_BATCH_ROWS`` rows."""
+    arrays = split_copy_binary(data, len(columns), source=source)
+    binary = [column not in text_outputs for column in columns]
+    total = len(arrays[0]) if arrays else 0
+    return (converter.convert_columns([a.slice(offset, _BATCH_ROWS) for a in arrays], binary=binary).batch
+            for offset in range(0, total, _BATCH_ROWS))
 
 
 _ROW_GROUP_BYTES = 96 << 20  # Arrow bytes buffered per Parquet row group (Iceberg's default group: 128 MB)

@@ -411,11 +411,10 @@ parse_int_array_text(ListBuilder *lb, const char *s, Py_ssize_t n)
     return depth == 0 ? 1 : 0;
 }
 
-static int
-read_be32(const unsigned char *p, int32_t *out)
+static inline uint32_t
+be32(const unsigned char *p)
 {
-    *out = (int32_t) (((uint32_t) p[0] << 24) | ((uint32_t) p[1] << 16) | ((uint32_t) p[2] << 8) | p[3]);
-    return 0;
+    return ((uint32_t) p[0] << 24) | ((uint32_t) p[1] << 16) | ((uint32_t) p[2] << 8) | p[3];
 }
 
 static int
@@ -423,10 +422,7 @@ parse_int_array_binary(ListBuilder *lb, const unsigned char *p, Py_ssize_t n)
 {
     if (n < 12)
         return 0;
-    int32_t ndim, flags, element;
-    read_be32(p, &ndim);
-    read_be32(p + 4, &flags);
-    read_be32(p + 8, &element);
+    int32_t ndim = (int32_t) be32(p);
     if (ndim < 0 || ndim > 6)
         return 0;
     Py_ssize_t pos = 12 + 8 * (Py_ssize_t) ndim;
@@ -434,8 +430,7 @@ parse_int_array_binary(ListBuilder *lb, const unsigned char *p, Py_ssize_t n)
         return 0;
     int64_t total = ndim ? 1 : 0;
     for (int d = 0; d < ndim; d++) {
-        int32_t extent;
-        read_be32(p + 12 + 8 * d, &extent);
+        int32_t extent = (int32_t) be32(p + 12 + 8 * d);
         if (extent < 0)
             return 0;
         total *= extent;
@@ -445,8 +440,7 @@ parse_int_array_binary(ListBuilder *lb, const unsigned char *p, Py_ssize_t n)
     for (int64_t e = 0; e < total; e++) {
         if (pos + 4 > n)
             return 0;
-        int32_t size;
-        read_be32(p + pos, &size);
+        int32_t size = (int32_t) be32(p + pos);
         pos += 4;
         if (size == -1) {
             if (store_null_item(lb) < 0)
@@ -458,11 +452,9 @@ parse_int_array_binary(ListBuilder *lb, const unsigned char *p, Py_ssize_t n)
         int64_t value;
         if (size == 2)
             value = (int16_t) ((p[pos] << 8) | p[pos + 1]);
-        else if (size == 4) {
-            int32_t v;
-            read_be32(p + pos, &v);
-            value = v;
-        } else {
+        else if (size == 4)
+            value = (int32_t) be32(p + pos);
+        else {
             uint64_t v = 0;
             for (int k = 0; k < 8; k++)
                 v = (v << 8) | p[pos + k];
@@ -939,7 +931,7 @@ fixed_text(PyObject *self, PyObject *args)
     return fixed_width_column(values, width, 0, kind == 'T' ? write_timestamp_text : write_integer_text, &kind);
 }
 
-/* -- COPY ... TO STDOUT (FORMAT binary) -> one Arrow large_binary column per field --------------------- */
+/* -- COPY ... TO STDOUT (FORMAT binary) -> one Arrow binary column per field --------------------------- */
 
 static const char COPY_SIGNATURE[11] = {'P', 'G', 'C', 'O', 'P', 'Y', '\n', '\377', '\r', '\n', '\0'};
 
@@ -956,12 +948,6 @@ copy_error(const char *message, Py_ssize_t row, Py_ssize_t position)
 {
     PyErr_Format(PyExc_ValueError, "COPY binary data: %s (row %zd, byte %zd)", message, row, position);
     return NULL;
-}
-
-static inline uint32_t
-be32(const unsigned char *p)
-{
-    return ((uint32_t) p[0] << 24) | ((uint32_t) p[1] << 16) | ((uint32_t) p[2] << 8) | p[3];
 }
 
 /* The first pass: checks the whole stream, counts rows and each column's bytes and nulls. -1 on malformed. */

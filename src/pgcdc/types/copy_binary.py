@@ -52,7 +52,6 @@ def _split_in_python(data: memoryview, width: int) -> tuple[int, list[tuple[byte
     offsets: list[list[int]] = [[0] for _ in range(width)]
     values: list[list[bytes]] = [[] for _ in range(width)]
     present: list[list[bool]] = [[] for _ in range(width)]
-    ends = [0] * width
     rows = 0
     while True:
         if position + 2 > size:
@@ -72,19 +71,20 @@ def _split_in_python(data: memoryview, width: int) -> tuple[int, list[tuple[byte
             position += 4
             if length == -1:
                 present[column].append(False)
+                length = 0
             elif length < 0 or length > size - position:
                 problem = "negative field length" if length < 0 else "field past the end"
                 raise ValueError(f"COPY binary data: {problem} (row {rows}, byte {position - 4})")
             else:
                 values[column].append(bytes(data[position:position + length]))
                 position += length
-                ends[column] += length
                 present[column].append(True)
-            offsets[column].append(ends[column])
+            offsets[column].append(offsets[column][-1] + length)
         rows += 1
     columns = []
     for column in range(width):
         validity = pa.array(present[column], pa.bool_()).buffers()[1] if rows else pa.py_buffer(b"")
-        columns.append((struct.pack(f"<{rows + 1}q", *offsets[column]), 8, b"".join(values[column]),
-                        validity.to_pybytes(), present[column].count(False)))
+        width_code, offset_width = ("q", 8) if offsets[column][-1] > 2**31 - 1 else ("i", 4)  # as the C split
+        columns.append((struct.pack(f"<{rows + 1}{width_code}", *offsets[column]), offset_width,
+                        b"".join(values[column]), validity.to_pybytes(), present[column].count(False)))
     return rows, columns
