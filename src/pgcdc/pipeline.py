@@ -39,8 +39,10 @@ from pgcdc.replication import (
     LogicalReplicationStream,
     ReplicationOptions,
     SlotManager,
+    SlotStatus,
+    SourceWatch,
     check_source,
-    deadline,
+    source_connection,
 )
 from pgcdc.replication.published import PublishedTable, published_tables
 from pgcdc.runtime import streaming_gc
@@ -375,49 +377,55 @@ class Pipeline:
         assembler = TransactionAssembler(memory_limit_bytes=config.memory_limit_bytes, spill_dir=config.spill_dir)
         self._set_phase("streaming")
         batch = _Batch()
-        last_status = last_heartbeat = 0.0
-        try:
-            for event in stream.events(idle_timeout=min(1.0, config.batch_max_seconds)):
-                if event.reconnected:  # the server resends everything after the confirmed position
-                    self.progress.errors += 1
-                    assembler.close()
-                    assembler = TransactionAssembler(memory_limit_bytes=config.memory_limit_bytes,
-                                                     spill_dir=config.spill_dir)
-                    batch = _Batch()
-                    continue
-                if event.message is not None:
-                    for item in assembler.feed(event.message):
-                        if isinstance(item, Transaction):
-                            self._add(batch, item)
-                            item.close()
-                        elif isinstance(item, Type):
-                            self._registry.observe(item)
-                idle = event.message is None
-                if batch and (batch.rows >= config.batch_max_rows or self._stop.is_set()
-                              or time.monotonic() - batch.started >= config.batch_max_seconds
-                              or (target is not None and idle)):
-                    self._apply(batch, assembler, stream)
-                    batch = _Batch()
-                if idle and not batch and assembler.oldest_pending_lsn() is None and stream.server_wal_end:
-                    # a quiet slot: everything received is applied, so the server's position is safe to
-                    # confirm and WAL does not pile up behind the slot
-                    stream.confirm(stream.server_wal_end)
-                now = time.monotonic()
-                if now - last_status >= 5.0:
-                    self._refresh_server_status()
-                    last_status = now
-                if idle and config.heartbeat_seconds and now - last_heartbeat >= config.heartbeat_seconds:
-                    self._heartbeat()
-                    last_heartbeat = now
-                if self._stop.is_set():
-                    break
-                if (target is not None and idle and not batch and assembler.oldest_pending_lsn() is None
-                        and (stream.server_wal_end or Lsn(0)) >= target):
-                    break
-        finally:
-            if batch and not self._stop.is_set():
-                log.warning("stopping with %d unapplied transactions; they will be replayed", batch.transactions)
-            stream.close()
+        last_heartbeat = 0.0
+        seen_status: SlotStatus | None = None
+        with SourceWatch(config.dsn, config.slot) as watch:
+            try:
+                for event in stream.events(idle_timeout=min(1.0, config.batch_max_seconds)):
+                    if event.reconnected:  # the server resends everything after the confirmed position
+                        self.progress.errors += 1
+                        assembler.close()
+                        assembler = TransactionAssembler(memory_limit_bytes=config.memory_limit_bytes,
+                                                         spill_dir=config.spill_dir)
+                        batch = _Batch()
+                        continue
+                    if event.message is not None:
+                        for item in assembler.feed(event.message):
+                            if isinstance(item, Transaction):
+                                self._add(batch, item)
+                                item.close()
+                            elif isinstance(item, Type):
+                                self._registry.observe(item)
+                    idle = event.message is None
+                    if batch and (batch.rows >= config.batch_max_rows or self._stop.is_set()
+                                  or time.monotonic() - batch.started >= config.batch_max_seconds
+                                  or (target is not None and idle)):
+                        self._apply(batch, assembler, stream)
+                        batch = _Batch()
+                    if idle and not batch and assembler.oldest_pending_lsn() is None and stream.server_wal_end:
+                        # a quiet slot: everything received is applied, so the server's position is safe to
+                        # confirm and WAL does not pile up behind the slot
+                        stream.confirm(stream.server_wal_end)
+                    status = watch.latest()
+                    if status is not seen_status and status is not None:
+                        seen_status = status
+                        self.progress.server_lsn = status.server_lsn
+                        self.progress.wal_retained_bytes = status.wal_retained_bytes
+                        self.progress.wal_status = status.wal_status
+                        self._emit()
+                    now = time.monotonic()
+                    if idle and config.heartbeat_seconds and now - last_heartbeat >= config.heartbeat_seconds:
+                        watch.heartbeat()
+                        last_heartbeat = now
+                    if self._stop.is_set():
+                        break
+                    if (target is not None and idle and not batch and assembler.oldest_pending_lsn() is None
+                            and (stream.server_wal_end or Lsn(0)) >= target):
+                        break
+            finally:
+                if batch and not self._stop.is_set():
+                    log.warning("stopping with %d unapplied transactions; they will be replayed", batch.transactions)
+                stream.close()
             assembler.close()
         self._set_phase("stopped")
         return self.progress
@@ -570,49 +578,14 @@ class Pipeline:
         with self._source() as conn:
             return conn.info.server_version >= 150000
 
-    @contextlib.contextmanager
-    def _source(self, timeout: float = 120.0) -> Iterator[psycopg.Connection]:
-        """A connection for catalog and status queries, its whole use bounded by ``timeout`` seconds: a
-        server behind a silent partition must not stall the stream's loop forever."""
-        params = psycopg.conninfo.conninfo_to_dict(self.config.dsn)
-        params.setdefault("connect_timeout", max(1, min(10, int(timeout))))
-        params.setdefault("application_name", "pgcdc")
-        with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as conn, \
-                deadline(conn.fileno(), timeout, what="a query to the source"):
-            yield conn
+    def _source(self, timeout: float = 120.0) -> contextlib.AbstractContextManager[psycopg.Connection]:
+        return source_connection(self.config.dsn, timeout)
 
     def _server_lsn(self) -> Lsn:
         with self._source() as conn:
             row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
             assert row is not None
             return Lsn.parse(row[0])
-
-    def _heartbeat(self) -> None:
-        """A tiny non-transactional logical message in the source database: when the published tables are
-        quiet but other databases write WAL, the slot still gets something to confirm, so WAL does not pile up."""
-        try:
-            with self._source(timeout=5) as conn:
-                conn.execute("SELECT pg_logical_emit_message(false, 'pgcdc.heartbeat', '')")
-        except psycopg.Error as exc:
-            log.warning("heartbeat failed: %s", exc)
-
-    def _refresh_server_status(self) -> None:
-        try:
-            with self._source(timeout=5) as conn:
-                row = conn.execute(
-                    "SELECT pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,"
-                    " wal_status FROM pg_replication_slots WHERE slot_name = %s", (self.config.slot,)).fetchone()
-        except psycopg.Error as exc:
-            log.debug("status query failed: %s", exc)
-            return
-        if row:
-            self.progress.server_lsn = Lsn.parse(row[0])
-            self.progress.wal_retained_bytes = row[1]
-            self.progress.wal_status = row[2]
-            if row[2] in ("extended", "unreserved"):
-                log.warning("slot %s has wal_status=%s: it retains %d bytes of WAL and may be invalidated; "
-                            "let pgcdc catch up or raise max_slot_wal_keep_size", self.config.slot, row[2], row[1])
-        self._emit()
 
     def _set_phase(self, phase: str) -> None:
         self.progress.phase = phase

@@ -16,6 +16,7 @@ import pytest
 
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline import Pipeline
+from pgcdc.replication import SlotManager, SourceWatch
 from pipeline_support import (
     SHOP_TABLES,
     Workload,
@@ -113,6 +114,40 @@ def test_restarts_terminations_and_network_cuts_lose_nothing(pg, spark):
           f"(its own reconnections: {workload.disconnects}); {figures}")
     assert reconnections >= len(faults)
 
+
+
+def test_status_and_heartbeat_queries_wait_on_their_own_thread_behind_a_partition(pg):
+    """The slot's status and the heartbeats go over ordinary connections, which a silent partition holds until
+    their timeouts: on the stream's own loop that wait came once per buffered message, so the stream took minutes
+    to reach the silence that tells it the connection is gone. Beside it, asking never waits on the server."""
+    if pg.server.embedded is None:
+        pytest.skip("the proxy needs the embedded server's port")
+    pg.execute("CREATE PUBLICATION watched_pub")  # empty: logical messages are decoded all the same
+    with SlotManager(pg.dsn).create("watched", export_snapshot=False), \
+            TcpProxy("127.0.0.1", pg.server.embedded.port) as proxy, \
+            SourceWatch(proxy.dsn(pg.dsn), "watched", interval=0.5, query_timeout=2) as watch:
+        _wait_for(lambda: watch.latest() is not None, 60, "a first status")
+        first = watch.latest()
+        assert first is not None and first.wal_status == "reserved" and first.wal_retained_bytes is not None
+
+        proxy.blackhole()
+        _wait_for(lambda: proxy.connections >= 3, 60, "queries stuck behind the partition")
+        asked = time.monotonic()
+        for _ in range(20):  # each query now waits its full 2 s timeout on the watch's thread
+            watch.heartbeat()
+            assert watch.latest() is first
+        assert time.monotonic() - asked < 2
+
+        proxy.heal()
+        pg.execute("SELECT pg_switch_wal()")  # the server's position moves on
+        _wait_for(lambda: watch.latest().server_lsn > first.server_lsn, 60, "a status after the partition")
+        watch.heartbeat()
+
+        def heartbeats() -> int:
+            rows = pg.execute("SELECT data FROM pg_logical_slot_peek_binary_changes('watched', NULL, NULL, "
+                              "'proto_version', '1', 'publication_names', 'watched_pub', 'messages', 'true')")
+            return sum(b"pgcdc.heartbeat" in bytes(row[0]) for row in rows)
+        _wait_for(lambda: heartbeats() >= 1, 60, "a heartbeat in the slot")
 
 def test_a_full_spill_directory_stops_with_a_clear_error_and_confirms_nothing_past_the_mirrors(pg, spark, tmp_path):
     """The spill directory fills up (a file size limit on the running pipeline: writes fail with EFBIG, as

@@ -11,11 +11,13 @@ from pgcdc.replication.slots import (
     deadline,
     replication_connection,
     server_info,
+    source_connection,
 )
 from pgcdc.replication.stream import LogicalReplicationStream, ReplicationEvent, SqlInterfaceReader
+from pgcdc.replication.watch import SlotStatus, SourceWatch
 
 __all__ = [
     "CreatedSlot", "LogicalReplicationStream", "ReplicationEvent", "ReplicationOptions", "ServerInfo", "SlotInfo",
-    "SlotManager", "SourceProblem", "SqlInterfaceReader", "check_source", "deadline", "replication_connection", "server_info",
-    "with_session_settings",
+    "SlotManager", "SlotStatus", "SourceProblem", "SourceWatch", "SqlInterfaceReader", "check_source", "deadline",
+    "replication_connection", "server_info", "source_connection", "with_session_settings",
 ]

@@ -126,6 +126,19 @@ def deadline(fileno: int, seconds: float, *, what: str) -> Iterator[None]:
         timer.cancel()
 
 
+
+@contextlib.contextmanager
+def source_connection(dsn: str, timeout: float = 120.0) -> Iterator[psycopg.Connection]:
+    """An ordinary connection for catalog and status queries, its whole use bounded by ``timeout`` seconds:
+    a server behind a silent partition must not stall its caller forever."""
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    params.setdefault("connect_timeout", max(1, min(10, int(timeout))))
+    params.setdefault("application_name", "pgcdc")
+    with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as conn, \
+            deadline(conn.fileno(), timeout, what="a query to the source"):
+        yield conn
+
+
 def replication_connection(dsn: str) -> psycopg2.extras.LogicalReplicationConnection:
     """A walsender connection in database mode, with pgcdc's session settings and liveness defaults."""
     given = psycopg.conninfo.conninfo_to_dict(dsn)
