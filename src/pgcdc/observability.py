@@ -160,6 +160,8 @@ class MetricsServer:
                          registry=self.registry)
         self.retained = Gauge("pgcdc_wal_retained_bytes", "WAL the slot keeps on the server", registry=self.registry)
         self.applied = Gauge("pgcdc_applied_lsn", "Last applied LSN (as a number)", registry=self.registry)
+        self.received = Gauge("pgcdc_received_lsn", "End of the last whole transaction received (as a number)",
+                              registry=self.registry)
         self.phase = Gauge("pgcdc_phase", "1 for the pipeline's current phase (snapshot, streaming, ...)", ["phase"],
                            registry=self.registry)
         self._phase: str | None = None
@@ -185,3 +187,5 @@ class MetricsServer:
             self.retained.set(progress.wal_retained_bytes)
         if progress.applied_lsn is not None:
             self.applied.set(int(progress.applied_lsn))
+        if progress.received_lsn is not None:
+            self.received.set(int(progress.received_lsn))

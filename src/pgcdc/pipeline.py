@@ -24,6 +24,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -138,6 +139,8 @@ class Progress:
     batches_applied: int = 0
     applied_lsn: Lsn | None = None
     confirmed_lsn: Lsn | None = None
+    received_lsn: Lsn | None = None  # end of the last whole transaction received
+    applying_rows: int = 0  # changes of the batch being merged now (0: none)
     server_lsn: Lsn | None = None
     wal_retained_bytes: int | None = None
     wal_status: str | None = None
@@ -190,6 +193,15 @@ class _Batch:
 
     def __bool__(self) -> bool:
         return self.transactions > 0
+
+
+@dataclass
+class _Applying:
+    """A batch on the apply thread, and the position its success makes safe to confirm."""
+
+    batch: _Batch
+    flush: Lsn
+    future: Future[float]
 
 
 class Pipeline:
@@ -379,9 +391,14 @@ class Pipeline:
         batch = _Batch()
         last_heartbeat = 0.0
         seen_status: SlotStatus | None = None
-        with SourceWatch(config.dsn, config.slot) as watch:
+        # One batch applies on the apply thread while the next one is read, decoded and converted here: the
+        # stream never waits for a MERGE unless a full batch is ready before the one before it is applied.
+        with SourceWatch(config.dsn, config.slot) as watch, \
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgcdc-apply") as applier:
+            applying: _Applying | None = None
             try:
-                for event in stream.events(idle_timeout=min(1.0, config.batch_max_seconds)):
+                # short idle ticks: a batch that finished applying while the stream is quiet is confirmed soon
+                for event in stream.events(idle_timeout=min(0.25, config.batch_max_seconds)):
                     if event.reconnected:  # the server resends everything after the confirmed position
                         self.progress.errors += 1
                         assembler.close()
@@ -396,13 +413,27 @@ class Pipeline:
                                 item.close()
                             elif isinstance(item, Type):
                                 self._registry.observe(item)
-                    idle = event.message is None
-                    if batch and (batch.rows >= config.batch_max_rows or self._stop.is_set()
-                                  or time.monotonic() - batch.started >= config.batch_max_seconds
-                                  or (target is not None and idle)):
-                        self._apply(batch, assembler, stream)
+                    if self._stop.is_set():
+                        if applying is not None:
+                            done, applying = applying, None
+                            self._applied(done, stream)
+                        if batch:
+                            self._applied(self._start_apply(applier, batch, assembler), stream)
                         batch = _Batch()
-                    if idle and not batch and assembler.oldest_pending_lsn() is None and stream.server_wal_end:
+                        break
+                    idle = event.message is None
+                    # a full batch waits for the one applying: memory stays bounded by two batches
+                    if applying is not None and (applying.future.done() or batch.rows >= config.batch_max_rows):
+                        done, applying = applying, None
+                        self._applied(done, stream)
+                    if applying is None and batch and (
+                            batch.rows >= config.batch_max_rows
+                            or time.monotonic() - batch.started >= config.batch_max_seconds
+                            or (target is not None and idle)):
+                        applying = self._start_apply(applier, batch, assembler)
+                        batch = _Batch()
+                    caught_up = idle and not batch and applying is None and assembler.oldest_pending_lsn() is None
+                    if caught_up and stream.server_wal_end:
                         # a quiet slot: everything received is applied, so the server's position is safe to
                         # confirm and WAL does not pile up behind the slot
                         stream.confirm(stream.server_wal_end)
@@ -417,12 +448,14 @@ class Pipeline:
                     if idle and config.heartbeat_seconds and now - last_heartbeat >= config.heartbeat_seconds:
                         watch.heartbeat()
                         last_heartbeat = now
-                    if self._stop.is_set():
-                        break
-                    if (target is not None and idle and not batch and assembler.oldest_pending_lsn() is None
-                            and (stream.server_wal_end or Lsn(0)) >= target):
+                    if caught_up and target is not None and (stream.server_wal_end or Lsn(0)) >= target:
                         break
             finally:
+                if applying is not None:  # the loop failed: the batch applying finishes, and counts if it worked
+                    try:
+                        self._applied(applying, stream)
+                    except Exception as exc:
+                        log.error("the batch being applied failed too: %s", exc)
                 if batch and not self._stop.is_set():
                     log.warning("stopping with %d unapplied transactions; they will be replayed", batch.transactions)
                 stream.close()
@@ -430,15 +463,29 @@ class Pipeline:
         self._set_phase("stopped")
         return self.progress
 
-    def _apply(self, batch: _Batch, assembler: TransactionAssembler, stream: LogicalReplicationStream) -> None:
+    def _start_apply(self, applier: ThreadPoolExecutor, batch: _Batch,
+                     assembler: TransactionAssembler) -> _Applying:
+        """Hand ``batch`` to the apply thread; nothing else may be applying."""
+        for segments in batch.tables.values():
+            for segment in segments:
+                self._convert_pending(segment)
+        self._snapshot_unmirrored(batch)
+        assert batch.last_end_lsn is not None
+        # an unfinished (streamed or prepared) transaction began before the batch's end: the server must
+        # resend it after a restart, so the confirmed position stays before its start
+        held = assembler.oldest_pending_lsn()
+        flush = held if held is not None and held < batch.last_end_lsn else batch.last_end_lsn
+        self.progress.applying_rows = batch.rows
+        return _Applying(batch, flush, applier.submit(self._apply, batch))
+
+    def _apply(self, batch: _Batch) -> float:
+        """Merge every segment of ``batch`` into its mirror (on the apply thread); returns the seconds taken."""
         from pgcdc.spark.apply import apply_changes
 
         started = time.monotonic()
-        self._snapshot_unmirrored(batch)
         applied = 0
         for segments in batch.tables.values():
             for index, segment in enumerate(segments):
-                self._convert_pending(segment)
                 # A schema change inside a transaction splits it over two segments: the first must not claim
                 # that transaction, or rule 2 would skip its rest after a crash between the two commits.
                 following = segments[index + 1] if index + 1 < len(segments) else None
@@ -454,20 +501,22 @@ class Pipeline:
                               changelog=self.config.changelog)
                 applied += 1
         injection_point("apply.before-confirm")
-        assert batch.last_end_lsn is not None and batch.last_commit_lsn is not None
-        flush = batch.last_end_lsn
-        held = assembler.oldest_pending_lsn()
-        if held is not None and held < flush:
-            flush = held
-        stream.confirm(flush)
-        elapsed = time.monotonic() - started
+        return time.monotonic() - started
+
+    def _applied(self, applying: _Applying, stream: LogicalReplicationStream) -> None:
+        """Wait for ``applying`` (raising its error), then confirm what it made durable and count it."""
+        elapsed = applying.future.result()
+        batch = applying.batch
+        assert batch.last_end_lsn is not None
+        stream.confirm(applying.flush)
         progress = self.progress
         progress.rows_applied += batch.rows
         progress.transactions_applied += batch.transactions
         progress.batches_applied += 1
         progress.applied_lsn = batch.last_end_lsn
-        progress.confirmed_lsn = flush
+        progress.confirmed_lsn = applying.flush
         progress.last_batch_seconds = elapsed
+        progress.applying_rows = 0
         self._rate_window.append((time.monotonic(), progress.rows_applied))
         self._rate_window = self._rate_window[-20:]
         (t0, r0), (t1, r1) = self._rate_window[0], self._rate_window[-1]
@@ -521,6 +570,7 @@ class Pipeline:
         batch.transactions += 1
         batch.last_commit_lsn = txn.commit_lsn
         batch.last_end_lsn = txn.end_lsn
+        self.progress.received_lsn = txn.end_lsn
 
     def _convert_pending(self, segment: _Segment) -> None:
         if segment.pending:
