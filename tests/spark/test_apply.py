@@ -179,3 +179,25 @@ def test_merge_reads_only_the_key_range_of_its_batch():
     assert _key_ranges(events, ["id"]) == ["t.`id` BETWEEN -3 AND 12"]
     assert _key_ranges(events, ["id", "name"]) == ["t.`id` BETWEEN -3 AND 12"]
     assert _key_ranges(events, ["name"]) == []
+
+
+def test_arrow_tables_become_dataframes_converted_in_tasks_and_the_session_conf_is_left_as_it_was(spark):
+    """Change tables reach Spark as an RDD of Arrow batches (converted by tasks, not row by row on the driver),
+    whatever the session's own threshold for that; the threshold itself is left as the session had it."""
+    from pgcdc.spark.arrow import arrow_to_dataframe
+
+    key = "spark.sql.execution.arrow.localRelationThreshold"
+    table = pa.table({"id": pa.array(range(1000), pa.int64()), "name": [f"n{i}" for i in range(1000)],
+                      "big": [None] * 1000, "tags": [["a", None]] * 1000}, schema=ARROW)
+    for setting in (None, "123456"):
+        if setting is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, setting)
+        frame = arrow_to_dataframe(spark, table, SCHEMA)
+        plan = frame._jdf.queryExecution().analyzed().toString()
+        assert "LocalRelation" not in plan and "LogicalRDD" in plan, plan
+        rows = sorted((r.id, r.name, r.big, list(r.tags)) for r in frame.collect())
+        assert rows == [(i, f"n{i}", None, ["a", None]) for i in range(1000)]
+        assert spark.conf.get(key, None) == setting
+    spark.conf.unset(key)

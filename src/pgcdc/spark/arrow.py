@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 _MAX_ROWS_PER_PARTITION = 64_000
+_LOCAL_RELATION_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
 
 
 def spark_arrow_schema(schema: StructType) -> pa.Schema:
@@ -48,5 +49,18 @@ def arrow_to_dataframe(spark: SparkSession, table: pa.Table, schema: StructType)
         lambda filename: jvm.PythonSQLUtils.readArrowStreamFromFile(filename),
         lambda: jvm.ArrowIteratorServer(),
     )
-    jdf = jvm.PythonSQLUtils.toDataFrame(jiter, schema.json(), spark._jsparkSession)
+    # Below this many bytes Spark turns the Arrow batches into rows on the driver, one thread, and plans a
+    # local relation whose projections it then evaluates interpreted, also on the driver: about a third of
+    # the JVM's work per applied change. At 0 the batches become an RDD whose tasks convert them, in
+    # parallel on the executors. The setting is read during the call only.
+    conf = spark.conf
+    previous = conf.get(_LOCAL_RELATION_THRESHOLD, None)
+    conf.set(_LOCAL_RELATION_THRESHOLD, "0")
+    try:
+        jdf = jvm.PythonSQLUtils.toDataFrame(jiter, schema.json(), spark._jsparkSession)
+    finally:
+        if previous is None:
+            conf.unset(_LOCAL_RELATION_THRESHOLD)
+        else:
+            conf.set(_LOCAL_RELATION_THRESHOLD, previous)
     return DataFrame(jdf, spark)
