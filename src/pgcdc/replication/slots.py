@@ -126,7 +126,6 @@ def deadline(fileno: int, seconds: float, *, what: str) -> Iterator[None]:
         timer.cancel()
 
 
-
 @contextlib.contextmanager
 def source_connection(dsn: str, timeout: float = 120.0) -> Iterator[psycopg.Connection]:
     """An ordinary connection for catalog and status queries, its whole use bounded by ``timeout`` seconds:
