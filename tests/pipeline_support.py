@@ -20,6 +20,22 @@ from pgcdc.verify import compare_publication
 STREAMING_SETTINGS = "-c logical_decoding_work_mem=64kB"
 
 
+def run_in_background(pipeline: Pipeline) -> tuple[threading.Thread, list[BaseException]]:
+    """``pipeline.run()`` started on a daemon thread (a failed assertion must not leave it running forever);
+    whatever it raises lands in the returned list."""
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pipeline.run(handle_signals=False)
+        except BaseException as exc:
+            failures.append(exc)
+
+    runner = threading.Thread(target=run, name="pipeline", daemon=True)
+    runner.start()
+    return runner, failures
+
+
 def prepare_source(pg, rows: int) -> None:
     with pg.connect() as conn:
         conn.execute(SCHEMA)

@@ -11,7 +11,14 @@ import pytest
 from pgcdc.demo import workload
 from pgcdc.pipeline import Pipeline
 from pgcdc.verify import compare_publication
-from pipeline_support import SHOP_TABLES, assert_mirrors_equal, catch_up, pipeline_config, prepare_source
+from pipeline_support import (
+    SHOP_TABLES,
+    assert_mirrors_equal,
+    catch_up,
+    pipeline_config,
+    prepare_source,
+    run_in_background,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -146,14 +153,6 @@ def test_the_next_batch_is_read_while_one_is_merged(pg, spark):
     pg.execute("CREATE PUBLICATION pub FOR TABLE flow")
     config = pipeline_config(pg, spark, publication="pub", batch_max_seconds=0.3)
     pipeline = Pipeline(config, spark=spark)
-    failures: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            pipeline.run(handle_signals=False)
-        except BaseException as exc:
-            failures.append(exc)
-
     writing = threading.Event()
     writing.set()
 
@@ -168,9 +167,8 @@ def test_the_next_batch_is_read_while_one_is_merged(pg, spark):
                     conn.execute("DELETE FROM flow WHERE id = %s", ((i * 13) % 500,))
                 time.sleep(0.005)
 
-    runner = threading.Thread(target=run, daemon=True)
     writer = threading.Thread(target=write, daemon=True)
-    runner.start()
+    runner, failures = run_in_background(pipeline)
     overlapped = 0
     try:
         deadline = time.monotonic() + 180

@@ -25,6 +25,7 @@ from pipeline_support import (
     pipeline_config,
     prepare_source,
     run_cli,
+    run_in_background,
 )
 from tcp_proxy import TcpProxy
 
@@ -54,20 +55,11 @@ def test_restarts_terminations_and_network_cuts_lose_nothing(pg, spark):
         direct = pipeline_config(pg, spark, receive_timeout_seconds=6.0)
         config = dataclasses.replace(direct, dsn=proxy.dsn(direct.dsn))
         pipeline = Pipeline(config, spark=spark)
-        failures: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                pipeline.run(handle_signals=False)
-            except BaseException as exc:
-                failures.append(exc)
-
-        # a daemon, and stopped whatever happens: a failed assertion must not leave it reconnecting forever
-        runner = threading.Thread(target=run, name="pipeline", daemon=True)
         faults = []
         with contextlib.ExitStack() as cleanup, Workload(pg.dsn, seed=11, survive_disconnects=True) as workload:
+            runner, failures = run_in_background(pipeline)
+            # stopped whatever happens: a failed assertion must not leave it reconnecting forever
             cleanup.callback(lambda: (pipeline.stop(), runner.join(timeout=300)))
-            runner.start()
             _wait_for(lambda: pipeline.progress.phase == "streaming" or failures, 180,
                       f"streaming (phase {pipeline.progress.phase})")
             assert not failures, failures
