@@ -41,37 +41,24 @@ def fill(conn: psycopg.Connection, rows: int, per_transaction: int) -> None:
 
 
 def pgcdc_drain(dsn: str, slot: str, transactions: int) -> tuple[float, int]:
+    """Seconds to receive ``transactions`` transactions, and the changes they held."""
     from pgcdc.replication import LogicalReplicationStream, ReplicationOptions
     from pgcdc.runtime import streaming_gc
-    from pgcdc.transactions import TransactionAssembler
+    from pgcdc.transactions import TransactionReader
 
     stream = LogicalReplicationStream(dsn, slot=slot, options=ReplicationOptions(publication="pub", proto_version=1))
-    assembler = TransactionAssembler()
     started = time.perf_counter()
+    changes = done = 0
     with streaming_gc():
-        changes = _drain(stream, assembler, transactions)
+        for txn in TransactionReader(stream.events(idle_timeout=5.0)).transactions():
+            changes += txn.change_count
+            done += 1
+            stream.confirm(txn.end_lsn)
+            if done >= transactions:
+                break
     seconds = time.perf_counter() - started
     stream.close()
     return seconds, changes
-
-
-def _drain(stream, assembler, transactions: int) -> int:
-    """Changes received until ``transactions`` transactions have been assembled."""
-    from pgcdc.transactions import Transaction
-
-    changes = done = 0
-    for event in stream.events(idle_timeout=5.0):
-        if event.message is None:
-            continue
-        for item in assembler.feed(event.message):
-            if isinstance(item, Transaction):
-                changes += item.change_count
-                done += 1
-                stream.confirm(item.end_lsn)
-                item.close()
-        if done >= transactions:
-            break
-    return changes
 
 
 def recvlogical_drain(server: EmbeddedPostgres, slot: str, end: Lsn) -> float:
@@ -87,22 +74,12 @@ LARGE_TRANSACTION = textwrap.dedent("""
     import resource, sys, json
     sys.path.insert(0, {src!r})
     from pgcdc.replication import LogicalReplicationStream, ReplicationOptions
-    from pgcdc.transactions import Transaction, TransactionAssembler
+    from pgcdc.transactions import TransactionReader
     stream = LogicalReplicationStream({dsn!r}, slot="large", options=ReplicationOptions(publication="pub"))
-    assembler = TransactionAssembler(memory_limit_bytes=64 << 20)
-    changes = 0
-    for event in stream.events(idle_timeout=5.0):
-        if event.message is None:
-            continue
-        done = False
-        for item in assembler.feed(event.message):
-            if isinstance(item, Transaction):
-                changes = sum(1 for _ in item.changes())
-                spilled = item.spilled
-                item.close()
-                done = True
-        if done:
-            break
+    for txn in TransactionReader(stream.events(idle_timeout=5.0), memory_limit_bytes=64 << 20).transactions():
+        changes = sum(1 for _ in txn.changes())
+        spilled = txn.spilled
+        break
     stream.close()
     print(json.dumps({{"changes": changes, "spilled": spilled,
                        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))

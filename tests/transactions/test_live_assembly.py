@@ -13,7 +13,7 @@ import pytest
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput import Message
 from pgcdc.replication import LogicalReplicationStream, ReplicationOptions, SlotManager, SqlInterfaceReader
-from pgcdc.transactions import Transaction, TransactionAssembler
+from pgcdc.transactions import Transaction, TransactionAssembler, TransactionReader
 
 STREAM_SMALL = " options='-c logical_decoding_work_mem=64kB'"
 
@@ -23,6 +23,8 @@ class Received:
     transactions: list[tuple[Transaction, list]] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
     reconnects: int = 0
+    prepared_gids: list[str] = field(default_factory=list)  # what the assembler held at the last event
+    held_lsn: Lsn | None = None  # the position the slot must not pass, at the last event
 
     def ids(self, table: str) -> list[int]:
         return [int(c.new.values[0]) for _, changes in self.transactions for c in changes
@@ -30,28 +32,28 @@ class Received:
 
 
 def consume(dsn: str, slot: str, options: ReplicationOptions, until, *, timeout: float = 60.0,
-            assembler: TransactionAssembler | None = None, on_event=None) -> Received:
+            on_event=None, **reader_options) -> Received:
     """Stream ``slot`` like a consumer that applies each transaction and confirms it, until ``until(received)``."""
     stream = LogicalReplicationStream(dsn, slot=slot, options=options, max_backoff=1.0)
-    assembler = assembler or TransactionAssembler()
     received = Received()
-    deadline = time.monotonic() + timeout
-    try:
+
+    def events():
         for event in stream.events(idle_timeout=0.5):
             if on_event is not None:
                 on_event(event, received)
-            if event.reconnected:
-                received.reconnects += 1
-                assembler.close()
-                assembler = TransactionAssembler()
-            elif event.message is not None:
-                for item in assembler.feed(event.message):
-                    if isinstance(item, Transaction):
-                        received.transactions.append((item, list(item.changes())))
-                        item.close()
-                        stream.confirm(item.end_lsn)
-                    elif isinstance(item, Message):
-                        received.messages.append(item)
+            yield event
+
+    reader = TransactionReader(events(), on_message=received.messages.append, **reader_options)
+    deadline = time.monotonic() + timeout
+    try:
+        for item in reader:
+            if isinstance(item, Transaction):
+                received.transactions.append((item, list(item.changes())))
+                stream.confirm(item.end_lsn)
+                continue
+            received.reconnects = reader.reconnections
+            received.prepared_gids = reader.assembler.prepared_gids
+            received.held_lsn = reader.oldest_pending_lsn()
             if until(received) or time.monotonic() > deadline:
                 break
     finally:
@@ -135,13 +137,11 @@ def test_two_phase_held_until_commit_prepared_also_across_a_server_restart(items
         conn.execute("INSERT INTO items VALUES (2, 'rolled back')")
         conn.execute("PREPARE TRANSACTION 'dropped'")
         conn.execute("ROLLBACK PREPARED 'dropped'")
-    assembler = TransactionAssembler()
-    held = consume(items.dsn, "s", ReplicationOptions("pub"), lambda r: assembler.prepared_gids == ["kept"],
-                   assembler=assembler, timeout=30)
+    held = consume(items.dsn, "s", ReplicationOptions("pub"), lambda r: r.prepared_gids == ["kept"], timeout=30)
     assert held.transactions == []
-    assert assembler.oldest_pending_lsn() is not None  # the flush position stays before the PREPARE
+    assert held.held_lsn is not None  # the flush position stays before the PREPARE
     slot = SlotManager(items.dsn).get("s")
-    assert slot.confirmed_flush_lsn <= assembler.oldest_pending_lsn()
+    assert slot.confirmed_flush_lsn <= held.held_lsn
 
     items.server.restart()
     with items.connect() as conn:
@@ -261,14 +261,13 @@ def test_sql_interface_gives_the_walsender_messages(items):
 def test_spill_to_disk_and_cleanup(items, tmp_path):
     make_slot(items)
     items.execute("INSERT INTO items SELECT i, repeat('v', 100) FROM generate_series(1, 5000) i")
-    assembler = TransactionAssembler(memory_limit_bytes=64 << 10, spill_dir=tmp_path)
     spilled = []
 
     def watch(event, _):
         spilled.extend(tmp_path.iterdir())
 
     received = consume(items.dsn, "s", ReplicationOptions("pub", proto_version=1), lambda r: r.transactions,
-                       assembler=assembler, on_event=watch)
+                       on_event=watch, memory_limit_bytes=64 << 10, spill_dir=tmp_path)
     assert spilled, "a 5000-row transaction over a 64 kB limit goes to disk"
     assert received.ids("items") == list(range(1, 5001))
     assert list(tmp_path.iterdir()) == []  # removed once the transaction was consumed
