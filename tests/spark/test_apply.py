@@ -14,41 +14,28 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from pgcdc.change_table import ChangeColumns as C
+from pgcdc.change_table import change_schema
 from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
-from pgcdc.spark.apply import ChangeColumns as C
 from pgcdc.spark.apply import apply_changes
 from pgcdc.spark.mirror import MirrorCatalog, TableSpec
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType()),
                      StructField("big", StringType()), StructField("tags", ArrayType(StringType()))])
 ARROW = pa.schema([("id", pa.int64()), ("name", pa.string()), ("big", pa.string()), ("tags", pa.list_(pa.string()))])
-KEY = pa.struct([("id", pa.int64())])
 
 
 def changes(*events: tuple) -> pa.Table:
-    """events: (op, lsn, ordinal, row dict or None, options dict) -> a change table."""
-    rows, meta = [], {c: [] for c in C.ALL}
+    """events: (op, lsn, ordinal, row dict or None, options dict) -> a change table keyed on id."""
+    rows = []
     for op, lsn, ordinal, row, *rest in events:
         options = rest[0] if rest else {}
-        row = row or {}
-        rows.append({f.name: row.get(f.name) for f in ARROW})
-        meta[C.OP].append(op)
-        meta[C.LSN].append(lsn)
-        meta[C.ORDINAL].append(ordinal)
-        meta[C.UNCHANGED].append(options.get("unchanged", []))
-        meta[C.OLD_KEY].append(options.get("old_key"))
-        meta[C.XID].append(700 + lsn)
-        meta[C.COMMIT_TS].append(None)
-        meta[C.ORIGIN].append(options.get("origin"))
-        meta[C.BEFORE].append(options.get("before"))
-    table = pa.Table.from_pylist(rows, schema=ARROW)
-    types = {C.OP: pa.string(), C.LSN: pa.int64(), C.ORDINAL: pa.int64(), C.UNCHANGED: pa.list_(pa.string()),
-             C.OLD_KEY: KEY, C.XID: pa.int64(), C.COMMIT_TS: pa.timestamp("us", tz="UTC"), C.ORIGIN: pa.string(),
-             C.BEFORE: pa.struct(list(ARROW))}
-    for name in C.ALL:
-        table = table.append_column(name, pa.array(meta[name], types[name]))
-    return table
+        rows.append({**{f.name: (row or {}).get(f.name) for f in ARROW}, C.OP: op, C.LSN: lsn, C.ORDINAL: ordinal,
+                     C.UNCHANGED: options.get("unchanged", []), C.OLD_KEY: options.get("old_key"),
+                     C.XID: 700 + lsn, C.COMMIT_TS: None, C.ORIGIN: options.get("origin"),
+                     C.BEFORE: options.get("before")})
+    return pa.Table.from_pylist(rows, schema=change_schema(ARROW, ("id",)))
 
 
 def rows_of(spark, identifier) -> list[tuple]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import psycopg
 
 from pgcdc.errors import ConfigError
+from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import Column, Relation
 from pgcdc.replication.options import quote_ident
 
@@ -91,3 +92,24 @@ def _column_lists(conn: psycopg.Connection, publication: str) -> dict[int, set[s
     for oid, attname in rows:
         lists.setdefault(oid, set()).add(attname)
     return lists
+
+
+def primary_key(conn: psycopg.Connection, relation_id: int) -> tuple[str, ...]:
+    """The primary key's columns of a table, in the key's order (empty without one)."""
+    row = conn.execute(
+        "SELECT array_agg(a.attname ORDER BY array_position(i.indkey, a.attnum)) "
+        "FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+        "WHERE i.indrelid = %s AND i.indisprimary", (relation_id,)).fetchone()
+    return tuple(row[0]) if row and row[0] else ()
+
+
+def server_lsn(conn: psycopg.Connection) -> Lsn:
+    """The server's current WAL write position."""
+    row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return Lsn.parse(row[0])
+
+
+def two_phase_by_default(conn: psycopg.Connection) -> bool:
+    """Whether a new slot decodes prepared transactions when not told: where the server can (PostgreSQL 15+)."""
+    return conn.info.server_version >= 150000

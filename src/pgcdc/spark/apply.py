@@ -1,8 +1,8 @@
 """Apply one source table's changes of a micro-batch to its Iceberg mirror, in one atomic commit.
 
-Input is an Arrow table (see :class:`ChangeColumns`), not replication objects. The steps:
+Input is an Arrow change table (see :mod:`pgcdc.change_table`), not replication objects. The steps:
 
-1. skip changes at or below the mirror's ``pgcdc.lsn`` (a replay after a crash applies nothing twice);
+1. skip changes at or below the mirror's ``pgcdc.lsn`` (:mod:`pgcdc.checkpoint`'s rule 2);
 2. order by (commit LSN, ordinal); keep only what follows the last TRUNCATE, which empties the mirror;
 3. resolve unchanged TOAST values from earlier changes of the batch (following key changes back),
    leaving for the mirror only what the batch cannot know;
@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pgcdc.change_table import ChangeColumns as C
+from pgcdc.checkpoint import first_unapplied
 from pgcdc.lsn import Lsn
 from pgcdc.spark.arrow import arrow_to_dataframe
 from pgcdc.spark.iceberg import with_commit_properties
@@ -31,25 +33,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgcdc.spark.apply")
 
 
-class ChangeColumns:
-    """Names of the metadata columns of a change table, beside the source columns."""
-
-    OP = "_pgcdc_op"  # 'I', 'U', 'D' or 'T'
-    LSN = "_pgcdc_lsn"  # commit LSN of the transaction (int64)
-    ORDINAL = "_pgcdc_ordinal"  # position of the change in its transaction
-    UNCHANGED = "_pgcdc_unchanged"  # list<string>: columns holding an unchanged TOAST value
-    OLD_KEY = "_pgcdc_old_key"  # struct of the key columns, set only when an UPDATE changed the key
-    XID = "_pgcdc_xid"
-    COMMIT_TS = "_pgcdc_commit_ts"
-    ORIGIN = "_pgcdc_origin"
-    BEFORE = "_pgcdc_before"  # struct of the source columns: the old image, when the server sent one
-    SEQ = "_pgcdc_seq"  # internal: total order of the events derived from the changes
-    FILL_KEY = "_pgcdc_fill_key"  # internal: take unchanged values from the mirror row under this key
-
-    ALL = (OP, LSN, ORDINAL, UNCHANGED, OLD_KEY, XID, COMMIT_TS, ORIGIN, BEFORE)
-
-
-C = ChangeColumns
 
 
 def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *, lsn: Lsn,
@@ -91,7 +74,7 @@ def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *
 def _after_position(changes: pa.Table, position: Lsn | None) -> pa.Table:
     if position is None or changes.num_rows == 0:
         return changes
-    return changes.filter(pc.greater(changes.column(C.LSN), int(position)))
+    return changes.filter(pc.greater_equal(changes.column(C.LSN), first_unapplied(position)))
 
 
 def _sorted(changes: pa.Table) -> pa.Table:
@@ -326,22 +309,24 @@ def _write_rows(spark: SparkSession, mirror: MirrorTable, rows: DataFrame, lsn: 
 
 
 def _event_schema(mirror: MirrorTable, events: pa.Table) -> StructType:
-    from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType, TimestampType
+    from pyspark.sql.types import LongType, StructField, StructType
 
     key_fields = [f for f in mirror.spec.spark_schema.fields if f.name in mirror.spec.key_columns]
     key_struct = StructType([StructField(f.name, f.dataType, True) for f in key_fields])
     return StructType([
         *mirror.spec.spark_schema.fields,
-        StructField(C.OP, StringType()),
-        StructField(C.LSN, LongType()),
-        StructField(C.ORDINAL, LongType()),
-        StructField(C.UNCHANGED, ArrayType(StringType())),
-        StructField(C.XID, LongType()),
-        StructField(C.COMMIT_TS, TimestampType()),
-        StructField(C.ORIGIN, StringType()),
+        *_spark_fields(events.schema, (C.OP, C.LSN, C.ORDINAL, C.UNCHANGED, C.XID, C.COMMIT_TS, C.ORIGIN)),
         StructField(C.SEQ, LongType()),
         StructField(C.FILL_KEY, key_struct),
     ])
+
+
+def _spark_fields(schema: pa.Schema, names: tuple[str, ...]) -> list:
+    """Spark fields for plain (non-source) columns of ``schema``, typed from the change table's Arrow types."""
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructField
+
+    return [StructField(name, from_arrow_type(schema.field(name).type)) for name in names]
 
 
 # -- change log ------------------------------------------------------------------------------
@@ -367,23 +352,12 @@ def _append_changelog(spark: SparkSession, mirror: MirrorTable, changes: pa.Tabl
         "before": changes.column(C.BEFORE),
         "after": after,
     })
-    from pyspark.sql.types import (
-        ArrayType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-        TimestampType,
-    )
+    from pyspark.sql.types import StructField, StructType
 
     image = StructType(list(mirror.spec.spark_schema.fields))
-    schema = StructType([
-        StructField("op", StringType()), StructField("commit_lsn", StringType()),
-        StructField("commit_lsn_value", LongType()), StructField("ordinal", LongType()),
-        StructField("commit_ts", TimestampType()), StructField("xid", LongType()),
-        StructField("origin", StringType()), StructField("unchanged_toast", ArrayType(StringType())),
-        StructField("before", image), StructField("after", image),
-    ])
+    plain = tuple(name for name in log_table.column_names if name not in ("before", "after"))
+    schema = StructType([*_spark_fields(log_table.schema, plain),
+                         StructField("before", image), StructField("after", image)])
     frame = arrow_to_dataframe(spark, log_table, schema)
     writer = (frame.writeTo(mirror.changelog_identifier)
               .option(f"snapshot-property.{POSITION_PROPERTY}", str(lsn))

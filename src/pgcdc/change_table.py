@@ -1,0 +1,142 @@
+"""The change table: the one contract between the batcher, which builds it, and Spark's apply, which reads it.
+
+A change table holds one source table's changes of a batch: the source columns (the row after the
+change; the old key's row for a DELETE), then the metadata columns named by :class:`ChangeColumns`.
+It is plain Arrow, so the Spark room receives no replication objects; :func:`change_schema` is its one
+schema, and :func:`build_change_table` its one builder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pgcdc.errors import ConfigError
+from pgcdc.lsn import Lsn
+from pgcdc.pgoutput.messages import PG_EPOCH_UNIX_MICROS, TupleData
+
+if TYPE_CHECKING:
+    from pgcdc.transactions import Change, Transaction
+    from pgcdc.types import TableConverter
+
+
+class ChangeColumns:
+    """Names of the metadata columns of a change table, beside the source columns."""
+
+    OP = "_pgcdc_op"  # 'I', 'U', 'D' or 'T'
+    LSN = "_pgcdc_lsn"  # commit LSN of the transaction (int64)
+    ORDINAL = "_pgcdc_ordinal"  # position of the change in its transaction
+    UNCHANGED = "_pgcdc_unchanged"  # list<string>: columns holding an unchanged TOAST value
+    OLD_KEY = "_pgcdc_old_key"  # struct of the key columns, set only when an UPDATE changed the key
+    XID = "_pgcdc_xid"
+    COMMIT_TS = "_pgcdc_commit_ts"
+    ORIGIN = "_pgcdc_origin"
+    BEFORE = "_pgcdc_before"  # struct of the source columns: the old image, when the server sent one
+    SEQ = "_pgcdc_seq"  # internal to the apply: total order of the events derived from the changes
+    FILL_KEY = "_pgcdc_fill_key"  # internal to the apply: take unchanged values from the mirror row under this key
+
+    ALL = (OP, LSN, ORDINAL, UNCHANGED, OLD_KEY, XID, COMMIT_TS, ORIGIN, BEFORE)
+
+
+C = ChangeColumns
+
+
+def change_schema(source: pa.Schema, key_columns: Iterable[str]) -> pa.Schema:
+    """The schema of a change table of a source table with columns ``source`` and key ``key_columns``."""
+    key_fields = [source.field(k) for k in key_columns if k in source.names]
+    return pa.schema([
+        *source,
+        pa.field(C.OP, pa.string()),
+        pa.field(C.LSN, pa.int64()),
+        pa.field(C.ORDINAL, pa.int64()),
+        pa.field(C.UNCHANGED, pa.list_(pa.string())),
+        pa.field(C.OLD_KEY, pa.struct(key_fields)),
+        pa.field(C.XID, pa.int64()),
+        pa.field(C.COMMIT_TS, pa.timestamp("us", tz="UTC")),
+        pa.field(C.ORIGIN, pa.string()),
+        pa.field(C.BEFORE, pa.struct(list(source))),
+    ])
+
+
+def build_change_table(changes: Iterable[tuple[Transaction, Change]], converter: TableConverter,
+                       key_columns: tuple[str, ...]) -> pa.Table:
+    """Turn one table's changes into the change table :func:`pgcdc.spark.apply.apply_changes` takes."""
+    relation = converter.relation
+    width = len(relation.columns)
+    names = [c.name for c in relation.columns]
+    key_index = [names.index(k) for k in key_columns if k in names]
+    null_row = TupleData("n" * width, (None,) * width)
+
+    after: list[TupleData] = []
+    before: list[TupleData] = []
+    has_before: list[bool] = []
+    key_changed: list[bool] = []
+    ops: list[str] = []
+    lsns: list[int] = []
+    ordinals: list[int] = []
+    xids: list[int] = []
+    commit_ts: list[int] = []
+    origins: list[str | None] = []
+    for txn, change in changes:
+        op = change.op
+        old = change.old if change.old is not None else change.key
+        if op == "T":
+            new = null_row
+        elif op == "D":
+            new = _fit(old, width) if old is not None else null_row
+        else:
+            new = _fit(change.new, width)
+        after.append(new)
+        before.append(_fit(old, width) if old is not None else null_row)
+        has_before.append(old is not None and op in ("U", "D"))
+        key_changed.append(op == "U" and old is not None and bool(key_index) and any(
+            old.kinds[i] != "u" and (old.kinds[i], old.values[i]) != (new.kinds[i], new.values[i])
+            for i in key_index))
+        ops.append(op)
+        lsns.append(int(txn.commit_lsn))
+        ordinals.append(change.ordinal)
+        xids.append(txn.xid)
+        commit_ts.append(txn.commit_ts)
+        origins.append(txn.origin)
+
+    lsn_for_errors = Lsn(max(lsns)) if lsns else None
+    after_rows = converter.convert(after, lsn=lsn_for_errors)
+    before_rows = converter.convert(before, lsn=lsn_for_errors)
+    unchanged_lists: list[list[str]] = [[] for _ in after]
+    for column, mask in after_rows.unchanged.items():
+        for row, flag in enumerate(mask.to_pylist()):
+            if flag:
+                unchanged_lists[row].append(column)
+
+    source = converter.arrow_schema
+    schema = change_schema(source, key_columns)
+    no_before = pa.array([not flag for flag in has_before], pa.bool_())
+    before_struct = pa.StructArray.from_arrays(before_rows.batch.columns, fields=list(source), mask=no_before)
+    old_key_type = schema.field(C.OLD_KEY).type
+    old_key = pa.StructArray.from_arrays(
+        [before_rows.batch.column(source.get_field_index(f.name)) for f in old_key_type], fields=list(old_key_type),
+        mask=pa.array([not flag for flag in key_changed], pa.bool_())) if old_key_type.num_fields else (
+        pa.nulls(len(after), old_key_type))
+    return pa.Table.from_arrays([
+        *after_rows.batch.columns,
+        pa.array(ops, pa.string()),
+        pa.array(lsns, pa.int64()),
+        pa.array(ordinals, pa.int64()),
+        pa.array(unchanged_lists, pa.list_(pa.string())),
+        old_key,
+        pa.array(xids, pa.int64()),
+        pc.add(pa.array(commit_ts, pa.int64()), PG_EPOCH_UNIX_MICROS).cast(pa.timestamp("us", tz="UTC")),
+        pa.array(origins, pa.string()),
+        before_struct,
+    ], schema=schema)
+
+
+def _fit(tuple_data: TupleData | None, width: int) -> TupleData:
+    if tuple_data is None:
+        return TupleData("n" * width, (None,) * width)
+    if len(tuple_data) != width:
+        raise ConfigError(f"a row has {len(tuple_data)} columns where its relation has {width}")
+    return tuple_data

@@ -1,0 +1,116 @@
+"""Apply scheduling: one batch at a time merged into the mirrors on the apply thread.
+
+While a batch is merged, the stream's thread goes on reading, decoding and converting the next one. A
+batch is confirmed (the position :meth:`pgcdc.checkpoint.Checkpoint.batch_flush` gave it) only once
+every mirror it touched has committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from pgcdc.checkpoint import mirror_position
+from pgcdc.faults import injection_point
+from pgcdc.lsn import Lsn
+from pgcdc.pipeline.batcher import Batch
+from pgcdc.pipeline.config import Progress
+from pgcdc.pipeline.tables import SourceTables
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("pgcdc.pipeline")
+
+
+@dataclass
+class Applying:
+    """A batch on the apply thread, and the position its success makes safe to confirm."""
+
+    batch: Batch
+    flush: Lsn
+    future: Future[float]
+
+
+class Applier:
+    """``with Applier(...) as applier``: :meth:`start` a batch, :meth:`collect` it (waiting if need be)."""
+
+    def __init__(self, tables: SourceTables, spark: Callable[[], SparkSession], progress: Progress,
+                 emit: Callable[[], None], *, changelog: bool) -> None:
+        self.tables = tables
+        self._spark = spark
+        self.progress = progress
+        self._emit = emit
+        self._changelog = changelog
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgcdc-apply")
+        self.applying: Applying | None = None
+        self._rate_window: list[tuple[float, int]] = []
+
+    def __enter__(self) -> Applier:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._executor.shutdown(wait=True)
+
+    @property
+    def busy(self) -> bool:
+        return self.applying is not None
+
+    def done(self) -> bool:
+        return self.applying is not None and self.applying.future.done()
+
+    def start(self, batch: Batch, flush: Lsn) -> None:
+        """Hand ``batch`` to the apply thread; nothing else may be applying."""
+        assert self.applying is None
+        self.progress.applying_rows = batch.rows
+        self.applying = Applying(batch, flush, self._executor.submit(self._apply, batch))
+
+    def collect(self, confirm: Callable[[Lsn], None]) -> None:
+        """Wait for the batch applying (raising its error), then ``confirm`` what it made durable and count it."""
+        applying, self.applying = self.applying, None
+        if applying is None:
+            return
+        elapsed = applying.future.result()
+        batch = applying.batch
+        confirm(applying.flush)
+        progress = self.progress
+        progress.rows_applied += batch.rows
+        progress.transactions_applied += batch.transactions
+        progress.batches_applied += 1
+        progress.applied_lsn = batch.last_end_lsn
+        progress.confirmed_lsn = applying.flush
+        progress.last_batch_seconds = elapsed
+        progress.applying_rows = 0
+        self._rate_window.append((time.monotonic(), progress.rows_applied))
+        self._rate_window = self._rate_window[-20:]
+        (t0, r0), (t1, r1) = self._rate_window[0], self._rate_window[-1]
+        progress.rows_per_s = (r1 - r0) / (t1 - t0) if t1 > t0 else 0.0
+        log.info("applied %d rows of %d transactions up to %s in %.2fs", batch.rows, batch.transactions,
+                 batch.last_commit_lsn, elapsed)
+        self._emit()
+
+    def _apply(self, batch: Batch) -> float:
+        """Merge every segment of ``batch`` into its mirror (on the apply thread); returns the seconds taken."""
+        from pgcdc.spark.apply import apply_changes
+
+        started = time.monotonic()
+        applied = 0
+        for segments in batch.tables.values():
+            for index, segment in enumerate(segments):
+                following = segments[index + 1].span if index + 1 < len(segments) else None
+                mirror = self.tables.mirror_for(segment.relation)
+                position = mirror_position(segment.span, following, mirror.position)
+                if applied:
+                    injection_point("apply.between-mirrors")
+                injection_point("apply.merge")
+                apply_changes(self._spark(), mirror, pa.concat_tables(segment.chunks), lsn=position,
+                              changelog=self._changelog)
+                applied += 1
+        injection_point("apply.before-confirm")
+        return time.monotonic() - started

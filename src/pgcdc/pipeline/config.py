@@ -1,0 +1,109 @@
+"""What a pipeline is told (:class:`PipelineConfig`) and what it reports (:class:`Progress`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import psycopg
+
+from pgcdc.errors import ConfigError
+from pgcdc.lsn import Lsn
+
+_SLOT_NAME_OK = set("abcdefghijklmnopqrstuvwxyz0123456789_")  # what PostgreSQL accepts for a slot
+
+
+@dataclass
+class PipelineConfig:
+    """Everything a pipeline needs; validated before anything touches a server or the JVM.
+
+    ``dsn`` is a libpq connection string or URI for the source database (TLS
+    settings such as ``sslmode`` pass through). ``spark_conf`` overrides any
+    Spark or Iceberg catalog setting (``spark.sql.catalog.<catalog>.*``).
+    """
+
+    dsn: str
+    publication: str
+    slot: str = "pgcdc"
+    catalog: str = "pgcdc"
+    namespace: str = "mirror"
+    warehouse: str | None = "warehouse"
+    spark_master: str | None = None
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+    batch_max_rows: int = 200_000
+    batch_max_seconds: float = 5.0
+    changelog: bool = False
+    snapshot: bool = True
+    binary: bool = False
+    proto_version: int | None = None
+    streaming: str | None = None
+    two_phase: bool | None = None
+    origin: str | None = None
+    numeric: str = "string"
+    memory_limit_bytes: int = 256 << 20
+    heartbeat_seconds: float | None = None
+    spill_dir: str | None = None
+    resnapshot: bool = False
+    receive_timeout_seconds: float = 60.0
+    snapshot_writer: str = "auto"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.dsn or not isinstance(self.dsn, str):
+            problems.append("dsn is empty: give a connection string such as 'host=db.example dbname=shop user=cdc'")
+        else:
+            try:
+                psycopg.conninfo.conninfo_to_dict(self.dsn)
+            except psycopg.ProgrammingError as exc:
+                problems.append(f"dsn is not a valid connection string ({exc})")
+        if not self.publication or "\0" in self.publication or len(self.publication.encode()) > 63:
+            problems.append(f"publication {self.publication!r} must be a PostgreSQL name: 1-63 bytes, no NUL")
+        if not self.slot or not set(self.slot) <= _SLOT_NAME_OK or len(self.slot) > 63:
+            problems.append(f"slot {self.slot!r}: replication slot names are 1-63 lower-case letters, digits and _")
+        if self.batch_max_rows < 1:
+            problems.append("batch_max_rows must be at least 1")
+        if self.batch_max_seconds <= 0:
+            problems.append("batch_max_seconds must be positive")
+        if self.receive_timeout_seconds <= 0:
+            problems.append("receive_timeout_seconds must be positive")
+        if self.heartbeat_seconds is not None and self.heartbeat_seconds <= 0:
+            problems.append("heartbeat_seconds must be positive")
+        if self.proto_version is not None and self.proto_version not in (1, 2, 3, 4):
+            problems.append(f"proto_version {self.proto_version} is not one of 1, 2, 3, 4")
+        if self.streaming not in (None, "off", "on", "parallel"):
+            problems.append(f"streaming {self.streaming!r} must be off, on or parallel")
+        if self.origin not in (None, "any", "none"):
+            problems.append(f"origin {self.origin!r} must be any or none")
+        if self.numeric not in ("string", "decimal38"):
+            problems.append(f"numeric policy {self.numeric!r} must be string or decimal38")
+        if self.snapshot_writer not in ("auto", "arrow", "spark"):
+            problems.append(f"snapshot writer {self.snapshot_writer!r} must be auto, arrow or spark")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+@dataclass
+class Progress:
+    """A snapshot of what the pipeline has done, for status lines and metrics."""
+
+    phase: str = "starting"
+    rows_applied: int = 0
+    transactions_applied: int = 0
+    batches_applied: int = 0
+    applied_lsn: Lsn | None = None
+    confirmed_lsn: Lsn | None = None
+    received_lsn: Lsn | None = None  # end of the last whole transaction received
+    applying_rows: int = 0  # changes of the batch being merged now (0: none)
+    server_lsn: Lsn | None = None
+    wal_retained_bytes: int | None = None
+    wal_status: str | None = None
+    rows_per_s: float = 0.0
+    last_batch_seconds: float = 0.0
+    snapshot_rows: dict[str, int] = field(default_factory=dict)
+    errors: int = 0  # replication connections lost (and re-established)
+
+    @property
+    def lag_bytes(self) -> int | None:
+        if self.server_lsn is None or self.applied_lsn is None:
+            return None
+        return max(0, int(self.server_lsn) - int(self.applied_lsn))

@@ -1,0 +1,261 @@
+"""The pipeline: a replication slot mirrored into Iceberg tables, exactly once.
+
+The one place that knows every room. Read it top to bottom: :meth:`Pipeline.run` snapshots what is not
+mirrored yet (:mod:`.snapshotter`), then :meth:`Pipeline._stream` reads committed transactions from the
+slot (:class:`pgcdc.transactions.TransactionReader`), collects them into batches of Arrow change tables
+(:mod:`.batcher`), merges each batch into the mirrors on the apply thread (:mod:`.applier`) and confirms
+to the server what the mirrors hold. Every position decision — what a batch may confirm, what a mirror
+records, what a restart resumes from — is :mod:`pgcdc.checkpoint`'s, and its rules are written there.
+
+>>> Pipeline(PipelineConfig(dsn="host=... dbname=shop", publication="shop")).run(until_caught_up=True)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from pgcdc.checkpoint import Checkpoint, resume_position
+from pgcdc.errors import ConfigError
+from pgcdc.lsn import Lsn
+from pgcdc.pipeline.applier import Applier
+from pgcdc.pipeline.batcher import Batch, Batcher
+from pgcdc.pipeline.config import PipelineConfig, Progress
+from pgcdc.pipeline.snapshotter import Snapshotter
+from pgcdc.pipeline.tables import SourceTables
+from pgcdc.replication import (
+    LogicalReplicationStream,
+    ReplicationOptions,
+    SlotManager,
+    SlotStatus,
+    SourceWatch,
+    check_source,
+    source_connection,
+)
+from pgcdc.replication.published import published_tables, server_lsn
+from pgcdc.runtime import streaming_gc
+from pgcdc.transactions import Tick, Transaction, TransactionReader
+from pgcdc.types import TableConverter
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from pgcdc.pgoutput.messages import Relation
+    from pgcdc.spark.mirror import MirrorCatalog
+
+log = logging.getLogger("pgcdc.pipeline")
+
+
+class Pipeline:
+    """Mirror a publication's tables into Iceberg with Spark; see :class:`PipelineConfig`.
+
+    >>> pipeline = Pipeline(PipelineConfig(dsn="dbname=shop", publication="shop", warehouse="/data/wh"))  # doctest: +SKIP
+    >>> pipeline.run(until_caught_up=True)                                                              # doctest: +SKIP
+    """
+
+    def __init__(self, config: PipelineConfig, *, spark: SparkSession | None = None,
+                 on_progress: Callable[[Progress], None] | None = None) -> None:
+        self.config = config
+        self._spark = spark
+        self._on_progress = on_progress
+        self.progress = Progress()
+        self._stop = threading.Event()
+        self._tables = SourceTables(config, lambda: self.spark)
+        self._snapshotter = Snapshotter(config, self._tables, lambda: self.spark, self.progress,
+                                        self._set_phase, self._emit)
+        self._batcher = Batcher(self._tables)
+        self._last_heartbeat = 0.0
+        self._seen_status: SlotStatus | None = None
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            from pgcdc.spark.session import spark_session
+
+            self._spark = spark_session(self.config.warehouse, self.config.catalog,
+                                        master=self.config.spark_master, conf=self.config.spark_conf)
+        return self._spark
+
+    @property
+    def mirrors(self) -> MirrorCatalog:
+        return self._tables.mirrors
+
+    def converter_for(self, relation: Relation) -> TableConverter:
+        """The converter of a relation version (one per distinct schema, reused)."""
+        return self._tables.converter_for(relation)
+
+    def stop(self) -> None:
+        """Ask a running pipeline to finish its current batch, confirm it and return."""
+        self._stop.set()
+
+    def check(self) -> None:
+        """Raise ConfigError listing every problem of the source set-up, each with its fix."""
+        problems = check_source(self.config.dsn, publication=self.config.publication)
+        if problems:
+            raise ConfigError("the source is not ready for pgcdc:\n" + "\n".join(
+                f"  - {p.what} Fix: {p.fix}" for p in problems))
+
+    def snapshot(self) -> dict[str, int]:
+        """Create the slot and copy every published table consistently with it (if not done yet)."""
+        self.check()
+        return self._snapshotter.snapshot()
+
+    def run(self, *, until_caught_up: bool = False, handle_signals: bool = True) -> Progress:
+        """Snapshot if needed, then stream into the mirrors until stopped (or caught up)."""
+        with self._signals(handle_signals), streaming_gc():
+            if self.config.snapshot:
+                self.snapshot()
+            else:
+                self.check()
+            return self._stream(until_caught_up=until_caught_up)
+
+    # -- streaming ----------------------------------------------------------------
+    def _stream(self, *, until_caught_up: bool) -> Progress:
+        config = self.config
+        checkpoint = Checkpoint(resume_from=self._resume_position())
+        with source_connection(config.dsn, 120.0) as conn:
+            self._tables.registry.load_from_server(conn)
+            binary = self._binary_possible(conn)
+            target = server_lsn(conn) if until_caught_up else None
+        options = ReplicationOptions(publication=config.publication, proto_version=config.proto_version,
+                                     streaming=config.streaming, two_phase=config.two_phase,
+                                     binary=binary, messages=True, origin=config.origin)
+        stream = LogicalReplicationStream(config.dsn, slot=config.slot, options=options,
+                                          start_lsn=checkpoint.confirmed,
+                                          receive_timeout=config.receive_timeout_seconds)
+        # short idle ticks: a batch that finished applying while the stream is quiet is confirmed soon
+        reader = TransactionReader(stream.events(idle_timeout=min(0.25, config.batch_max_seconds)),
+                                   memory_limit_bytes=config.memory_limit_bytes, spill_dir=config.spill_dir,
+                                   on_type=self._tables.registry.observe)
+
+        def confirm(lsn: Lsn | None) -> None:
+            if checkpoint.advance(lsn):
+                assert lsn is not None
+                stream.confirm(lsn)
+
+        def hand_off(batch: Batch) -> None:
+            self._batcher.finish(batch)
+            self._snapshotter.copy_unmirrored(batch.relations())
+            assert batch.last_end_lsn is not None
+            applier.start(batch, checkpoint.batch_flush(batch.last_end_lsn, reader.oldest_pending_lsn()))
+
+        self._set_phase("streaming")
+        batch = Batch()
+        items = iter(reader)
+        # One batch applies on the apply thread while the next one is read, decoded and converted here: the
+        # stream never waits for a MERGE unless a full batch is ready before the one before it is applied.
+        with SourceWatch(config.dsn, config.slot) as watch, \
+                Applier(self._tables, lambda: self.spark, self.progress, self._emit,
+                        changelog=config.changelog) as applier:
+            try:
+                for item in items:
+                    if isinstance(item, Transaction):
+                        self._batcher.add(batch, item)
+                        self.progress.received_lsn = item.end_lsn
+                        continue
+                    if item is Tick.RECONNECTED:  # the server resends everything after the confirmed position
+                        self.progress.errors += 1
+                        batch = Batch()
+                        continue
+                    if self._stop.is_set():
+                        applier.collect(confirm)
+                        if batch:
+                            hand_off(batch)
+                            applier.collect(confirm)
+                        batch = Batch()
+                        break
+                    idle = item is Tick.IDLE
+                    # a full batch waits for the one applying: memory stays bounded by two batches
+                    if applier.busy and (applier.done() or batch.rows >= config.batch_max_rows):
+                        applier.collect(confirm)
+                    if not applier.busy and batch and (
+                            batch.rows >= config.batch_max_rows
+                            or time.monotonic() - batch.started >= config.batch_max_seconds
+                            or (target is not None and idle)):
+                        hand_off(batch)
+                        batch = Batch()
+                    held = reader.oldest_pending_lsn()
+                    unapplied = bool(batch) or applier.busy
+                    if idle:
+                        confirm(checkpoint.quiet_flush(stream.server_wal_end, unapplied=unapplied, held=held))
+                    self._watch(watch, idle)
+                    caught_up = idle and not unapplied and held is None
+                    if caught_up and target is not None and (stream.server_wal_end or Lsn(0)) >= target:
+                        break
+            finally:
+                if applier.busy:  # the loop failed: the batch applying finishes, and counts if it worked
+                    try:
+                        applier.collect(confirm)
+                    except Exception as exc:
+                        log.error("the batch being applied failed too: %s", exc)
+                if batch and not self._stop.is_set():
+                    log.warning("stopping with %d unapplied transactions; they will be replayed", batch.transactions)
+                stream.close()
+                items.close()  # drops what the assembler held (spill files too): the server resends it
+        self._set_phase("stopped")
+        return self.progress
+
+    def _resume_position(self) -> Lsn:
+        slot = SlotManager(self.config.dsn).get(self.config.slot)
+        if slot is None:
+            raise ConfigError(f"replication slot {self.config.slot!r} does not exist; run with snapshot enabled "
+                              f"(pgcdc snapshot) or create it with: pgcdc slot create {self.config.slot}")
+        self._snapshotter.check_positions()
+        invalidated = (slot.invalidation_reason or slot.wal_status) if slot.invalidated else None
+        return resume_position(self.config.slot, slot.confirmed_flush_lsn, invalidated=invalidated)
+
+    def _binary_possible(self, conn: Any) -> bool:
+        tables = published_tables(conn, self.config.publication)
+        text_only = [t.relation.qualified_name for t in tables
+                     if self._tables.converter_for(t.relation).requires_text_mode]
+        if self.config.binary and text_only:
+            log.warning("binary values requested, but %s have types without a binary decoder: streaming text",
+                        ", ".join(text_only))
+            return False
+        return self.config.binary
+
+    def _watch(self, watch: SourceWatch, idle: bool) -> None:
+        """The slot's status from the watch thread into the progress; a heartbeat when idle, if asked for."""
+        status = watch.latest()
+        if status is not self._seen_status and status is not None:
+            self._seen_status = status
+            self.progress.server_lsn = status.server_lsn
+            self.progress.wal_retained_bytes = status.wal_retained_bytes
+            self.progress.wal_status = status.wal_status
+            self._emit()
+        now = time.monotonic()
+        if idle and self.config.heartbeat_seconds and now - self._last_heartbeat >= self.config.heartbeat_seconds:
+            watch.heartbeat()
+            self._last_heartbeat = now
+
+    def _set_phase(self, phase: str) -> None:
+        self.progress.phase = phase
+        self._emit()
+
+    def _emit(self) -> None:
+        if self._on_progress is not None:
+            self._on_progress(self.progress)
+
+    @contextlib.contextmanager
+    def _signals(self, enabled: bool) -> Iterator[None]:
+        if not enabled or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def request_stop(signum: int, frame: Any) -> None:
+            if self._stop.is_set():  # a second signal: stop now, the slot replays what was not confirmed
+                raise KeyboardInterrupt
+            log.info("stopping after the current batch (signal %d)", signum)
+            self._stop.set()
+
+        previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

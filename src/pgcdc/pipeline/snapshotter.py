@@ -1,0 +1,116 @@
+"""Snapshots: each published table copied into its mirror at a consistent point of the slot's history.
+
+The first run creates the slot with an exported snapshot and copies every table in it; the copy's
+overwrite carries the slot's consistent point as the mirror's position, so the stream's replay below it
+is skipped (:mod:`pgcdc.checkpoint`, rule 2). A table without a mirror position later (added to the
+publication, or a copy interrupted) is copied at a fresh consistent point of a temporary slot.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pgcdc.checkpoint import refuse_lost_slot, refuse_positions_ahead
+from pgcdc.faults import injection_point
+from pgcdc.lsn import Lsn
+from pgcdc.pgoutput.messages import Relation
+from pgcdc.pipeline.config import PipelineConfig, Progress
+from pgcdc.pipeline.tables import SourceTables
+from pgcdc.replication import SlotManager, source_connection
+from pgcdc.replication.published import PublishedTable, published_tables, server_lsn, two_phase_by_default
+from pgcdc.types import SESSION_SETTINGS
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("pgcdc.pipeline")
+
+
+class Snapshotter:
+    def __init__(self, config: PipelineConfig, tables: SourceTables, spark: Callable[[], SparkSession],
+                 progress: Progress, set_phase: Callable[[str], None], emit: Callable[[], None]) -> None:
+        self.config = config
+        self.tables = tables
+        self._spark = spark
+        self.progress = progress
+        self._set_phase = set_phase
+        self._emit = emit
+
+    def snapshot(self) -> dict[str, int]:
+        """Create the slot and copy every published table consistently with it (if not done yet)."""
+        config = self.config
+        with source_connection(config.dsn, 120.0) as conn:
+            tables = published_tables(conn, config.publication)
+            self.tables.registry.load_from_server(conn)
+            two_phase = config.two_phase if config.two_phase is not None else two_phase_by_default(conn)
+        slots = SlotManager(config.dsn)
+        existing = slots.get(config.slot)
+        if existing is not None and config.resnapshot:
+            log.warning("resnapshot: dropping slot %s and copying every table again", config.slot)
+            slots.drop(config.slot)
+            existing = None
+        if existing is None:
+            if not config.resnapshot:
+                refuse_lost_slot(config.slot, config.namespace, self.tables.mirrors.positions())
+            self._set_phase("snapshot")
+            with slots.create(config.slot, two_phase=two_phase, export_snapshot=True) as created:
+                return self._copy(tables, created.exported_snapshot, created.consistent_point)
+        return self.copy_missing(tables)
+
+    def check_positions(self) -> None:
+        """Before streaming: no mirror may hold a position beyond the server's WAL."""
+        positions = self.tables.mirrors.positions()
+        if positions:
+            with source_connection(self.config.dsn, 120.0) as conn:
+                refuse_positions_ahead(positions, server_lsn(conn))
+
+    def copy_missing(self, tables: list[PublishedTable]) -> dict[str, int]:
+        """Copy published tables that have no mirror position yet at a fresh consistent point of a temporary
+        slot; the stream's replay below that point is skipped per table by rule 2."""
+        positions = self.tables.mirrors.positions()
+        missing = [t for t in tables if (t.schema, t.name) not in positions]
+        if not missing:
+            return {}
+        self._set_phase("snapshot")
+        with SlotManager(self.config.dsn).create_temporary_snapshot() as temporary:
+            return self._copy(missing, temporary.exported_snapshot, temporary.consistent_point)
+
+    def copy_unmirrored(self, relations: list[Relation]) -> None:
+        """Tables the stream started sending without a mirror (added to the publication while running) are
+        copied first; rule 2 then skips the batch's changes that the copy already holds."""
+        missing = [r for r in relations if not self.tables.has_position(r)]
+        if missing:
+            with source_connection(self.config.dsn, 120.0) as conn:
+                tables = [t for t in published_tables(conn, self.config.publication)
+                          if any(t.relation.relation_id == r.relation_id for r in missing)]
+            self.copy_missing(tables)
+            self._set_phase("streaming")
+
+    def _copy(self, tables: list[PublishedTable], snapshot_name: str, consistent_lsn: Lsn) -> dict[str, int]:
+        from pgcdc.spark.snapshot import copy_table
+
+        copied = {}
+        for table in tables:
+            converter = self.tables.converter_for(table.relation)
+            mirror = self.tables.mirror_for(table.relation)
+            label = f"{table.schema}.{table.name}"
+            injection_point("snapshot.copy")
+
+            def report(p, label=label):
+                self.progress.snapshot_rows[label] = p.rows
+                self._emit()
+
+            result = copy_table(
+                self._spark(), dsn=self.config.dsn, source_schema=table.schema, source_table=table.name,
+                columns=[c.name for c in table.relation.columns], converter=converter,
+                spark_schema=converter.spark_schema, target_identifier=mirror.identifier,
+                snapshot_name=snapshot_name, consistent_lsn=consistent_lsn,
+                session_settings=dict(SESSION_SETTINGS), progress=report, writer=self.config.snapshot_writer,
+            )
+            copied[label] = result.rows
+            mirror.position = consistent_lsn
+            self.progress.snapshot_rows[label] = result.rows
+            log.info("copied %s: %d rows in %.1fs at %s", label, result.rows, result.seconds, consistent_lsn)
+        return copied
