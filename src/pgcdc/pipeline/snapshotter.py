@@ -94,7 +94,8 @@ class Snapshotter:
         copied = {}
         for table in tables:
             converter = self.tables.converter_for(table.relation)
-            mirror = self.tables.mirror_for(table.relation)
+            # the copy replaces every row: a mirror keyed otherwise is made again with the table's key
+            mirror = self.tables.mirror_for(table.relation, replace_other_key=True)
             label = f"{table.schema}.{table.name}"
             injection_point("snapshot.copy")
 

@@ -1,7 +1,9 @@
 """The source tables a pipeline mirrors: per table, its converter, its key and its mirror.
 
 A table's schema version is a Relation message (or its catalog twin for the snapshot). Each distinct
-version gets one converter.
+version gets one converter; its key is what the server sends as the row's identity
+(:func:`pgcdc.replication.published.identity_key`), so a new replica identity is a new version, and its
+mirror is refused when it was keyed otherwise.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING
 from pgcdc.pgoutput.messages import Relation
 from pgcdc.pipeline.config import PipelineConfig
 from pgcdc.replication import source_connection
-from pgcdc.replication.published import primary_key
+from pgcdc.replication.published import identity_key, primary_key
 from pgcdc.types import ConversionOptions, TableConverter, TypeRegistry
 
 if TYPE_CHECKING:
@@ -61,23 +63,22 @@ class SourceTables:
         return converter
 
     def key_for(self, relation: Relation) -> tuple[str, ...]:
-        """The mirror's key: the primary key when there is one (also under REPLICA IDENTITY FULL, where
-        pgoutput flags every column), else the replica identity index, else none."""
-        key = self._keys.get((relation.relation_id,))
+        """The mirror's key for a relation version; only REPLICA IDENTITY FULL asks the catalog (for the
+        primary key, which the Relation message does not tell apart from the other columns)."""
+        signature = schema_signature(relation)
+        key = self._keys.get(signature)
         if key is None:
-            with source_connection(self.config.dsn, 120.0) as conn:
-                primary = primary_key(conn, relation.relation_id)
-            if primary and set(primary) <= {c.name for c in relation.columns}:
-                key = primary
-            elif relation.replica_identity in ("d", "i"):
-                key = tuple(c.name for c in relation.key_columns)
-            else:
-                key = ()
-            self._keys[(relation.relation_id,)] = key
+            primary: tuple[str, ...] = ()
+            if relation.replica_identity == "f":
+                with source_connection(self.config.dsn, 120.0) as conn:
+                    primary = primary_key(conn, relation.relation_id)
+            key = self._keys[signature] = identity_key(relation, primary)
         return key
 
-    def mirror_for(self, relation: Relation) -> MirrorTable:
-        """The mirror of a relation version, created or evolved to it."""
+    def mirror_for(self, relation: Relation, *, replace_other_key: bool = False) -> MirrorTable:
+        """The mirror of a relation version, created or evolved to it. A mirror keyed otherwise is refused
+        (the way out is a new copy), or, with ``replace_other_key`` (a copy is about to replace its rows),
+        made again with the new key."""
         from pgcdc.spark.mirror import TableSpec
 
         if relation.replica_identity == "n":
@@ -87,7 +88,7 @@ class SourceTables:
         spec = TableSpec(source_schema=relation.namespace, source_table=relation.name,
                          spark_schema=self.converter_for(relation).spark_schema, key_columns=self.key_for(relation),
                          replica_identity=relation.replica_identity)
-        return self.mirrors.ensure(spec)
+        return self.mirrors.ensure(spec, replace_other_key=replace_other_key)
 
     def has_position(self, relation: Relation) -> bool:
         """Whether the relation's mirror holds a position (was copied or applied to)."""

@@ -103,6 +103,18 @@ def primary_key(conn: psycopg.Connection, relation_id: int) -> tuple[str, ...]:
     return tuple(row[0]) if row and row[0] else ()
 
 
+def identity_key(relation: Relation, primary: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The mirror's key: what the server sends as a row's identity. The flagged columns under REPLICA IDENTITY
+    DEFAULT (the primary key) and USING INDEX (the index's columns); under FULL, where every column is flagged and
+    the old row comes whole, the ``primary`` key when it is published, else none (rows match on every column);
+    none under NOTHING."""
+    if relation.replica_identity in ("d", "i"):
+        return tuple(c.name for c in relation.key_columns)
+    if relation.replica_identity == "f" and primary and set(primary) <= {c.name for c in relation.columns}:
+        return primary
+    return ()
+
+
 def server_lsn(conn: psycopg.Connection) -> Lsn:
     """The server's current WAL write position."""
     row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()

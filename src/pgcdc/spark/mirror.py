@@ -141,15 +141,33 @@ class MirrorCatalog:
             return False
         return True
 
-    def ensure(self, spec: TableSpec) -> MirrorTable:
-        """The mirror of ``spec``'s source, created or evolved to ``spec.spark_schema``."""
+    def ensure(self, spec: TableSpec, *, replace_other_key: bool = False) -> MirrorTable:
+        """The mirror of ``spec``'s source, created or evolved to ``spec.spark_schema``.
+
+        A mirror keyed on other columns than ``spec.key_columns`` is refused with the way out (a new copy),
+        or, with ``replace_other_key`` (the caller is about to replace every row), dropped and made again."""
         key = (spec.source_schema, spec.source_table)
         known = self._tables.get(key)
         if known is not None and known.spec == spec:
             return known
         identifier = self.identifier_for(spec.source_schema, spec.source_table)
         changelog = self.changelog_identifier_for(spec.source_schema, spec.source_table)
-        if known is None and not self._readable(identifier):
+        readable = known is not None or self._readable(identifier)
+        recorded = (known.spec.key_columns if known is not None
+                    else self._recorded_key(identifier) if readable else None)
+        if recorded is not None and _key_tokens(recorded) != _key_tokens(spec.key_columns):
+            if not replace_other_key:
+                raise ConfigError(
+                    f"{spec.source}: its mirror {identifier} is keyed on {_describe_key(recorded)}, but the "
+                    f"table's replica identity now identifies rows by {_describe_key(spec.key_columns)}; applying "
+                    "its changes by the old key would leave wrong rows in the mirror. Copy the tables again with "
+                    "the new key: pgcdc run --resnapshot (or restore the table's replica identity)")
+            log.warning("%s: mirror %s was keyed on %s; making it again keyed on %s for a new copy", spec.source,
+                        identifier, _describe_key(recorded), _describe_key(spec.key_columns))
+            self.spark.sql(f"DROP TABLE {identifier}")
+            self._tables.pop(key, None)
+            known, readable = None, False
+        if not readable:
             self._create(identifier, spec)
             mirror = MirrorTable(identifier, changelog, spec, self.spark.table(identifier).schema)
         else:
@@ -160,6 +178,14 @@ class MirrorCatalog:
                                          else self.read_position(changelog) if self._exists(changelog) else None)
         self._tables[key] = mirror
         return mirror
+
+    def _recorded_key(self, identifier: str) -> tuple[str, ...] | None:
+        """The key a mirror was created with (its ``pgcdc.key`` property); None when it records none."""
+        rows = self.spark.sql(f"SHOW TBLPROPERTIES {identifier} ({sql_string(KEY_PROPERTY)})").collect()
+        value = rows[0].value if rows else None
+        if value is None or "does not have property" in value:
+            return None
+        return (value,) if value else ()  # compared by _key_tokens: a column name may hold a comma
 
     def _create(self, identifier: str, spec: TableSpec) -> None:
         missing = [k for k in spec.key_columns if k not in spec.spark_schema.names]
@@ -288,6 +314,15 @@ class MirrorCatalog:
                          "snapshots": snapshots})
         return rows
 
+
+
+def _key_tokens(key: tuple[str, ...]) -> list[str]:
+    # as ``pgcdc.key`` records a key (comma-joined), in any order: the key is a set of columns
+    return sorted(",".join(key).split(","))
+
+
+def _describe_key(key: tuple[str, ...]) -> str:
+    return f"({', '.join(key)})" if key else "no key (whole rows)"
 
 
 def _decode(name: str) -> str:
