@@ -31,7 +31,9 @@ def test_replica_identity_using_index_keys_the_mirror_on_the_index_not_the_prima
     pg.execute("CREATE UNIQUE INDEX ri_identity ON ri (code, tenant)")
     pg.execute("ALTER TABLE ri REPLICA IDENTITY USING INDEX ri_identity")
     pg.execute("INSERT INTO ri SELECT i, 'c' || (i % 10), i / 10, 'v' || i FROM generate_series(1, 200) i")
-    pg.execute("CREATE PUBLICATION pub FOR TABLE ri")
+    pg.execute("CREATE TABLE kept (id int PRIMARY KEY, v text)")
+    pg.execute("INSERT INTO kept SELECT i, 'v' || i FROM generate_series(1, 50) i")
+    pg.execute("CREATE PUBLICATION pub FOR TABLE ri, kept")
     pipeline = Pipeline(pipeline_config(pg, spark, publication="pub"), spark=spark)
     pipeline.snapshot()
     assert _recorded_key(pipeline, "ri") == "code,tenant"
@@ -46,9 +48,15 @@ def test_replica_identity_using_index_keys_the_mirror_on_the_index_not_the_prima
             conn.execute("UPDATE ri SET id = 5000, code = 'moved' WHERE id = 1")
             conn.execute("DELETE FROM ri WHERE id = 5000")
             conn.execute("UPDATE ri SET id = 6000 WHERE id = 2")
+        # a new replica identity that keeps the key (FULL beside a primary key) is followed
+        conn.execute("UPDATE kept SET v = 'default' WHERE id <= 10")
+        conn.execute("ALTER TABLE kept REPLICA IDENTITY FULL")
+        conn.execute("UPDATE kept SET id = id + 100, v = 'full' WHERE id BETWEEN 5 AND 15")
+        conn.execute("DELETE FROM kept WHERE id BETWEEN 20 AND 24")
     progress = pipeline.run(until_caught_up=True, handle_signals=False)
     assert progress.rows_applied > 100
     _assert_equal(pipeline, pg.dsn)
+    assert _recorded_key(pipeline, "kept") == "id"
     remaining = pg.execute("SELECT count(*) FROM ri")[0][0]
     assert spark.table(pipeline.mirrors.identifier_for("public", "ri")).count() == remaining
 

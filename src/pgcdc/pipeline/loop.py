@@ -37,7 +37,7 @@ from pgcdc.replication import (
     check_source,
     source_connection,
 )
-from pgcdc.replication.published import published_tables, server_lsn
+from pgcdc.replication.published import server_lsn
 from pgcdc.runtime import streaming_gc
 from pgcdc.transactions import Tick, Transaction, TransactionReader
 from pgcdc.types import TableConverter
@@ -120,7 +120,7 @@ class Pipeline:
         checkpoint = Checkpoint(resume_from=self._resume_position())
         with source_connection(config.dsn, 120.0) as conn:
             self._tables.registry.load_from_server(conn)
-            binary = self._binary_possible(conn)
+            binary = self._tables.binary_possible(conn, config.publication, wanted=config.binary)
             target = server_lsn(conn) if until_caught_up else None
         options = ReplicationOptions(publication=config.publication, proto_version=config.proto_version,
                                      streaming=config.streaming, two_phase=config.two_phase,
@@ -208,16 +208,6 @@ class Pipeline:
         self._snapshotter.check_positions()
         invalidated = (slot.invalidation_reason or slot.wal_status) if slot.invalidated else None
         return resume_position(self.config.slot, slot.confirmed_flush_lsn, invalidated=invalidated)
-
-    def _binary_possible(self, conn: Any) -> bool:
-        tables = published_tables(conn, self.config.publication)
-        text_only = [t.relation.qualified_name for t in tables
-                     if self._tables.converter_for(t.relation).requires_text_mode]
-        if self.config.binary and text_only:
-            log.warning("binary values requested, but %s have types without a binary decoder: streaming text",
-                        ", ".join(text_only))
-            return False
-        return self.config.binary
 
     def _watch(self, watch: SourceWatch, idle: bool) -> None:
         """The slot's status from the watch thread into the progress; a heartbeat when idle, if asked for."""

@@ -12,10 +12,12 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import psycopg
+
 from pgcdc.pgoutput.messages import Relation
 from pgcdc.pipeline.config import PipelineConfig
 from pgcdc.replication import source_connection
-from pgcdc.replication.published import identity_key, primary_key
+from pgcdc.replication.published import identity_key, primary_key, published_tables
 from pgcdc.types import ConversionOptions, TableConverter, TypeRegistry
 
 if TYPE_CHECKING:
@@ -61,6 +63,16 @@ class SourceTables:
             converter = TableConverter(relation, self.registry, ConversionOptions(numeric=self.config.numeric))
             self._converters[signature] = converter
         return converter
+
+    def binary_possible(self, conn: psycopg.Connection, publication: str, *, wanted: bool) -> bool:
+        """Whether the stream carries binary values: when ``wanted`` and every published table's types have a
+        binary decoder (else the whole stream is text, with a warning naming the tables that need it)."""
+        text_only = [t.relation.qualified_name for t in published_tables(conn, publication)
+                     if self.converter_for(t.relation).requires_text_mode]
+        if wanted and text_only:
+            log.warning("binary values requested, but %s have types without a binary decoder: streaming text",
+                        ", ".join(text_only))
+        return wanted and not text_only
 
     def key_for(self, relation: Relation) -> tuple[str, ...]:
         """The mirror's key for a relation version; only REPLICA IDENTITY FULL asks the catalog (for the
