@@ -12,11 +12,14 @@ Policies (also in docs/types.md):
   Unconstrained numeric (and p > 38) → string holding PostgreSQL's text (NaN, Infinity
   included); with ``numeric='decimal38'`` → decimal(38, ``numeric_scale``), ConversionError on
   NaN, infinity or overflow. Never a float, never rounded.
-- date/timestamp infinity → the largest/smallest value Spark can hold (9999-12-31 / 0001-01-01,
-  23:59:59.999999 / 00:00:00), or a ConversionError with ``infinity='error'``. BC dates and
-  timestamps are kept exactly (proleptic Gregorian, negative years).
+- dates and timestamps: PostgreSQL's whole range, exactly (proleptic Gregorian, BC as negative years;
+  never through Python's ``datetime``, which ends in 9999). date/timestamp ±infinity → the extremes of
+  date32 / int64 microseconds, which no real value maps to, or a ConversionError with
+  ``infinity='error'``. A timestamp past 294247-01-10 04:00:54.775806 (int64 microseconds since 1970
+  end there) is a ConversionError on every path, never a wrapped value.
 - time → int64 microseconds since midnight (Spark has no time type); timetz → its text
-  ``HH:MM:SS[.ffffff]+HH[:MM]``; interval → struct(months, days, microseconds), exact.
+  ``HH:MM:SS[.ffffff]+HH[:MM]``; interval → struct(months, days, microseconds), exact; its ±infinity
+  (PostgreSQL 17+) is every field at its extreme, as PostgreSQL itself keeps it.
 - arrays → list of the element type; multi-dimensional arrays are flattened in row-major order;
   lower bounds other than 1 are not kept.
 - enums, domains of text types, uuid, json, jsonb, money, inet, cidr, macaddr, bit, varbit,
@@ -34,7 +37,7 @@ import re
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -52,10 +55,12 @@ PG_EPOCH_DAYS = 10_957  # 2000-01-01 - 1970-01-01
 PG_EPOCH_MICROS = PG_EPOCH_DAYS * 86_400_000_000
 INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)
 INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
-MAX_DATE_DAYS = (date(9999, 12, 31) - date(1970, 1, 1)).days
-MIN_DATE_DAYS = (date(1, 1, 1) - date(1970, 1, 1)).days
-MAX_TS_MICROS = (MAX_DATE_DAYS + 1) * 86_400_000_000 - 1
-MIN_TS_MICROS = MIN_DATE_DAYS * 86_400_000_000
+# ±infinity under the 'clamp' policy: the extremes of date32 and of int64 microseconds. No PostgreSQL date
+# reaches them (its dates end in 5874897 AD); the last int64 microsecond (294247-01-10 04:00:54.775807) is a
+# PostgreSQL timestamp, which is refused with the later ones so that infinity alone holds it.
+DATE_INFINITY_DAYS, DATE_MINUS_INFINITY_DAYS = INT32_MAX, INT32_MIN
+TIMESTAMP_INFINITY_MICROS, TIMESTAMP_MINUS_INFINITY_MICROS = INT64_MAX, INT64_MIN
+LAST_TIMESTAMP_TEXT = "294247-01-10 04:00:54.775806"
 INTERVAL_TYPE = pa.struct([("months", pa.int32()), ("days", pa.int32()), ("microseconds", pa.int64())])
 
 try:  # optional C paths for what Arrow has no kernel for; each returns None when a value needs the exact path
@@ -286,22 +291,35 @@ class _Infinity:
     def days(self, positive: bool) -> int:
         if self.policy == "error":
             raise _ValueError(f"{'' if positive else '-'}infinity has no date value (infinity policy is 'error')")
-        return MAX_DATE_DAYS if positive else MIN_DATE_DAYS
+        return DATE_INFINITY_DAYS if positive else DATE_MINUS_INFINITY_DAYS
 
     def micros(self, positive: bool) -> int:
         if self.policy == "error":
             raise _ValueError(f"{'' if positive else '-'}infinity has no timestamp value (infinity policy is 'error')")
-        return MAX_TS_MICROS if positive else MIN_TS_MICROS
+        return TIMESTAMP_INFINITY_MICROS if positive else TIMESTAMP_MINUS_INFINITY_MICROS
+
+
+_MONTH_DAYS = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
 def _proleptic_days(year: int, month: int, day: int) -> int:
-    """Days since 1970-01-01 for any proleptic Gregorian date, year 0 = 1 BC (Python's date stops at 1)."""
-    # shift by 400-year cycles (146097 days each) into the range Python can compute
-    cycles = 0
-    while year < 1:
-        year += 400
-        cycles -= 1
-    return (date(year, month, day) - date(1970, 1, 1)).days + cycles * 146_097
+    """Days since 1970-01-01 of a proleptic Gregorian date, year 0 = 1 BC, in integers: PostgreSQL's dates run
+    from 4713 BC to 5874897 AD, Python's ``date`` from 1 to 9999 (the C module's days_from_civil, the same
+    algorithm)."""
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    if not (1 <= month <= 12 and 1 <= day <= _MONTH_DAYS[month - 1] + (month == 2 and leap)):
+        raise _ValueError(f"no day {day} in month {month} of year {year}")
+    year -= month <= 2
+    era = year // 400
+    year_of_era = year - era * 400
+    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146_097 + day_of_era - 719_468
+
+
+def _past_int64_micros(text: str) -> _ValueError:
+    return _ValueError(f"{text} is past {LAST_TIMESTAMP_TEXT}, the last moment int64 microseconds since 1970 "
+                       "(Arrow's, Spark's and Iceberg's timestamps) hold: it cannot be mirrored")
 
 
 def _date_days(text: str, infinity: _Infinity) -> int:
@@ -336,6 +354,8 @@ def _timestamp_micros(text: str, infinity: _Infinity) -> int:
         parts = [int(p) for p in re.findall(r"\d\d", match.group(8))]
         offset = parts[0] * 3600 + (parts[1] * 60 if len(parts) > 1 else 0) + (parts[2] if len(parts) > 2 else 0)
         micros -= sign * offset * 1_000_000
+    if micros >= TIMESTAMP_INFINITY_MICROS:
+        raise _past_int64_micros(text)
     return micros
 
 
@@ -387,6 +407,10 @@ def _timestamp_binary(target: pa.DataType, infinity: _Infinity) -> Callable[[Val
     def decode(values: Values) -> pa.Array:
         data, mask = _fixed(values, 8, "i8")
         special = (data == INT64_MAX) | (data == INT64_MIN)
+        past = (data >= TIMESTAMP_INFINITY_MICROS - PG_EPOCH_MICROS) & ~special & ~mask
+        if past.any():  # the epoch shift would wrap them
+            moment = int(data[np.flatnonzero(past)[0]])
+            raise _past_int64_micros(f"the timestamp {moment} microseconds after 2000-01-01")
         micros = data + PG_EPOCH_MICROS if not special.any() else data.copy()
         if special.any():
             micros[~special] += PG_EPOCH_MICROS
@@ -436,8 +460,15 @@ _ISO_INTERVAL = re.compile(
     r"^P(?:(-?\d+)Y)?(?:(-?\d+)M)?(?:(-?\d+)D)?(?:T(?:(-?\d+)H)?(?:(-?\d+)M)?(?:(-?\d+(?:\.\d+)?)S)?)?$")
 
 
+# PostgreSQL 17+ keeps interval ±infinity as every field at its extreme; its binary form says so too
+_INTERVAL_INFINITY = {"infinity": {"months": INT32_MAX, "days": INT32_MAX, "microseconds": INT64_MAX},
+                      "-infinity": {"months": INT32_MIN, "days": INT32_MIN, "microseconds": INT64_MIN}}
+
+
 def _interval_parts(text: str) -> dict[str, int]:
     """An ISO 8601 interval as PostgreSQL prints it with IntervalStyle iso_8601 (e.g. P1Y2M3DT4H5M6.7S)."""
+    if text in _INTERVAL_INFINITY:
+        return _INTERVAL_INFINITY[text]
     match = _ISO_INTERVAL.match(text)
     if match is None or text == "P":
         if text == "PT0S":
@@ -509,7 +540,8 @@ def _numeric_binary_text(v: bytes | memoryview) -> str:
     raw = bytes(v)
     if len(raw) < 8:
         raise _ValueError("numeric binary value shorter than its header")
-    ndigits, weight, sign, dscale = struct.unpack_from(">hhHH", raw)
+    # ndigits unsigned: numeric_send writes it as int16, yet a numeric holds up to 36,864 base-10000 digits
+    ndigits, weight, sign, dscale = struct.unpack_from(">HhHH", raw)
     if sign == 0xC000:
         return "NaN"
     if sign == 0xD000:
