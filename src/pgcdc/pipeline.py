@@ -330,6 +330,7 @@ class Pipeline:
             return self._copy_tables(missing, temporary.exported_snapshot, temporary.consistent_point)
 
     def _copy_tables(self, tables: list[PublishedTable], snapshot_name: str, consistent_lsn: Lsn) -> dict[str, int]:
+        from pgcdc.spark.schema import spark_schema
         from pgcdc.spark.snapshot import copy_table
 
         copied = {}
@@ -346,7 +347,7 @@ class Pipeline:
             result = copy_table(
                 self.spark, dsn=self.config.dsn, source_schema=table.schema, source_table=table.name,
                 columns=[c.name for c in table.relation.columns], converter=converter,
-                spark_schema=converter.spark_schema, target_identifier=mirror.identifier,
+                spark_schema=spark_schema(converter.arrow_schema), target_identifier=mirror.identifier,
                 snapshot_name=snapshot_name, consistent_lsn=consistent_lsn,
                 session_settings=dict(SESSION_SETTINGS), progress=report, writer=self.config.snapshot_writer,
             )
@@ -611,13 +612,14 @@ class Pipeline:
 
     def _ensure_mirror(self, relation: Relation, converter: TableConverter) -> MirrorTable:
         from pgcdc.spark.mirror import TableSpec
+        from pgcdc.spark.schema import spark_schema
 
         if relation.replica_identity == "n":
             log.warning("%s has REPLICA IDENTITY NOTHING: its mirror is insert-only (updates and deletes cannot "
                         "be matched); fix with ALTER TABLE %s REPLICA IDENTITY FULL or add a primary key",
                         relation.qualified_name, relation.qualified_name)
         spec = TableSpec(source_schema=relation.namespace, source_table=relation.name,
-                         spark_schema=converter.spark_schema, key_columns=self._key_columns(relation),
+                         spark_schema=spark_schema(converter.arrow_schema), key_columns=self._key_columns(relation),
                          replica_identity=relation.replica_identity)
         return self.mirrors.ensure(spec)
 

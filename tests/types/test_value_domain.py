@@ -22,14 +22,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg import sql
+from type_support import copied, slot_inserts
 
 from pgcdc.errors import ConversionError
-from pgcdc.pgoutput import Insert, Relation, decode
+from pgcdc.pgoutput import Relation
 from pgcdc.replication.published import published_tables
-from pgcdc.spark.snapshot import convert_copy_binary, copy_binary_query, text_output_functions
-from pgcdc.types import SESSION_SETTINGS, ConversionOptions, TableConverter, TypeRegistry
-from pgcdc.types import convert as convert_module
-from pgcdc.types import copy_binary as copy_binary_module
+from pgcdc.types import SESSION_SETTINGS, ConversionOptions, TableConverter, TypeRegistry, decoding
 
 SLOT = "domain"
 PATHS = ("text", "binary", "copy")
@@ -39,7 +37,7 @@ _schemas = itertools.count(1)
 @pytest.fixture(scope="module")
 def db(pg_server) -> Iterator[psycopg.Connection]:
     """One database and one slot for the module; the connection carries pgcdc's session settings."""
-    from tests.conftest import drop_database
+    from conftest import drop_database
 
     name = f"pgcdc_domain_{next(_schemas)}_{id(pg_server)}"
     with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
@@ -70,14 +68,12 @@ class Stored:
         """Column v as ``path`` converts it, with the C column module or without."""
         with pytest.MonkeyPatch.context() as patch:
             if not accelerated:
-                patch.setattr(convert_module, "_accelerator", None)
-                patch.setattr(copy_binary_module, "_accelerator", None)
+                patch.setattr(decoding, "accelerator", None)
             if path == "copy":
                 converter = TableConverter(self.published, self.registry, options)
-                return _column(_copied(conn, self.schema, converter), "v")
+                return copied(conn, self.schema, "t", converter).column("v").combine_chunks()
             relation, tuples = self.stream[path]
-            return _column(pa.Table.from_batches([TableConverter(relation, self.registry, options).convert(
-                tuples).batch]), "v")
+            return TableConverter(relation, self.registry, options).convert(tuples).batch.column("v")
 
 
 def store(conn: psycopg.Connection, type_sql: str, literals: list[str | None]) -> Stored:
@@ -95,38 +91,12 @@ def store(conn: psycopg.Connection, type_sql: str, literals: list[str | None]) -
                         .format(elements, table)).fetchall()
     registry = TypeRegistry()
     registry.load_from_server(conn)
-    stream = {}
-    for mode in ("false", "true"):  # peek the text stream, then consume the binary one
-        read = "peek" if mode == "false" else "get"
-        changes = conn.execute(
-            f"SELECT data FROM pg_logical_slot_{read}_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
-            "'publication_names', %s, 'binary', %s)", (SLOT, f"p_{schema}", mode)).fetchall()
-        relation, tuples = None, []
-        for (data,) in changes:
-            message = decode(data, proto_version=1, in_stream=False)
-            if isinstance(message, Relation):
-                relation = message
-            elif isinstance(message, Insert):
-                tuples.append(message.new)
-        assert relation is not None and len(tuples) == len(literals)
-        stream["binary" if mode == "true" else "text"] = (relation, tuples)
+    # peek the text stream, then consume the binary one
+    stream = {"text": slot_inserts(conn, SLOT, f"p_{schema}", registry, binary=False, consume=False),
+              "binary": slot_inserts(conn, SLOT, f"p_{schema}", registry, binary=True)}
+    assert all(len(tuples) == len(literals) for _, tuples in stream.values())
     published = published_tables(conn, f"p_{schema}")[0].relation
     return Stored(schema, [r[0] for r in rows], [r[1] for r in rows], stream, published, registry)
-
-
-def _column(table: pa.Table, name: str) -> pa.Array:
-    return table.sort_by("id").column(name).combine_chunks()
-
-
-def _copied(conn: psycopg.Connection, schema: str, converter: TableConverter) -> pa.Table:
-    names = [column.name for column in converter.relation.columns]
-    text_outputs = text_output_functions(conn, converter)
-    data = bytearray()
-    with conn.cursor().copy(copy_binary_query(schema, "t", names, text_outputs=text_outputs)) as copy:
-        for chunk in copy:
-            data += chunk
-    return pa.Table.from_batches(list(convert_copy_binary(bytes(data), names, converter, text_outputs,
-                                                          source=f"{schema}.t")), schema=converter.arrow_schema)
 
 
 def drop(conn: psycopg.Connection, stored: Stored) -> None:
