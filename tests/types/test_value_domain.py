@@ -12,6 +12,7 @@ One database for the module, one slot; each example gets its own schema and publ
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -247,7 +248,8 @@ ZONES = st.sampled_from(["+00", "+05:30", "-08", "+14", "-03:30:15", "-15:59"])
 LAST_MOMENT = "294247-01-10 04:00:54.775806"
 TIMESTAMP_EDGES = ["infinity", "-infinity", "4714-11-24 00:00:00 BC", "0001-12-31 23:59:59.999999 BC",
                    "0001-01-01 00:00:00", "1970-01-01 00:00:00", "1969-12-31 23:59:59.999999",
-                   "9999-12-31 23:59:59.999999", "10000-01-01 00:00:00", LAST_MOMENT, "2000-02-29 12:00:00"]
+                   "9999-12-31 23:59:59.999999", "10000-01-01 00:00:00", LAST_MOMENT, "2000-02-29 12:00:00",
+                   "2016-12-31 23:59:60"]  # a leap second: PostgreSQL stores the next minute
 MOMENTS = st.builds(_moment_text, _years(294_246), st.integers(1, 12), st.integers(1, 28), st.integers(0, 86_399),
                     st.integers(0, 999_999))
 
@@ -259,6 +261,13 @@ def _with_zone(moment: str, zone: str) -> str:
 def _int_domain(low: int, high: int) -> Domain:
     return Domain([str(low), str(high), "0", "-1", "1"], st.integers(low, high).map(str))
 
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30)
+# jsonb refuses \u0000 (text cannot hold it)
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats(allow_nan=False,
+                                                                                      allow_infinity=False)
+                    | _TEXT, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+                    max_leaves=6)
 
 DOMAINS: dict[str, Domain] = {
     "bool": Domain(["t", "f"], st.sampled_from(["true", "false"])),
@@ -278,7 +287,14 @@ DOMAINS: dict[str, Domain] = {
                               st.decimals(min_value=-10**28 + 1, max_value=10**28 - 1, places=10,
                                           allow_nan=False).map(str)),
     "text": Domain(["", " ", "NULL", '"', "\\", "{}", "\U0001D11E", "\U0010FFFF", "\uFFFD", "\x01\x7f"],
-                   st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30)),
+                   _TEXT),
+    "varchar(5)": Domain(["", "abcde", "\U0010FFFF" * 5], _TEXT.map(lambda t: t[:5])),
+    "char(3)": Domain(["", "a", "a  ", " a", "é\U0001D11E"], _TEXT.map(lambda t: t[:3])),
+    "name": Domain(["", "x" * 63], _TEXT.map(lambda t: t.encode()[:63].decode(errors="ignore"))),
+    '"char"': Domain(["", "a", "\x01", "\\200", "\\377", "é"], st.characters(min_codepoint=1, max_codepoint=255)),
+    "json": Domain(["{}", "[]", "null", ' { "a" : 1 , "a" : 2 } ', '"\\u00e9"'], JSON.map(json.dumps)),
+    "jsonb": Domain(["{}", "[]", "null", '{"a": 1, "a": 2}', '[1e300, -0, 0.1]', '"\\u00e9"'], JSON.map(json.dumps)),
+    "xid": Domain(["0", "4294967295"], st.integers(0, 2**32 - 1).map(str)),
     "bytea": Domain(["\\x", "\\x" + bytes(range(256)).hex()], st.binary(max_size=40).map(lambda b: "\\x" + b.hex())),
     "uuid": Domain(["00000000-0000-0000-0000-000000000000", "ffffffff-ffff-ffff-ffff-ffffffffffff"],
                    st.uuids().map(str)),
@@ -289,7 +305,7 @@ DOMAINS: dict[str, Domain] = {
     "timestamptz": Domain([e if "infinity" in e else _with_zone(e, "+00") for e in TIMESTAMP_EDGES]
                           + ["294247-01-10 09:30:54.775806+05:30"],
                           st.builds(_with_zone, MOMENTS, ZONES)),
-    "time": Domain(["00:00:00", "23:59:59.999999", "24:00:00"], st.times().map(lambda t: t.isoformat())),
+    "time": Domain(["00:00:00", "23:59:59.999999", "24:00:00", "23:59:60"], st.times().map(lambda t: t.isoformat())),
     "timetz": Domain(["00:00:00+15:59", "24:00:00-15:59", "12:00:00+05:30", "00:00:00-00:00:01"],
                      st.builds(lambda t, z: t.isoformat() + z, st.times(), ZONES)),
     "interval": Domain(["infinity", "-infinity", "0", "1 microsecond", "-1 microsecond", "1 year -1 day 1 hour",

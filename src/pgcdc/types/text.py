@@ -56,6 +56,18 @@ def _jsonb_binary(values: Values) -> pa.Array:
     return as_strings([None if v is None else body(v) for v in as_list(values)])
 
 
+def _char_binary(values: Values) -> pa.Array:
+    """``"char"``: one byte, 0 for the empty value; PostgreSQL prints a byte above 127 as its octal escape
+    ``\\ooo``."""
+    def text(v: bytes | memoryview) -> str:
+        raw = bytes(v)
+        if len(raw) > 1:
+            raise UnconvertibleValue(f'"char" binary value of {len(raw)} bytes')
+        return "" if not raw or raw[0] == 0 else chr(raw[0]) if raw[0] < 128 else f"\\{raw[0]:03o}"
+
+    return pa.array([None if v is None else text(v) for v in as_list(values)], pa.string())
+
+
 def _bytea_text(values: Values) -> pa.Array:
     def unhex(text: str) -> bytes:
         if not text.startswith("\\x"):
@@ -114,8 +126,9 @@ def enum_kind(name: str) -> ColumnKind:
 
 def register(kinds: ColumnKinds) -> None:
     kinds.register("bool", ColumnKind("bool", pa.bool_(), _bool_text, _bool_binary))
-    for name in ("text", "varchar", "bpchar", "name", "char", "json", "xml", "citext"):
+    for name in ("text", "varchar", "bpchar", "name", "json", "xml", "citext"):
         kinds.register(name, ColumnKind(name, pa.string(), as_strings, string_binary))
+    kinds.register('"char"', ColumnKind('"char"', pa.string(), as_strings, _char_binary))
     kinds.register("jsonb", ColumnKind("jsonb", pa.string(), as_strings, _jsonb_binary))
     kinds.register("uuid", ColumnKind("uuid", pa.string(), _uuid_text, _uuid_binary))
     kinds.register("bytea", ColumnKind("bytea", pa.binary(), _bytea_text, _bytes_binary))
