@@ -26,11 +26,13 @@ from psycopg import sql
 from type_support import copied, slot_inserts
 
 from pgcdc.errors import ConversionError
+from pgcdc.lsn import Lsn
 from pgcdc.pgoutput import Relation
 from pgcdc.replication.published import published_tables
 from pgcdc.types import SESSION_SETTINGS, ConversionOptions, TableConverter, TypeRegistry, decoding
 
 SLOT = "domain"
+STREAM_LSN = Lsn("16/B374D848")  # what the pipeline passes with a stream's rows, for its errors
 PATHS = ("text", "binary", "copy")
 _schemas = itertools.count(1)
 
@@ -74,7 +76,7 @@ class Stored:
                 converter = TableConverter(self.published, self.registry, options)
                 return copied(conn, self.schema, "t", converter).column("v").combine_chunks()
             relation, tuples = self.stream[path]
-            return TableConverter(relation, self.registry, options).convert(tuples).batch.column("v")
+            return TableConverter(relation, self.registry, options).convert(tuples, lsn=STREAM_LSN).batch.column("v")
 
 
 def store(conn: psycopg.Connection, type_sql: str, literals: list[str | None]) -> Stored:
@@ -200,13 +202,14 @@ def assert_every_path_prints_as_the_server(conn: psycopg.Connection, type_sql: s
 def assert_refused_on_every_path(conn: psycopg.Connection, type_sql: str, literals: list[str | None],
                                  message: str, options: ConversionOptions | None = None) -> None:
     """Each path, with and without the C module, refuses the values with a ConversionError naming the
-    table, the column and the type."""
+    table, the column, the type, and on the stream the LSN."""
     stored = store(conn, type_sql, literals)
     try:
         base_type = type_sql.split("(")[0].removesuffix("[]")
         for path in PATHS:
             for accelerated in (True, False):
-                with pytest.raises(ConversionError, match=rf"{stored.schema}\.t\.v \({base_type}.*{message}"):
+                where = "" if path == "copy" else f" at LSN {STREAM_LSN}"
+                with pytest.raises(ConversionError, match=rf"^{stored.schema}\.t\.v \({base_type}.*\){where}: .*{message}"):
                     stored.convert(conn, path, accelerated, options)
     finally:
         drop(conn, stored)

@@ -143,8 +143,9 @@ class TableConverter:
         try:
             array = decoder(values)
         except (UnconvertibleValue, ValueError, struct.error, UnicodeDecodeError, pa.ArrowInvalid, OverflowError) as exc:
-            raise ConversionError(f"{self._column(index)} ({kind.type_name}, {'binary' if binary else 'text'}) at "
-                                  f"LSN {lsn}: {exc}") from None
+            where = "" if lsn is None else f" at LSN {lsn}"  # None: not from the stream (the snapshot's COPY)
+            raise ConversionError(f"{self._column(index)} ({kind.type_name}, {'binary' if binary else 'text'})"
+                                  f"{where}: {exc}") from None
         return array if array.type == kind.arrow_type else array.cast(kind.arrow_type)
 
     @property
