@@ -24,16 +24,21 @@ from pgcdc.types.decoding import (
     validity_bitmap,
 )
 
+# the blanks array_out may print around elements and array_in skips (its array_isspace, not str.isspace: an
+# unquoted element may hold any other space, U+001F or U+00A0 among them)
+_ARRAY_SPACE = " \t\n\r\v\f"
 
-def _parse_text_array(text: str) -> list[str | None]:
-    """The elements of an array's text form, flattened row-major; dimension decorations are skipped."""
+
+def _parse_text_array(text: str, delimiter: str = ",") -> list[str | None]:
+    """The elements of an array's text form, flattened row-major; dimension decorations are skipped.
+    ``delimiter``: the element type's (``;`` for box, ``,`` for every other built-in type)."""
     if text.startswith("["):
         text = text[text.index("=") + 1:]
     elements: list[str | None] = []
     i, n = 0, len(text)
     while i < n:
         ch = text[i]
-        if ch in "{},":
+        if ch in "{}" or ch == delimiter:
             i += 1
         elif ch == '"':
             i += 1
@@ -47,13 +52,13 @@ def _parse_text_array(text: str) -> list[str | None]:
                 raise UnconvertibleValue(f"unterminated quoted array element in {text!r}")
             i += 1
             elements.append("".join(chars))
-        elif ch.isspace():
+        elif ch in _ARRAY_SPACE:
             i += 1
         else:
             start = i
-            while i < n and text[i] not in ",}":
+            while i < n and text[i] != delimiter and text[i] != "}":
                 i += 1
-            token = text[start:i].strip()
+            token = text[start:i].strip(_ARRAY_SPACE)
             elements.append(None if token == "NULL" else token)
     return elements
 
@@ -99,8 +104,10 @@ def _array_decoders(element: ColumnKind) -> tuple[Callable, Callable | None]:
         values = decode_elements(flat) if flat else pa.array([], element.arrow_type)
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, mask=pa.array(mask))
 
+    delimiter = ";" if element.type_name == "box" else ","  # pg_type.typdelim of the built-in types
+
     def text(values: Values) -> pa.Array:
-        rows = [None if s is None else [None if e is None else e.encode() for e in _parse_text_array(s)]
+        rows = [None if s is None else [None if e is None else e.encode() for e in _parse_text_array(s, delimiter)]
                 for s in as_strings(values).to_pylist()]
         return build(rows, element.text)
 
