@@ -21,6 +21,7 @@ from psycopg import sql
 
 from pgcdc.replication.options import with_session_settings
 from pgcdc.replication.published import published_tables
+from pgcdc.spark.arrow import plain_rows
 from pgcdc.spark.mirror import quote
 
 if TYPE_CHECKING:
@@ -77,23 +78,9 @@ class TableComparison:
         return "\n".join(lines)
 
 
-def _plain_type(data_type: pa.DataType) -> pa.DataType:
-    """Dates and timestamps as their integers: Python's datetime stops at year 1, PostgreSQL does not."""
-    if pa.types.is_date32(data_type):
-        return pa.int32()
-    if pa.types.is_timestamp(data_type):
-        return pa.int64()
-    if pa.types.is_list(data_type):
-        return pa.list_(_plain_type(data_type.value_type))
-    if pa.types.is_struct(data_type):
-        return pa.struct([pa.field(f.name, _plain_type(f.type)) for f in data_type])
-    return data_type
-
-
 def _canonical_rows(table: pa.Table) -> list[str]:
     # repr makes NaN equal to NaN and keeps types apart ('1' vs 1); sorting makes order irrelevant
-    plain = table.cast(pa.schema([pa.field(f.name, _plain_type(f.type)) for f in table.schema]))
-    return sorted(repr(tuple(row.values())) for row in plain.to_pylist())
+    return sorted(repr(tuple(row.values())) for row in plain_rows(table))
 
 
 def _checksum(rows: list[str]) -> str:

@@ -6,12 +6,14 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import (
     ArrayType,
+    DateType,
     IntegerType,
     LongType,
     ShortType,
     StringType,
     StructField,
     StructType,
+    TimestampType,
 )
 
 from pgcdc.change_table import ChangeColumns as C
@@ -19,6 +21,7 @@ from pgcdc.change_table import change_schema
 from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
 from pgcdc.spark.apply import apply_changes
+from pgcdc.spark.arrow import plain_type
 from pgcdc.spark.mirror import MirrorCatalog, TableSpec
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType()),
@@ -111,6 +114,63 @@ def test_full_identity_without_key_matches_whole_rows(spark, mirrors):
         ("D", 2, 2, {"id": 3, "name": "z"}, {"before": {"id": 3, "name": "z", "big": None, "tags": None}}),
     ), lsn=Lsn(2))
     assert rows_of(spark, mirror.identifier) == [(1, "x", None, None), (1, "x", None, None), (2, "y2", "BIG", None)]
+
+
+# Dates and timestamps beyond Python's datetime (years 1-9999): PostgreSQL's far dates and the infinities'
+# representation (the extremes of date32 and int64 microseconds) pass through every path of the apply.
+FAR_DATES = [-2_440_588, 2_147_483_647, -2_147_483_648, 2_930_000_000 // 1000]  # 4714 BC, ±infinity, 10000+ AD
+FAR_MICROS = [-210_866_803_200_000_000, 9_223_372_036_854_775_807, -9_223_372_036_854_775_808,
+              9_000_000_000_000_000_000]
+DATED_SCHEMA = StructType([StructField("d", DateType()), StructField("ts", TimestampType()),
+                           StructField("note", StringType())])
+DATED = pa.schema([("d", pa.date32()), ("ts", pa.timestamp("us", tz="UTC")), ("note", pa.string())])
+
+
+def dated_changes(keys: tuple[str, ...], *events: tuple) -> pa.Table:
+    rows = []
+    for op, lsn, ordinal, row, options in events:
+        rows.append({**{f.name: row.get(f.name) for f in DATED}, C.OP: op, C.LSN: lsn, C.ORDINAL: ordinal,
+                     C.UNCHANGED: options.get("unchanged", []), C.OLD_KEY: options.get("old_key"),
+                     C.XID: 1, C.COMMIT_TS: None, C.ORIGIN: None, C.BEFORE: options.get("before")})
+    schema = change_schema(DATED, keys)
+    plain = pa.schema([pa.field(f.name, plain_type(f.type)) for f in schema])
+    return pa.Table.from_pylist(rows, schema=plain).cast(schema)
+
+
+def dated_rows(spark, identifier) -> list[tuple]:
+    return sorted(tuple(r) for r in spark.sql(
+        f"SELECT unix_date(d), unix_micros(ts), note FROM {identifier}").collect())
+
+
+def test_dates_beyond_python_datetime_through_keyless_and_toast_paths(spark, mirrors):
+    keyless = mirrors.ensure(TableSpec("public", "far_log", DATED_SCHEMA, (), "f"))
+    inserts = [("I", 1, i, {"d": d, "ts": t, "note": f"n{i}"}, {}) for i, (d, t) in enumerate(
+        zip(FAR_DATES, FAR_MICROS, strict=True))]
+    apply_changes(spark, keyless, dated_changes((), *inserts), lsn=Lsn(1))
+    gone = {"d": FAR_DATES[1], "ts": FAR_MICROS[1], "note": "n1"}
+    apply_changes(spark, keyless, dated_changes(
+        (),
+        ("D", 2, 0, gone, {"before": gone}),
+        ("U", 2, 1, {"d": FAR_DATES[2], "ts": FAR_MICROS[2], "note": None},
+         {"unchanged": ["note"], "before": {"d": FAR_DATES[2], "ts": FAR_MICROS[2], "note": "n2"}}),
+    ), lsn=Lsn(2))
+    assert dated_rows(spark, keyless.identifier) == sorted(
+        [(FAR_DATES[0], FAR_MICROS[0], "n0"), (FAR_DATES[2], FAR_MICROS[2], "n2"), (FAR_DATES[3], FAR_MICROS[3], "n3")])
+
+    # keyed on a date: unchanged values followed back through a key change, within the batch and from the mirror
+    keyed = mirrors.ensure(TableSpec("public", "far_keyed", DATED_SCHEMA, ("d",)))
+    apply_changes(spark, keyed, dated_changes(
+        ("d",), ("I", 1, 0, {"d": FAR_DATES[0], "ts": FAR_MICROS[0], "note": "kept"}, {}),
+        ("I", 1, 1, {"d": FAR_DATES[3], "ts": FAR_MICROS[3], "note": "also kept"}, {})), lsn=Lsn(1))
+    apply_changes(spark, keyed, dated_changes(
+        ("d",),
+        ("U", 2, 0, {"d": FAR_DATES[1], "ts": FAR_MICROS[1]}, {"unchanged": ["note"], "old_key": {"d": FAR_DATES[0]}}),
+        ("I", 2, 1, {"d": FAR_DATES[2], "ts": FAR_MICROS[2], "note": "first"}, {}),
+        ("U", 3, 0, {"d": FAR_DATES[2], "ts": FAR_MICROS[3]}, {"unchanged": ["note"]}),
+    ), lsn=Lsn(3))
+    assert dated_rows(spark, keyed.identifier) == sorted([
+        (FAR_DATES[1], FAR_MICROS[1], "kept"), (FAR_DATES[2], FAR_MICROS[3], "first"),
+        (FAR_DATES[3], FAR_MICROS[3], "also kept")])
 
 
 def test_schema_evolution_and_refused_narrowing(spark, mirrors):

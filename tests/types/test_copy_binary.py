@@ -8,15 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgcdc.errors import ConversionError
-from pgcdc.types import copy_binary
+from pgcdc.types import decoding
 from pgcdc.types.copy_binary import split_copy_binary
 
 
 @pytest.fixture(params=["C", "python"])
 def splitter(request, monkeypatch):
     if request.param == "python":
-        monkeypatch.setattr(copy_binary, "_accelerator", None)
-    elif copy_binary._accelerator is None:
+        monkeypatch.setattr(decoding, "accelerator", None)
+    elif decoding.accelerator is None:
         pytest.skip("the C column paths are not built here")
     return request.param
 
@@ -90,9 +90,9 @@ def test_hostile_bytes_raise_conversion_error_and_both_splitters_agree(sample, m
         except ConversionError as exc:
             return str(exc)
 
-    in_c = split() if copy_binary._accelerator is not None else None
+    in_c = split() if decoding.accelerator is not None else None
     with monkeypatch.context() as patch:
-        patch.setattr(copy_binary, "_accelerator", None)
+        patch.setattr(decoding, "accelerator", None)
         in_python = split()
     assert in_c is None or in_c == in_python
 

@@ -89,6 +89,7 @@ class Snapshotter:
             self._set_phase("streaming")
 
     def _copy(self, tables: list[PublishedTable], snapshot_name: str, consistent_lsn: Lsn) -> dict[str, int]:
+        from pgcdc.spark.schema import spark_schema
         from pgcdc.spark.snapshot import copy_table
 
         copied = {}
@@ -106,7 +107,7 @@ class Snapshotter:
             result = copy_table(
                 self._spark(), dsn=self.config.dsn, source_schema=table.schema, source_table=table.name,
                 columns=[c.name for c in table.relation.columns], converter=converter,
-                spark_schema=converter.spark_schema, target_identifier=mirror.identifier,
+                spark_schema=spark_schema(converter.arrow_schema), target_identifier=mirror.identifier,
                 snapshot_name=snapshot_name, consistent_lsn=consistent_lsn,
                 session_settings=dict(SESSION_SETTINGS), progress=report, writer=self.config.snapshot_writer,
             )

@@ -92,13 +92,14 @@ class SourceTables:
         (the way out is a new copy), or, with ``replace_other_key`` (a copy is about to replace its rows),
         made again with the new key."""
         from pgcdc.spark.mirror import TableSpec
+        from pgcdc.spark.schema import spark_schema
 
         if relation.replica_identity == "n":
             log.warning("%s has REPLICA IDENTITY NOTHING: its mirror is insert-only (updates and deletes cannot "
                         "be matched); fix with ALTER TABLE %s REPLICA IDENTITY FULL or add a primary key",
                         relation.qualified_name, relation.qualified_name)
         spec = TableSpec(source_schema=relation.namespace, source_table=relation.name,
-                         spark_schema=self.converter_for(relation).spark_schema, key_columns=self.key_for(relation),
+                         spark_schema=spark_schema(self.converter_for(relation).arrow_schema), key_columns=self.key_for(relation),
                          replica_identity=relation.replica_identity)
         return self.mirrors.ensure(spec, replace_other_key=replace_other_key)
 

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from pgcdc.change_table import ChangeColumns as C
 from pgcdc.checkpoint import first_unapplied
 from pgcdc.lsn import Lsn
-from pgcdc.spark.arrow import arrow_to_dataframe
+from pgcdc.spark.arrow import arrow_to_dataframe, from_plain_rows, from_plain_values, plain_rows, plain_values
 from pgcdc.spark.iceberg import with_commit_properties
 from pgcdc.spark.mirror import POSITION_PROPERTY, MirrorTable, quote, sql_string
 
@@ -186,14 +186,14 @@ def _resolve_unchanged(changes: pa.Table, keys: list[str], names: list[str]
     if not wanted:
         return changes, None
     ops = changes.column(C.OP).to_pylist()
-    key_rows = list(zip(*(changes.column(k).to_pylist() for k in keys), strict=True))
+    key_rows = list(zip(*(plain_values(changes.column(k)) for k in keys), strict=True))
     old_keys: list[tuple[Any, ...] | None] = [None if k is None else tuple(k[name] for name in keys)
-                for k in changes.column(C.OLD_KEY).to_pylist()]
+                for k in plain_values(changes.column(C.OLD_KEY))]
     by_key: dict[tuple, list[int]] = {}
     for index, key in enumerate(key_rows):
         by_key.setdefault(key, []).append(index)
     affected = sorted({c for i in wanted for c in unchanged[i]})
-    values = {name: changes.column(name).to_pylist() for name in affected}
+    values = {name: plain_values(changes.column(name)) for name in affected}
     fill: list[dict[str, Any] | None] = [None] * changes.num_rows
 
     for row in wanted:
@@ -220,13 +220,13 @@ def _resolve_unchanged(changes: pa.Table, keys: list[str], names: list[str]
         if missing and search_key != key_rows[row]:
             fill[row] = dict(zip(keys, search_key, strict=True))
 
-    columns = {name: pa.array(values[name], changes.schema.field(name).type) for name in affected}
+    columns = {name: from_plain_values(values[name], changes.schema.field(name).type) for name in affected}
     columns[C.UNCHANGED] = pa.array(unchanged, changes.schema.field(C.UNCHANGED).type)
     resolved = changes
     for name, array in columns.items():
         resolved = resolved.set_column(resolved.schema.get_field_index(name), name, array)
     fill_type = changes.schema.field(C.OLD_KEY).type
-    fill_keys = pa.array(fill, fill_type) if any(f is not None for f in fill) else None
+    fill_keys = from_plain_values(fill, fill_type) if any(f is not None for f in fill) else None
     return resolved, fill_keys
 
 
@@ -252,8 +252,8 @@ def _apply_keyless(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, 
     """REPLICA IDENTITY FULL without a key: rows match on every column. Within the batch a delete first
     cancels an identical row inserted earlier in it; the rest become one MERGE."""
     names = _source_names(mirror)
-    after = changes.select(names).to_pylist()
-    before = changes.column(C.BEFORE).to_pylist()
+    after = plain_rows(changes.select(names))
+    before = plain_values(changes.column(C.BEFORE))
     unchanged = changes.column(C.UNCHANGED).to_pylist()
     pending: dict[str, list[dict]] = {}
     deletes: dict[str, dict] = {}
@@ -271,11 +271,11 @@ def _apply_keyless(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, 
     inserts = [row for rows in pending.values() for row in rows]
     schema = pa.schema([changes.schema.field(n) for n in names])
     if truncated:
-        table = pa.Table.from_pylist(inserts, schema=schema)
+        table = from_plain_rows(inserts, schema)
         _write_rows(spark, mirror, arrow_to_dataframe(spark, table, mirror.spec.spark_schema), lsn, overwrite=True)
         return
     marked = [{**row, C.OP: "D"} for row in deletes.values()] + [{**row, C.OP: "I"} for row in inserts]
-    table = pa.Table.from_pylist(marked, schema=schema.append(pa.field(C.OP, pa.string())))
+    table = from_plain_rows(marked, schema.append(pa.field(C.OP, pa.string())))
     from pyspark.sql.types import StringType, StructField, StructType
 
     frame_schema = StructType([*mirror.spec.spark_schema.fields, StructField(C.OP, StringType())])

@@ -21,6 +21,44 @@ def spark_arrow_schema(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema)
 
 
+def plain_type(data_type: pa.DataType) -> pa.DataType:
+    """``data_type`` with dates and timestamps as their integers, recursively.
+
+    Python's ``datetime`` holds years 1-9999 only; PostgreSQL's dates, timestamps and their infinities reach
+    far beyond, so any step that takes values through Python objects works on this form and casts back.
+    """
+    if pa.types.is_date32(data_type):
+        return pa.int32()
+    if pa.types.is_timestamp(data_type):
+        return pa.int64()
+    if pa.types.is_list(data_type):
+        return pa.list_(plain_type(data_type.value_type))
+    if pa.types.is_struct(data_type):
+        return pa.struct([pa.field(f.name, plain_type(f.type)) for f in data_type])
+    return data_type
+
+
+def plain_values(array: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """``array``'s values as Python objects, dates and timestamps as integers (see :func:`plain_type`)."""
+    return array.cast(plain_type(array.type)).to_pylist()
+
+
+def plain_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """``table``'s rows as dicts, dates and timestamps as integers (see :func:`plain_type`)."""
+    return table.cast(pa.schema([pa.field(f.name, plain_type(f.type)) for f in table.schema])).to_pylist()
+
+
+def from_plain_values(values: list[Any], data_type: pa.DataType) -> pa.Array:
+    """The inverse of :func:`plain_values`."""
+    return pa.array(values, plain_type(data_type)).cast(data_type)
+
+
+def from_plain_rows(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """The inverse of :func:`plain_rows`."""
+    plain = pa.schema([pa.field(f.name, plain_type(f.type)) for f in schema])
+    return pa.Table.from_pylist(rows, schema=plain).cast(schema)
+
+
 def arrow_to_dataframe(spark: SparkSession, table: pa.Table, schema: StructType) -> DataFrame:
     """A DataFrame over ``table``'s rows typed by ``schema``, shipped to the JVM as Arrow IPC.
 

@@ -615,10 +615,11 @@ numeric_to_scaled(const unsigned char *p, Py_ssize_t n, int scale, int128 *out)
 {
     if (n < 8)
         return 0;
-    int16_t ndigits = (int16_t) ((p[0] << 8) | p[1]);
+    /* unsigned: numeric_send writes it as int16, yet a numeric holds up to 36,864 base-10000 digits */
+    uint16_t ndigits = (uint16_t) ((p[0] << 8) | p[1]);
     int16_t weight = (int16_t) ((p[2] << 8) | p[3]);
     uint16_t sign = (uint16_t) ((p[4] << 8) | p[5]);
-    if ((sign != 0x0000 && sign != 0x4000) || ndigits < 0 || n != 8 + 2 * (Py_ssize_t) ndigits)
+    if ((sign != 0x0000 && sign != 0x4000) || n != 8 + 2 * (Py_ssize_t) ndigits)
         return 0;  /* NaN, infinities, malformed: the exact path applies the policy */
     const int128 limit = POW10[38];
     int128 acc = 0;

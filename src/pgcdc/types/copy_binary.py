@@ -13,11 +13,7 @@ import struct
 import pyarrow as pa
 
 from pgcdc.errors import ConversionError
-
-try:
-    from pgcdc.types import _columns as _accelerator  # type: ignore[attr-defined]
-except ImportError:
-    _accelerator = None
+from pgcdc.types import decoding
 
 SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 
@@ -27,8 +23,8 @@ def split_copy_binary(data: bytes | memoryview | pa.Buffer, width: int, *, sourc
     (large_binary for a column of more than 2 GB).
     ``source`` names what was copied in errors."""
     try:
-        if _accelerator is not None:
-            rows, columns = _accelerator.copy_binary_columns(data, width)
+        if decoding.accelerator is not None:
+            rows, columns = decoding.accelerator.copy_binary_columns(data, width)
         else:
             rows, columns = _split_in_python(memoryview(data), width)
     except ValueError as exc:

@@ -8,6 +8,10 @@ from psycopg.postgres import types as builtin_types
 
 from pgcdc.pgoutput.messages import Type
 
+# PostgreSQL's FirstNormalObjectId: OIDs below it belong to the catalog initdb creates (built-in types and
+# their arrays); every type created afterwards (extensions, enums, domains, composites) has one at or above it.
+FIRST_NORMAL_OBJECT_ID = 16384
+
 # Session settings the text decoders assume; replication and snapshot connections set them.
 SESSION_SETTINGS: dict[str, str] = {
     "DateStyle": "ISO, MDY",
@@ -60,7 +64,7 @@ class TypeRegistry:
         rows = conn.execute(
             "SELECT t.oid::bigint, t.typname, n.nspname, t.typelem::bigint, t.typbasetype::bigint, "
             "t.typtype = 'e' FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
-            "WHERE t.oid >= 16384").fetchall()
+            "WHERE t.oid >= %s", (FIRST_NORMAL_OBJECT_ID,)).fetchall()
         for oid, name, namespace, element, base, is_enum in rows:
             element_oid = element if name.startswith("_") else 0
             self._types[oid] = PgType(oid, name, namespace, element_oid=element_oid, base_oid=base,
