@@ -178,19 +178,44 @@ def catch_up_in_process(config: PipelineConfig, spark) -> Pipeline:
     return pipeline
 
 
+@dataclass
+class StreamingRun:
+    """A ``pgcdc run`` subprocess logging at INFO, its output collected as it comes."""
+
+    process: subprocess.Popen
+    lines: list[str]
+    reader: threading.Thread
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def start_streaming(config: PipelineConfig, *args: str, timeout: float = 600) -> StreamingRun:
+    """``pgcdc run`` started; returns once it streams the slot (its initial copy, if any, done)."""
+    process = run_cli(config, *args, env={"PGCDC_LOG_LEVEL": "INFO"})
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout or ()), daemon=True)
+    reader.start()
+    run = StreamingRun(process, lines, reader)
+    try:
+        wait_for(lambda: any("streaming slot" in line for line in lines) or process.poll() is not None, timeout,
+                 "the pipeline to stream")
+    except BaseException:
+        process.kill()
+        raise
+    assert process.poll() is None, run.output[-3000:]
+    return run
+
+
 def run_cli_while_changing(config: PipelineConfig, change, *args: str, timeout: float = 600) -> str:
     """One ``pgcdc run`` that copies the tables, then streams what ``change(conn)`` writes once it streams; stopped
     by SIGTERM when the slot confirms everything written (so it applied it all), and it must exit cleanly."""
     from pgcdc.lsn import Lsn
 
-    process = run_cli(config, *args, env={"PGCDC_LOG_LEVEL": "INFO"})
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stdout or ()), daemon=True)
-    reader.start()
+    run = start_streaming(config, *args, timeout=timeout)
+    process = run.process
     try:
-        wait_for(lambda: any("streaming slot" in line for line in lines) or process.poll() is not None, timeout,
-                 "the pipeline to stream")
-        assert process.poll() is None, "".join(lines)[-3000:]
         with psycopg.connect(config.dsn, autocommit=True) as conn:
             change(conn)
             written = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
@@ -201,17 +226,16 @@ def run_cli_while_changing(config: PipelineConfig, change, *args: str, timeout: 
                 return Lsn.parse(row[0])
             wait_for(lambda: confirmed() >= written or process.poll() is not None, timeout,
                      f"the slot confirmed up to {written}")
-        assert process.poll() is None, "".join(lines)[-3000:]
+        assert process.poll() is None, run.output[-3000:]
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=timeout)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-        reader.join(timeout=10)
-    output = "".join(lines)
-    assert process.returncode == 0, output[-3000:]
-    return output
+        run.reader.join(timeout=10)
+    assert process.returncode == 0, run.output[-3000:]
+    return run.output
 
 
 def assert_mirrors_equal(config: PipelineConfig, spark, dsn: str, tables: set[str] | None = None) -> dict:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import resource
-import threading
 import time
 
 import psycopg
@@ -25,6 +24,7 @@ from pipeline_support import (
     prepare_source,
     run_cli,
     run_in_background,
+    start_streaming,
     wait_for,
 )
 from tcp_proxy import TcpProxy
@@ -106,7 +106,6 @@ def test_restarts_terminations_and_network_cuts_lose_nothing(pg, spark):
     assert reconnections >= len(faults)
 
 
-
 def test_status_and_heartbeat_queries_wait_on_their_own_thread_behind_a_partition(pg):
     """The slot's status and the heartbeats go over ordinary connections, which a silent partition holds until
     their timeouts: on the stream's own loop that wait came once per buffered message, so the stream took minutes
@@ -140,6 +139,7 @@ def test_status_and_heartbeat_queries_wait_on_their_own_thread_behind_a_partitio
             return sum(b"pgcdc.heartbeat" in bytes(row[0]) for row in rows)
         wait_for(lambda: heartbeats() >= 1, 60, "a heartbeat in the slot")
 
+
 def test_a_full_spill_directory_stops_with_a_clear_error_and_confirms_nothing_past_the_mirrors(pg, spark, tmp_path):
     """The spill directory fills up (a file size limit on the running pipeline: writes fail with EFBIG, as
     they would with ENOSPC) while a transaction larger than the memory limit arrives."""
@@ -149,19 +149,16 @@ def test_a_full_spill_directory_stops_with_a_clear_error_and_confirms_nothing_pa
     config = pipeline_config(pg, spark, publication="pub", spill_dir=str(tmp_path))
     catch_up_in_process(config, spark)  # the initial copy; the subject is the run below
 
-    process = run_cli(config, "--memory-limit", "1", "--spill-dir", str(tmp_path), env={"PGCDC_LOG_LEVEL": "INFO"})
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
-    reader.start()
-    wait_for(lambda: any("streaming slot" in line for line in lines), 180, "the pipeline to stream")
+    run = start_streaming(config, "--memory-limit", "1", "--spill-dir", str(tmp_path), timeout=180)
+    process = run.process
     # only the pipeline's own process: the JVM it started keeps writing Iceberg files normally
     resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
     with psycopg.connect(pg.dsn) as conn:  # one transaction; its commit record lies after before_commit
         conn.execute("INSERT INTO big SELECT i, repeat('v', 200) FROM generate_series(1, 30000) i")
         before_commit = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
     assert process.wait(timeout=300) != 0
-    reader.join(timeout=10)
-    output = "".join(lines)
+    run.reader.join(timeout=10)
+    output = run.output
     assert "cannot spill transaction" in output and "File too large" in output, output[-3000:]
     assert "--spill-dir" in output
     # The slot may have been confirmed up to a keepalive's position inside the transaction (safe: the server
