@@ -121,17 +121,21 @@ def drop_database(server: TestServer, name: str) -> None:
 
 def empty_database(server: TestServer, name: str) -> None:
     """Bring a test database back to what CREATE DATABASE makes (no slots, publications, prepared transactions
-    or objects of ours): a fraction of a millisecond where creating and dropping one costs a quarter second."""
+    or objects of ours): milliseconds, where creating and dropping one costs a quarter of a second here."""
     release_slots(server, name)
     with psycopg.connect(server.dsn_for(name), autocommit=True) as conn:
         for (publication,) in conn.execute("SELECT pubname FROM pg_publication").fetchall():
             conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(publication)))
+        owner = conn.execute("SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'public'").fetchone()
         schemas = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%' "
                                "AND nspname <> 'information_schema'").fetchall()
         for (schema,) in schemas:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-        conn.execute("CREATE SCHEMA public AUTHORIZATION pg_database_owner")
-        conn.execute("GRANT USAGE ON SCHEMA public TO PUBLIC")
+        # the public schema as a new database has it: its owner, and before PostgreSQL 15 CREATE for everyone
+        conn.execute(sql.SQL("CREATE SCHEMA public AUTHORIZATION {}").format(
+            sql.SQL(owner[0]) if owner else sql.SQL("CURRENT_USER")))
+        conn.execute("GRANT USAGE ON SCHEMA public TO PUBLIC" if server.major >= 15
+                     else "GRANT USAGE, CREATE ON SCHEMA public TO PUBLIC")
         leftovers = conn.execute("SELECT count(*) FROM pg_class WHERE relnamespace NOT IN "
                                  "(SELECT oid FROM pg_namespace WHERE nspname LIKE 'pg\\_%' "
                                  "OR nspname = 'information_schema')").fetchone()[0]
