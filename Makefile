@@ -1,5 +1,5 @@
 # pgcdc — everything a fresh machine needs comes from here.
-#   make test    install into .venv, then run the whole suite
+#   make test    install into .venv, then run the whole suite (ends with its 15 slowest tests)
 #   make demo    install into .venv, then mirror a live PostgreSQL into Iceberg
 #   make bench   run the benchmarks (bench/*.py; QUICK=1 for the short versions)
 #   make soak    the long fault runs (crash loops of many kills, 1,000,000 fuzzed messages)
@@ -34,8 +34,9 @@ $(STAMP): pyproject.toml Makefile
 	fi
 	@touch $@
 
+# --durations: the 15 slowest tests, printed at the end, so that a slow newcomer shows up in every run
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
 
 soak: $(STAMP)
 	$(PY) -m pytest -m soak $(PYTEST_ARGS)

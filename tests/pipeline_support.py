@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -36,6 +38,16 @@ def run_in_background(pipeline: Pipeline) -> tuple[threading.Thread, list[BaseEx
     return runner, failures
 
 
+def wait_for(predicate, timeout: float, what: str) -> None:
+    """Poll ``predicate`` until it holds; past ``timeout`` seconds fail naming ``what`` and show every thread."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            faulthandler.dump_traceback(all_threads=True)  # where the pipeline is stuck
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
 def prepare_source(pg, rows: int) -> None:
     with pg.connect() as conn:
         conn.execute(SCHEMA)
@@ -50,6 +62,13 @@ def pipeline_config(pg, spark, **overrides) -> PipelineConfig:
                   batch_max_seconds=1.0)
     values.update(overrides)
     return PipelineConfig(**values)
+
+
+def wait_for_transactions(workload: Workload, count: int, timeout: float = 120) -> None:
+    """A workload's first ``count`` transactions committed: a mix that a fixed sleep only hoped for."""
+    wait_for(lambda: workload.transactions >= count or bool(workload.errors), timeout,
+             f"{count} workload transactions (committed so far: {workload.transactions})")
+    assert not workload.errors, workload.errors
 
 
 @dataclass
@@ -151,11 +170,72 @@ def run_cli(config: PipelineConfig, *args: str, env: dict[str, str] | None = Non
                             env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
 
 
-def catch_up(config: PipelineConfig, *args: str, timeout: float = 600) -> str:
-    process = run_cli(config, "--until-caught-up", *args)
-    output, _ = process.communicate(timeout=timeout)
-    assert process.returncode == 0, output
-    return output
+def catch_up_in_process(config: PipelineConfig, spark) -> Pipeline:
+    """Mirror everything up to the server's current position with the session's Spark (no JVM start): for
+    runs that only catch up before a comparison, where the process itself is not what is under test."""
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.run(until_caught_up=True, handle_signals=False)
+    return pipeline
+
+
+@dataclass
+class StreamingRun:
+    """A ``pgcdc run`` subprocess logging at INFO, its output collected as it comes."""
+
+    process: subprocess.Popen
+    lines: list[str]
+    reader: threading.Thread
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def start_streaming(config: PipelineConfig, *args: str, timeout: float = 600) -> StreamingRun:
+    """``pgcdc run`` started; returns once it streams the slot (its initial copy, if any, done)."""
+    process = run_cli(config, *args, env={"PGCDC_LOG_LEVEL": "INFO"})
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout or ()), daemon=True)
+    reader.start()
+    run = StreamingRun(process, lines, reader)
+    try:
+        wait_for(lambda: any("streaming slot" in line for line in lines) or process.poll() is not None, timeout,
+                 "the pipeline to stream")
+    except BaseException:
+        process.kill()
+        raise
+    assert process.poll() is None, run.output[-3000:]
+    return run
+
+
+def run_cli_while_changing(config: PipelineConfig, change, *args: str, timeout: float = 600) -> str:
+    """One ``pgcdc run`` that copies the tables, then streams what ``change(conn)`` writes once it streams; stopped
+    by SIGTERM when the slot confirms everything written (so it applied it all), and it must exit cleanly."""
+    from pgcdc.lsn import Lsn
+
+    run = start_streaming(config, *args, timeout=timeout)
+    process = run.process
+    try:
+        with psycopg.connect(config.dsn, autocommit=True) as conn:
+            change(conn)
+            written = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
+            def confirmed() -> Lsn:
+                row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                                   (config.slot,)).fetchone()
+                return Lsn.parse(row[0])
+            wait_for(lambda: confirmed() >= written or process.poll() is not None, timeout,
+                     f"the slot confirmed up to {written}")
+        assert process.poll() is None, run.output[-3000:]
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        run.reader.join(timeout=10)
+    assert process.returncode == 0, run.output[-3000:]
+    return run.output
 
 
 def assert_mirrors_equal(config: PipelineConfig, spark, dsn: str, tables: set[str] | None = None) -> dict:

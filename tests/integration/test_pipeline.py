@@ -14,9 +14,9 @@ from pgcdc.verify import compare_publication
 from pipeline_support import (
     SHOP_TABLES,
     assert_mirrors_equal,
-    catch_up,
     pipeline_config,
     prepare_source,
+    run_cli_while_changing,
     run_in_background,
 )
 
@@ -94,10 +94,9 @@ def test_on_a_local_cluster_executors_share_no_driver_state(pg, spark):
     pg.server.require(16, "streaming 'parallel' and two-phase decoding")
     prepare_source(pg, rows=100)
     config = pipeline_config(pg, spark)
-    catch_up(config, "--master", "local-cluster[2,1,1024]")
-    with pg.connect() as conn:
-        workload(conn, rows=100, large_rows=2000)
-    catch_up(config, "--master", "local-cluster[2,1,1024]")
+    # one run (its three JVMs start once): the copy, then the workload streamed on top of it
+    run_cli_while_changing(config, lambda conn: workload(conn, rows=100, large_rows=2000),
+                           "--master", "local-cluster[2,1,1024]")
     _assert_mirrors_equal(Pipeline(config, spark=spark), pg.dsn)
 
 

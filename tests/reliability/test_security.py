@@ -23,7 +23,13 @@ import pytest
 
 from pgcdc.embedded import EmbeddedPostgres, free_port
 from pgcdc.pipeline import Pipeline, PipelineConfig
-from pipeline_support import SHOP_TABLES, Workload, assert_mirrors_equal, prepare_source
+from pipeline_support import (
+    SHOP_TABLES,
+    Workload,
+    assert_mirrors_equal,
+    prepare_source,
+    wait_for_transactions,
+)
 from tls_proxy import TlsTerminatingProxy
 
 pytestmark = pytest.mark.slow
@@ -130,8 +136,8 @@ def test_least_privilege_role_over_verified_tls_mirrors_everything(tls_server, s
     pipeline = Pipeline(config, spark=spark)
     pipeline.check()  # no problem reported for the least-privilege role
     pipeline.snapshot()
-    with Workload(admin, seed=5):
-        time.sleep(4)
+    with Workload(admin, seed=5) as workload:
+        wait_for_transactions(workload, 75)  # what four seconds wrote here, as a count that a slow machine also reaches
     pipeline.run(until_caught_up=True, handle_signals=False)
     assert_mirrors_equal(config, spark, admin, SHOP_TABLES)
     assert proxy.handshakes > handshakes  # the only way in for cdc is TLS

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import faulthandler
 import resource
-import threading
 import time
 
 import psycopg
@@ -21,24 +19,17 @@ from pipeline_support import (
     SHOP_TABLES,
     Workload,
     assert_mirrors_equal,
-    catch_up,
+    catch_up_in_process,
     pipeline_config,
     prepare_source,
     run_cli,
     run_in_background,
+    start_streaming,
+    wait_for,
 )
 from tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
-
-
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            faulthandler.dump_traceback(all_threads=True)  # where the pipeline is stuck
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def _slot_confirmed(pg, slot: str) -> Lsn | None:
@@ -60,18 +51,26 @@ def test_restarts_terminations_and_network_cuts_lose_nothing(pg, spark):
             runner, failures = run_in_background(pipeline)
             # stopped whatever happens: a failed assertion must not leave it reconnecting forever
             cleanup.callback(lambda: (pipeline.stop(), runner.join(timeout=300)))
-            _wait_for(lambda: pipeline.progress.phase == "streaming" or failures, 180,
+            wait_for(lambda: pipeline.progress.phase == "streaming" or failures, 180,
                       f"streaming (phase {pipeline.progress.phase})")
             assert not failures, failures
-            time.sleep(4)
 
-            def fault(name, action, settle=6.0):
+            def applying_again(after: str) -> None:
+                # Recovered means mirrored past what the server had written when we asked: the stream is back
+                # and the workload's later commits reach the mirrors (a fixed sleep only hoped so).
+                target = Lsn.parse(pg.execute("SELECT pg_current_wal_lsn()::text")[0][0])
+                wait_for(lambda: (pipeline.progress.applied_lsn or 0) > target or failures, 180,
+                         f"changes applied past {target} after {after} (applied {pipeline.progress.applied_lsn})")
+                assert not failures, failures
+
+            applying_again("the start")
+
+            def fault(name, action):
                 before = pipeline.progress.errors
                 action()
                 faults.append(name)
-                _wait_for(lambda: pipeline.progress.errors > before or failures, 90, f"{name} noticed")
-                time.sleep(settle)
-                assert not failures, failures
+                wait_for(lambda: pipeline.progress.errors > before or failures, 90, f"{name} noticed")
+                applying_again(name)
 
             fault("server restart (fast)", lambda: pg.server.restart("fast"))
             fault("server crash (immediate restart)", lambda: pg.server.restart("immediate"))
@@ -91,21 +90,20 @@ def test_restarts_terminations_and_network_cuts_lose_nothing(pg, spark):
                 before = pipeline.progress.errors
                 proxy.blackhole()
                 try:
-                    _wait_for(lambda: pipeline.progress.errors > before or failures, 120, "the partition noticed")
+                    wait_for(lambda: pipeline.progress.errors > before or failures, 120, "the partition noticed")
                 finally:
                     proxy.heal()
-            fault("silent partition", partition_until_noticed, settle=10.0)
+            fault("silent partition", partition_until_noticed)
         assert not workload.errors, workload.errors
         pipeline.stop()
         runner.join(timeout=300)
         assert not failures, failures
     reconnections = pipeline.progress.errors
-    catch_up(direct)
+    catch_up_in_process(direct, spark)
     figures = assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
     print(f"faults: {faults}; reconnections: {reconnections}; workload transactions: {workload.transactions} "
           f"(its own reconnections: {workload.disconnects}); {figures}")
     assert reconnections >= len(faults)
-
 
 
 def test_status_and_heartbeat_queries_wait_on_their_own_thread_behind_a_partition(pg):
@@ -118,12 +116,12 @@ def test_status_and_heartbeat_queries_wait_on_their_own_thread_behind_a_partitio
     with SlotManager(pg.dsn).create("watched", export_snapshot=False), \
             TcpProxy("127.0.0.1", pg.server.embedded.port) as proxy, \
             SourceWatch(proxy.dsn(pg.dsn), "watched", interval=0.5, query_timeout=2) as watch:
-        _wait_for(lambda: watch.latest() is not None, 60, "a first status")
+        wait_for(lambda: watch.latest() is not None, 60, "a first status")
         first = watch.latest()
         assert first is not None and first.wal_status == "reserved" and first.wal_retained_bytes is not None
 
         proxy.blackhole()
-        _wait_for(lambda: proxy.connections >= 3, 60, "queries stuck behind the partition")
+        wait_for(lambda: proxy.connections >= 3, 60, "queries stuck behind the partition")
         asked = time.monotonic()
         for _ in range(20):  # each query now waits its full 2 s timeout on the watch's thread
             watch.heartbeat()
@@ -132,14 +130,15 @@ def test_status_and_heartbeat_queries_wait_on_their_own_thread_behind_a_partitio
 
         proxy.heal()
         pg.execute("SELECT pg_switch_wal()")  # the server's position moves on
-        _wait_for(lambda: watch.latest().server_lsn > first.server_lsn, 60, "a status after the partition")
+        wait_for(lambda: watch.latest().server_lsn > first.server_lsn, 60, "a status after the partition")
         watch.heartbeat()
 
         def heartbeats() -> int:
             rows = pg.execute("SELECT data FROM pg_logical_slot_peek_binary_changes('watched', NULL, NULL, "
                               "'proto_version', '1', 'publication_names', 'watched_pub', 'messages', 'true')")
             return sum(b"pgcdc.heartbeat" in bytes(row[0]) for row in rows)
-        _wait_for(lambda: heartbeats() >= 1, 60, "a heartbeat in the slot")
+        wait_for(lambda: heartbeats() >= 1, 60, "a heartbeat in the slot")
+
 
 def test_a_full_spill_directory_stops_with_a_clear_error_and_confirms_nothing_past_the_mirrors(pg, spark, tmp_path):
     """The spill directory fills up (a file size limit on the running pipeline: writes fail with EFBIG, as
@@ -148,21 +147,18 @@ def test_a_full_spill_directory_stops_with_a_clear_error_and_confirms_nothing_pa
     pg.execute("INSERT INTO big VALUES (0, 'before')")
     pg.execute("CREATE PUBLICATION pub FOR TABLE big")
     config = pipeline_config(pg, spark, publication="pub", spill_dir=str(tmp_path))
-    catch_up(config)
+    catch_up_in_process(config, spark)  # the initial copy; the subject is the run below
 
-    process = run_cli(config, "--memory-limit", "1", "--spill-dir", str(tmp_path), env={"PGCDC_LOG_LEVEL": "INFO"})
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
-    reader.start()
-    _wait_for(lambda: any("streaming slot" in line for line in lines), 180, "the pipeline to stream")
+    run = start_streaming(config, "--memory-limit", "1", "--spill-dir", str(tmp_path), timeout=180)
+    process = run.process
     # only the pipeline's own process: the JVM it started keeps writing Iceberg files normally
     resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
     with psycopg.connect(pg.dsn) as conn:  # one transaction; its commit record lies after before_commit
         conn.execute("INSERT INTO big SELECT i, repeat('v', 200) FROM generate_series(1, 30000) i")
         before_commit = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
     assert process.wait(timeout=300) != 0
-    reader.join(timeout=10)
-    output = "".join(lines)
+    run.reader.join(timeout=10)
+    output = run.output
     assert "cannot spill transaction" in output and "File too large" in output, output[-3000:]
     assert "--spill-dir" in output
     # The slot may have been confirmed up to a keepalive's position inside the transaction (safe: the server
@@ -170,7 +166,7 @@ def test_a_full_spill_directory_stops_with_a_clear_error_and_confirms_nothing_pa
     assert _slot_confirmed(pg, config.slot) <= before_commit
 
     # with room again, a restart gets the transaction from the server and completes the mirror
-    catch_up(config, "--memory-limit", "1", "--spill-dir", str(tmp_path))
+    catch_up_in_process(dataclasses.replace(config, memory_limit_bytes=1 << 20), spark)
     assert list(tmp_path.iterdir()) == []
     results = assert_mirrors_equal(config, spark, pg.dsn)
     assert results["rows_compared"] == 30001
