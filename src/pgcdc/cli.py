@@ -278,12 +278,17 @@ def decode(
     proto_version: Annotated[int, typer.Option("--proto-version", min=1, max=4)] = 1,
     binary: Annotated[bool, typer.Option("--binary", help="Ask for binary column values.")] = False,
     streaming: Annotated[bool, typer.Option("--streaming", help="Ask for in-progress transactions (v2+).")] = False,
-    consume: Annotated[bool, typer.Option("--consume", help="Advance the slot past what is printed.")] = False,
+    consume: Annotated[bool, typer.Option(
+        "--consume", help="Then advance the slot past the printed transactions (only whole transactions whose "
+                          "every message was printed).")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Let --consume advance a slot that pgcdc's mirrors stream from (they lose what it "
+                        "skips).")] = False,
     limit: Annotated[int | None, typer.Option("--limit", "-n", help="Print at most this many messages.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines.")] = False,
 ) -> None:
     """Print the pgoutput messages a slot holds (peek, not consume, unless --consume) or a file holds."""
-    from pgcdc.inspect import decode_file, decode_slot, format_message
+    from pgcdc.inspect import decode_file, decode_slot, format_message, transaction_end
 
     if (file is None) == (slot is None):
         raise ConfigError("give either --slot (with --dsn and --publication) or --file")
@@ -292,12 +297,47 @@ def decode(
     else:
         if not dsn or not publication or slot is None:
             raise ConfigError("--slot needs --dsn and --publication")
+        if consume and not force:
+            _refuse_consuming_a_mirror_slot(slot)
         messages = decode_slot(dsn, slot, publication=publication, proto_version=proto_version, binary=binary,
-                               streaming=streaming, consume=consume, limit=limit)
+                               streaming=streaming, limit=limit)
+    printed_through = None  # end of the last transaction whose every message was printed
+    after_it = 0
     for count, (lsn, message) in enumerate(messages, start=1):
         out.print(format_message(lsn, message, as_json=as_json), markup=False, highlight=False, soft_wrap=True)
+        end = transaction_end(message)
+        if end is not None:
+            printed_through, after_it = end, 0
+        else:
+            after_it += 1
         if limit is not None and count >= limit:
             break
+    if consume and dsn and slot is not None:
+        _consume_printed(dsn, slot, printed_through, after_it)
+
+
+def _refuse_consuming_a_mirror_slot(slot: str) -> None:
+    """pgcdc's own slot (the default name, PGCDC_SLOT, or the config file's ``slot``) backs mirrors whose
+    positions lie in it: whatever --consume skips, they never receive."""
+    own = {"pgcdc", os.environ.get("PGCDC_SLOT"), _state.get("config_slot")}
+    if slot in own:
+        raise ConfigError(
+            f"slot {slot!r} is the slot pgcdc's mirrors stream from: --consume would move it past changes they "
+            f"have not applied, and they would never receive them; leave out --consume to look without "
+            f"consuming, or add --force to consume anyway (then copy the mirrors again with pgcdc run "
+            f"--resnapshot)")
+
+
+def _consume_printed(dsn: str, slot: str, printed_through: Any, unprinted_messages: int) -> None:
+    from pgcdc.replication import SlotManager
+
+    if printed_through is None:
+        console.print(f"slot {slot} not advanced: no transaction was printed whole")
+        return
+    confirmed = SlotManager(dsn).advance(slot, printed_through)
+    kept = (f"; the {unprinted_messages} printed messages of the unfinished transaction after it stay in the slot"
+            if unprinted_messages else "")
+    console.print(f"slot {slot} advanced to {confirmed}, past the printed transactions{kept}")
 
 
 @slot_app.command("create")
@@ -462,6 +502,7 @@ def _config_defaults(argv: list[str]) -> dict[str, Any] | None:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     flat = {k.replace("-", "_"): v for k, v in settings.items() if not isinstance(v, dict)}
+    _state["config_slot"] = flat.get("slot")
     if isinstance(settings.get("spark"), dict):
         flat["conf"] = [f"{k}={v}" for k, v in settings["spark"].items()]
     command = typer.main.get_command(app)

@@ -12,18 +12,43 @@ from typing import Any
 
 from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
-from pgcdc.pgoutput import AnyMessage, MessageDecoder, TupleData, pg_timestamp
+from pgcdc.pgoutput import (
+    AnyMessage,
+    Commit,
+    CommitPrepared,
+    MessageDecoder,
+    Prepare,
+    RollbackPrepared,
+    StreamCommit,
+    StreamPrepare,
+    TupleData,
+    pg_timestamp,
+)
 
 
 def decode_slot(dsn: str, slot: str, *, publication: str, proto_version: int, binary: bool, streaming: bool,
-                consume: bool, limit: int | None) -> Iterator[tuple[Lsn, AnyMessage]]:
-    """The messages ``slot`` holds, through the SQL interface (peeked unless ``consume``)."""
+                limit: int | None) -> Iterator[tuple[Lsn, AnyMessage]]:
+    """The messages ``slot`` holds, through the SQL interface, peeked: the slot stays where it is (see
+    :func:`transaction_end` and ``advance_slot`` for consuming exactly what was shown)."""
     from pgcdc.replication import ReplicationOptions, SqlInterfaceReader
 
     options = ReplicationOptions(publication=publication, proto_version=proto_version,
                                  streaming="on" if streaming else "off", binary=binary, messages=True)
     reader = SqlInterfaceReader(dsn, slot=slot, options=options)
-    yield from reader.messages(consume=consume, limit=limit)
+    yield from reader.messages(consume=False, limit=limit)
+
+
+def transaction_end(message: AnyMessage) -> Lsn | None:
+    """The end of the WAL record that finishes a transaction (or its decoded PREPARE), for messages that
+    finish one: a slot confirmed at that position sends nothing of the transaction again and everything after
+    it. None for every other message: the server sends a transaction whole, so a slot cannot stop inside one,
+    and consuming through ``pg_logical_slot_get_binary_changes(..., upto_nchanges)`` would move it past
+    messages never shown."""
+    if isinstance(message, Commit | StreamCommit | Prepare | StreamPrepare | CommitPrepared):
+        return message.end_lsn
+    if isinstance(message, RollbackPrepared):
+        return message.rollback_end_lsn
+    return None
 
 
 def decode_file(path: Path, *, proto_version: int) -> Iterator[tuple[Lsn | None, AnyMessage]]:

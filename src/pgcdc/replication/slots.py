@@ -222,6 +222,18 @@ class SlotManager:
         return [SlotInfo(r[0], r[1], r[2], bool(r[3]), r[4], _lsn(r[5]), _lsn(r[6]), r[7], bool(r[8]), r[9])
                 for r in rows]
 
+    def advance(self, name: str, lsn: Lsn) -> Lsn:
+        """Confirm slot ``name`` at ``lsn``: the server frees what lies before it and never sends it again."""
+        with source_connection(self.dsn) as conn:
+            try:
+                row = conn.execute("SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
+                                   (name, str(lsn))).fetchone()
+            except psycopg.errors.ObjectInUse:
+                raise ConfigError(f"replication slot {name!r} is in use by another connection; stop that "
+                                  "consumer first") from None
+        assert row is not None
+        return Lsn.parse(row[0])
+
     def drop(self, name: str, *, wait: bool = True) -> None:
         with psycopg.connect(self.dsn, autocommit=True, application_name="pgcdc") as conn:
             try:

@@ -1,0 +1,119 @@
+"""What an operator runs must never hurt a mirror, and every failure must name its cause: the `pgcdc` command as a
+user runs it (a subprocess) against a real server. None of these need Spark."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from conftest import TestDatabase, TestServer, drop_database
+
+_names = itertools.count(1)
+
+
+def pgcdc(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pgcdc.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+def output(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def db(pg_server: TestServer) -> Iterator[TestDatabase]:
+    """One database for the module: each test names its own tables, publications and slots."""
+    name = f"pgcdc_ops_{os.getpid()}"
+    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield TestDatabase(pg_server, name)
+    finally:
+        drop_database(pg_server, name)
+
+
+def fresh(db: TestDatabase, what: str) -> str:
+    """A name no other test in the module uses."""
+    return f"{what}_{next(_names)}"
+
+
+def published_table(db: TestDatabase) -> tuple[str, str]:
+    table, publication = fresh(db, "items"), fresh(db, "pub")
+    db.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
+    db.execute(f"CREATE PUBLICATION {publication} FOR TABLE {table}")
+    return table, publication
+
+
+def peek_types(db: TestDatabase, slot: str, publication: str) -> list[str]:
+    result = pgcdc("decode", "--dsn", db.dsn, "--slot", slot, "--publication", publication, "--json")
+    assert result.returncode == 0, output(result)
+    return [json.loads(line)["type"] for line in result.stdout.splitlines()]
+
+
+def test_consume_advances_only_past_transactions_printed_whole(db):
+    table, publication = published_table(db)
+    slot = fresh(db, "look")
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    db.execute(f"INSERT INTO {table} VALUES (1, 'one')")
+    with db.connect() as conn, conn.transaction():
+        conn.execute(f"INSERT INTO {table} VALUES (2, 'two')")
+        conn.execute(f"UPDATE {table} SET v = 'uno' WHERE id = 1")
+        conn.execute(f"DELETE FROM {table} WHERE id = 2")
+    whole = ["Begin", "Relation", "Insert", "Commit", "Begin", "Insert", "Update", "Delete", "Commit"]
+    assert peek_types(db, slot, publication) == whole
+
+    # two messages: the first transaction is not printed whole, so nothing may be consumed
+    partial = pgcdc("decode", "--dsn", db.dsn, "--slot", slot, "-p", publication, "--consume", "-n", "2")
+    assert partial.returncode == 0, output(partial)
+    assert len(partial.stdout.splitlines()) == 2
+    assert "not advanced" in partial.stderr
+    assert peek_types(db, slot, publication) == whole
+
+    # six messages: the first transaction whole and two of the second; only the first is consumed
+    six = pgcdc("decode", "--dsn", db.dsn, "--slot", slot, "-p", publication, "--consume", "-n", "6")
+    assert six.returncode == 0, output(six)
+    assert "advanced" in six.stderr and "2 printed messages" in six.stderr
+    assert peek_types(db, slot, publication) == ["Begin", "Relation", "Insert", "Update", "Delete", "Commit"]
+
+    everything = pgcdc("decode", "--dsn", db.dsn, "--slot", slot, "-p", publication, "--consume")
+    assert everything.returncode == 0, output(everything)
+    assert peek_types(db, slot, publication) == []
+
+
+def test_consume_refuses_the_slot_mirrors_stream_from_unless_forced(db, tmp_path):
+    table, publication = published_table(db)
+    db.execute("SELECT pg_create_logical_replication_slot('pgcdc', 'pgoutput')")
+    try:
+        db.execute(f"INSERT INTO {table} VALUES (1, 'one')")
+        refused = pgcdc("decode", "--dsn", db.dsn, "--slot", "pgcdc", "-p", publication, "--consume")
+        assert refused.returncode == 2, output(refused)
+        assert "mirrors" in refused.stderr and "--force" in refused.stderr and "Traceback" not in refused.stderr
+        assert refused.stdout == ""
+        assert peek_types(db, "pgcdc", publication) == ["Begin", "Relation", "Insert", "Commit"]
+
+        # the slot named in the config file or PGCDC_SLOT is pgcdc's too
+        db.execute("SELECT pg_create_logical_replication_slot('mirrored', 'pgoutput')")
+        config = tmp_path / "pgcdc.toml"
+        config.write_text('slot = "mirrored"\n')
+        by_config = pgcdc("--config", str(config), "decode", "--dsn", db.dsn, "--slot", "mirrored", "-p",
+                          publication, "--consume")
+        assert by_config.returncode == 2 and "--force" in by_config.stderr, output(by_config)
+        by_env = pgcdc("decode", "--dsn", db.dsn, "--slot", "mirrored", "-p", publication, "--consume",
+                       env={"PGCDC_SLOT": "mirrored"})
+        assert by_env.returncode == 2 and "--force" in by_env.stderr, output(by_env)
+
+        forced = pgcdc("decode", "--dsn", db.dsn, "--slot", "pgcdc", "-p", publication, "--consume", "--force")
+        assert forced.returncode == 0, output(forced)
+        assert peek_types(db, "pgcdc", publication) == []
+    finally:
+        for slot in ("pgcdc", "mirrored"):
+            db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                       (slot,))
