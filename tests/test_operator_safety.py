@@ -117,3 +117,39 @@ def test_consume_refuses_the_slot_mirrors_stream_from_unless_forced(db, tmp_path
         for slot in ("pgcdc", "mirrored"):
             db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
                        (slot,))
+
+
+def test_second_run_on_a_busy_slot_fails_before_copying_anything(db, tmp_path):
+    import psycopg2
+    import psycopg2.extras
+
+    table, publication = published_table(db)
+    db.execute(f"INSERT INTO {table} SELECT g, 'x' FROM generate_series(1, 100) g")
+    slot = fresh(db, "busy")
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    holder = psycopg2.connect(db.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    try:
+        holder.cursor().start_replication(slot_name=slot, decode=False,
+                                          options={"proto_version": "1", "publication_names": publication})
+        warehouse = tmp_path / "warehouse"
+        result = pgcdc("run", "--dsn", db.dsn, "-p", publication, "--slot", slot, "--warehouse", str(warehouse),
+                       "--until-caught-up")
+        assert result.returncode == 2, output(result)
+        assert f"slot {slot!r} is in use by another process" in result.stderr and "Traceback" not in result.stderr
+        assert not warehouse.exists() or not any(p.is_file() for p in warehouse.rglob("*"))
+    finally:
+        holder.close()
+        db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
+def test_first_run_that_fails_before_mirroring_drops_the_slot_it_created(db, tmp_path):
+    _, publication = published_table(db)
+    slot = fresh(db, "first")
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    (warehouse / "mirror").write_text("a file where the mirrors' namespace would go")  # fails after the slot
+    result = pgcdc("run", "--dsn", db.dsn, "-p", publication, "--slot", slot, "--warehouse", str(warehouse),
+                   "--until-caught-up", timeout=600)
+    assert result.returncode != 0, output(result)
+    assert f"dropped slot {slot} again" in result.stderr
+    assert db.execute("SELECT slot_name FROM pg_replication_slots WHERE slot_name = %s", (slot,)) == []

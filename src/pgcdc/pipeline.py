@@ -262,6 +262,7 @@ class Pipeline:
             self._registry.load_from_server(conn)
         slots = SlotManager(self.config.dsn)
         existing = slots.get(self.config.slot)
+        slots.refuse_busy(existing)
         if existing is not None and self.config.resnapshot:
             log.warning("resnapshot: dropping slot %s and copying every table again", self.config.slot)
             slots.drop(self.config.slot)
@@ -269,7 +270,9 @@ class Pipeline:
         if existing is None:
             self._refuse_lost_slot()
             self._set_phase("snapshot")
-            with slots.create(self.config.slot, two_phase=self._two_phase_wanted(), export_snapshot=True) as created:
+            with slots.dropped_on_failure(self.config.slot, backs_mirrors=lambda: bool(self.mirrors.positions())), \
+                    slots.create(self.config.slot, two_phase=self._two_phase_wanted(),
+                                 export_snapshot=True) as created:
                 return self._copy_tables(tables, created.exported_snapshot, created.consistent_point)
         return self._snapshot_missing(tables)
 

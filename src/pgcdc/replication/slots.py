@@ -8,7 +8,8 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -234,15 +235,56 @@ class SlotManager:
         assert row is not None
         return Lsn.parse(row[0])
 
-    def drop(self, name: str, *, wait: bool = True) -> None:
+    def drop(self, name: str, *, wait_seconds: float = 0.0) -> None:
+        """Drop slot ``name``; ``wait_seconds`` lets a connection that used it (one just closed: its walsender
+        ends a moment later) release it first."""
+        give_up = time.monotonic() + wait_seconds
         with psycopg.connect(self.dsn, autocommit=True, application_name="pgcdc") as conn:
+            while True:
+                try:
+                    conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+                    return
+                except psycopg.errors.UndefinedObject:
+                    raise ConfigError(f"replication slot {name!r} does not exist") from None
+                except psycopg.errors.ObjectInUse:
+                    if time.monotonic() >= give_up:
+                        raise ConfigError(f"replication slot {name!r} is in use by another connection; stop "
+                                          "that consumer first") from None
+                time.sleep(0.1)
+
+    @contextlib.contextmanager
+    def dropped_on_failure(self, name: str, *, backs_mirrors: Callable[[], bool]) -> Iterator[None]:
+        """Around the first use of a slot this run creates: when that use fails before any mirror holds a
+        position in the slot, drop it again. Left behind, it would hold the server's WAL from here on for a
+        mirror that does not exist (the next run creates a new one)."""
+        try:
+            yield
+        except BaseException:
             try:
-                conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
-            except psycopg.errors.UndefinedObject:
-                raise ConfigError(f"replication slot {name!r} does not exist") from None
-            except psycopg.errors.ObjectInUse:
-                raise ConfigError(f"replication slot {name!r} is in use by another connection; stop that "
-                                  "consumer first") from None
+                needed = backs_mirrors()
+            except Exception as exc:  # the failure may be the warehouse's itself: then say how to clean up
+                log.warning("slot %s, created by this run, is kept: whether a mirror already streams from it "
+                            "cannot be told (%s); if none does, drop it with: pgcdc slot drop %s",
+                            name, " ".join(str(exc).split())[:200], name)
+                raise
+            if not needed:
+                try:
+                    self.drop(name, wait_seconds=10.0)
+                    log.warning("dropped slot %s again: this run created it and failed before any mirror was "
+                                "written", name)
+                except (ConfigError, psycopg.Error) as exc:
+                    log.warning("slot %s, created by this run before it failed, could not be dropped (%s): drop "
+                                "it with: pgcdc slot drop %s", name, " ".join(str(exc).split()), name)
+            raise
+
+    def refuse_busy(self, slot: SlotInfo | None) -> None:
+        """Stop before any work when ``slot`` is streamed by another process: a second run would copy its
+        tables, then fail at the stream."""
+        if slot is not None and slot.active:
+            raise ConfigError(
+                f"replication slot {slot.name!r} is in use by another process (pid {slot.active_pid}): another "
+                f"pgcdc run or consumer streams it, and only one may; stop that one first, or give this run its "
+                f"own --slot")
 
 
 def check_source(dsn: str, *, publication: str) -> list[SourceProblem]:
