@@ -153,3 +153,56 @@ def test_first_run_that_fails_before_mirroring_drops_the_slot_it_created(db, tmp
     assert result.returncode != 0, output(result)
     assert f"dropped slot {slot} again" in result.stderr
     assert db.execute("SELECT slot_name FROM pg_replication_slots WHERE slot_name = %s", (slot,)) == []
+
+
+def test_status_and_check_flag_inactive_slots_that_retain_wal(db):
+    _, publication = published_table(db)
+    slot = fresh(db, "forgotten")
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    try:
+        db.execute("SELECT pg_switch_wal()")  # something to retain
+        status = pgcdc("status", "--dsn", db.dsn)
+        assert status.returncode == 0, output(status)
+        text = " ".join(status.stdout.split())
+        assert f"slot {slot} is inactive and retains" in text and f"pgcdc slot drop {slot}" in text
+        as_json = json.loads(pgcdc("status", "--dsn", db.dsn, "--json").stdout)
+        assert slot in [w["slot"] for w in as_json["warnings"]]
+
+        check = pgcdc("check", "--dsn", db.dsn, "-p", publication)
+        assert check.returncode == 0, output(check)  # a warning, the source is still ready
+        text = " ".join(check.stdout.split())
+        assert f"slot {slot} is inactive and retains" in text and "ready" in text
+        entries = json.loads(pgcdc("check", "--dsn", db.dsn, "-p", publication, "--json").stdout)
+        assert [e["severity"] for e in entries if slot in e["problem"]] == ["warning"]
+    finally:
+        db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
+def test_check_and_slot_create_tell_full_slots_and_missing_replication_apart_from_a_bad_dsn(db):
+    _, publication = published_table(db)
+    limit, used = db.execute("SELECT current_setting('max_replication_slots')::int, "
+                             "(SELECT count(*) FROM pg_replication_slots)")[0]
+    fillers = [fresh(db, "filler") for _ in range(limit - used)]
+    try:
+        for filler in fillers:
+            db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (filler,))
+        check = pgcdc("check", "--dsn", db.dsn, "-p", publication)
+        assert check.returncode == 3, output(check)
+        assert f"all {limit} replication slots are taken" in " ".join(check.stdout.split())
+        # the slot pgcdc streams exists already: no new one is needed
+        assert pgcdc("check", "--dsn", db.dsn, "-p", publication, "--slot", fillers[0]).returncode == 0
+        create = pgcdc("slot", "create", "one_too_many", "--dsn", db.dsn)
+        assert create.returncode == 2, output(create)
+        assert "max_replication_slots" in create.stderr and "check --dsn" not in create.stderr
+    finally:
+        for filler in fillers:
+            db.execute("SELECT pg_drop_replication_slot(%s)", (filler,))
+
+    role = fresh(db, "norep")
+    db.execute(f"CREATE ROLE {role} LOGIN")
+    dsn = psycopg.conninfo.make_conninfo(db.dsn, user=role)
+    create = pgcdc("slot", "create", fresh(db, "denied"), "--dsn", dsn)
+    assert create.returncode == 2, output(create)
+    assert "REPLICATION" in create.stderr and "check --dsn" not in create.stderr
+    check = pgcdc("check", "--dsn", dsn, "-p", publication)
+    assert check.returncode == 3 and f"role {role} lacks the REPLICATION attribute" in check.stdout

@@ -224,12 +224,13 @@ def status(
     as_json: JsonFlag = False,
 ) -> None:
     """Slots (confirmed LSN, lag, WAL retained, wal_status) and, with --warehouse, each mirror's position."""
-    from pgcdc.status import mirror_status, slot_status
+    from pgcdc.status import idle_slot_warnings, mirror_status, slot_status
 
     slots = slot_status(dsn, slot)
+    warnings = idle_slot_warnings(slots)
     mirrors = mirror_status(warehouse, catalog, namespace, _key_values(conf)) if warehouse else []
     if as_json:
-        out.print_json(json.dumps({"slots": slots, "mirrors": mirrors}, default=str))
+        out.print_json(json.dumps({"slots": slots, "mirrors": mirrors, "warnings": warnings}, default=str))
         return
     table = Table(title="replication slots")
     for column in ("slot", "database", "active", "confirmed_flush_lsn", "lag_bytes", "lag_seconds",
@@ -248,21 +249,34 @@ def status(
             mirror_table.add_row(row["mirror"], row["source"], str(row["lsn"]), str(row["rows"]),
                                  str(row["snapshots"]))
         out.print(mirror_table)
+    _print_warnings(warnings)
+
+
+def _print_warnings(warnings: list[dict[str, str]]) -> None:
+    for warning in warnings:
+        out.print(f"[yellow]warning[/yellow]: {warning['warning']}\n  [yellow]fix[/yellow]: {warning['fix']}",
+                  highlight=False)
 
 
 @app.command()
-def check(dsn: Dsn, publication: Publication, as_json: JsonFlag = False) -> None:
-    """Verify wal_level, privileges, the publication and replica identities; say how to fix each problem."""
+def check(dsn: Dsn, publication: Publication, slot: SlotName = "pgcdc", as_json: JsonFlag = False) -> None:
+    """Verify wal_level, privileges, free slots and WAL senders, the publication and replica identities; say how
+    to fix each problem. Inactive slots that hold WAL are warned about (they do not make the source unready)."""
     from pgcdc.replication import check_source
+    from pgcdc.status import idle_slot_warnings, slot_status
 
-    problems = check_source(dsn, publication=publication)
+    problems = check_source(dsn, publication=publication, slot=slot)
+    warnings = idle_slot_warnings(slot_status(dsn, None))
     if as_json:
-        out.print_json(json.dumps([{"problem": p.what, "fix": p.fix} for p in problems]))
-    elif not problems:
-        out.print(f"[green]ready[/green]: {redact_dsn(dsn)} can stream publication {publication!r}")
+        out.print_json(json.dumps([{"problem": p.what, "fix": p.fix, "severity": "error"} for p in problems]
+                                  + [{"problem": w["warning"], "fix": w["fix"], "severity": "warning"}
+                                     for w in warnings]))
     else:
         for problem in problems:
             out.print(f"[red]problem[/red]: {problem.what}\n  [yellow]fix[/yellow]: {problem.fix}")
+        _print_warnings(warnings)
+        if not problems:
+            out.print(f"[green]ready[/green]: {redact_dsn(dsn)} can stream publication {publication!r}")
     if problems:
         raise typer.Exit(EXIT_SOURCE_NOT_READY)
 

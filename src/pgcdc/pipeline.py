@@ -249,7 +249,7 @@ class Pipeline:
 
     def check(self) -> None:
         """Raise ConfigError listing every problem of the source set-up, each with its fix."""
-        problems = check_source(self.config.dsn, publication=self.config.publication)
+        problems = check_source(self.config.dsn, publication=self.config.publication, slot=self.config.slot)
         if problems:
             raise ConfigError("the source is not ready for pgcdc:\n" + "\n".join(
                 f"  - {p.what} Fix: {p.fix}" for p in problems))

@@ -149,12 +149,23 @@ def replication_connection(dsn: str) -> psycopg2.extras.LogicalReplicationConnec
         return psycopg2.connect(with_session_settings(dsn, **liveness),
                                 connection_factory=psycopg2.extras.LogicalReplicationConnection)
     except psycopg2.OperationalError as exc:
-        message = str(exc)
-        if "replication" in message and ("pg_hba" in message or "permission" in message or "must be" in message):
-            raise ConfigError(f"the server refused a replication connection ({' '.join(message.split())}); grant "
-                              "it: ALTER ROLE <user> REPLICATION, and allow 'replication' for this database in "
-                              "pg_hba.conf") from None
-        raise
+        refused = _refused_replication(exc)
+        if refused is None:
+            raise
+        raise refused from None
+
+
+def _refused_replication(exc: psycopg2.OperationalError) -> ConfigError | None:
+    """A replication connection refused for a reason a DSN does not fix, told apart from a bad DSN."""
+    message = " ".join(str(exc).split())
+    lowered = message.lower()
+    if "max_wal_senders" in lowered or "wal senders" in lowered:
+        return ConfigError(f"every WAL sender of the server is in use ({message}); stop a replication consumer, or "
+                           "raise max_wal_senders and restart PostgreSQL")
+    if "replication" in lowered and ("pg_hba" in lowered or "permission" in lowered or "must be" in lowered):
+        return ConfigError(f"the server refused a replication connection ({message}); grant it: ALTER ROLE "
+                           "<user> REPLICATION, and allow 'replication' for this database in pg_hba.conf")
+    return None
 
 
 class SlotManager:
@@ -192,6 +203,10 @@ class SlotManager:
             except psycopg2.errors.DuplicateObject:
                 raise ConfigError(f"replication slot {name!r} already exists; use it, or drop it with "
                                   f"pgcdc slot drop {name}") from None
+            except psycopg2.errors.ConfigurationLimitExceeded as exc:
+                raise ConfigError(f"cannot create slot {name!r}: {' '.join(str(exc).split())}; drop a slot nothing "
+                                  "reads any more (pgcdc slot drop NAME), or raise max_replication_slots and "
+                                  "restart PostgreSQL") from None
             except psycopg2.errors.ObjectNotInPrerequisiteState as exc:
                 raise ConfigError(f"cannot create slot {name!r}: {' '.join(str(exc).split())}; set "
                                   "wal_level = logical and restart PostgreSQL") from None
@@ -287,8 +302,36 @@ class SlotManager:
                 f"own --slot")
 
 
-def check_source(dsn: str, *, publication: str) -> list[SourceProblem]:
-    """Everything that would stop pgcdc on this source, each with its fix; empty when ready."""
+def _capacity_problems(conn: psycopg.Connection, settings: dict[str, str], slot: str | None
+                       ) -> list[SourceProblem]:
+    """A full set of replication slots (pgcdc needs one of its own, plus a temporary one to copy tables added
+    later) or of WAL senders (one per streaming consumer) makes a run fail at its first connection, with an
+    error that reads like a bad DSN: say so here."""
+    problems = []
+    row = conn.execute(
+        "SELECT count(*), count(*) FILTER (WHERE slot_name = %s), "
+        "string_agg(slot_name || CASE WHEN active THEN ' (active)' ELSE '' END, ', ' ORDER BY slot_name), "
+        "(SELECT count(*) FROM pg_stat_replication) FROM pg_replication_slots", (slot,)).fetchone()
+    assert row is not None
+    used, own, names, senders = row
+    limit = int(settings.get("max_replication_slots", "0"))
+    if limit and used + (0 if own else 1) > limit:
+        problems.append(SourceProblem(
+            f"all {limit} replication slots are taken ({names}); pgcdc cannot create its slot.",
+            "drop a slot nothing reads any more (pgcdc slot drop NAME --dsn ...), or raise "
+            f"max_replication_slots above {limit} and restart PostgreSQL."))
+    senders_limit = int(settings.get("max_wal_senders", "0"))
+    if senders_limit and senders >= senders_limit:
+        problems.append(SourceProblem(
+            f"all {senders_limit} WAL senders are in use; pgcdc's replication connection would be refused.",
+            f"stop a replication consumer, or raise max_wal_senders above {senders_limit} and restart "
+            "PostgreSQL."))
+    return problems
+
+
+def check_source(dsn: str, *, publication: str, slot: str | None = None) -> list[SourceProblem]:
+    """Everything that would stop pgcdc on this source, each with its fix; empty when ready. ``slot`` is the
+    slot pgcdc streams: when it exists already, a full set of slots is no problem."""
     problems: list[SourceProblem] = []
     with psycopg.connect(dsn, autocommit=True, application_name="pgcdc check") as conn:
         settings: dict[str, str] = dict(conn.execute(
@@ -302,6 +345,7 @@ def check_source(dsn: str, *, publication: str) -> list[SourceProblem]:
             if int(settings.get(setting, "0")) == 0:
                 problems.append(SourceProblem(f"{setting} is 0.",
                                               f"ALTER SYSTEM SET {setting} = 10; then restart PostgreSQL."))
+        problems.extend(_capacity_problems(conn, settings, slot))
         role = conn.execute("SELECT current_user, rolreplication OR rolsuper FROM pg_roles "
                             "WHERE rolname = current_user").fetchone()
         if role is not None and not role[1]:
