@@ -206,3 +206,169 @@ def test_check_and_slot_create_tell_full_slots_and_missing_replication_apart_fro
     assert "REPLICATION" in create.stderr and "check --dsn" not in create.stderr
     check = pgcdc("check", "--dsn", dsn, "-p", publication)
     assert check.returncode == 3 and f"role {role} lacks the REPLICATION attribute" in check.stdout
+
+
+# -- errors that point at the cause -------------------------------------------------------------------------
+
+def one_error_line(result: subprocess.CompletedProcess[str], *, code: int = 2) -> str:
+    """The run failed with ``code`` and said why in one ``error:`` sentence, no traceback."""
+    assert result.returncode == code, output(result)
+    assert "Traceback" not in output(result) and "at org.apache" not in output(result)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    return " ".join(result.stderr[result.stderr.index("error:"):].split())
+
+
+def test_a_warehouse_that_cannot_be_one_is_refused_before_anything_starts(db, tmp_path):
+    _, publication = published_table(db)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for warehouse, cause in ((a_file, "is a file"), (a_file / "below", f"lies under {a_file}, which is a file")):
+        slot = fresh(db, "never")
+        for command in ("run", "snapshot"):
+            result = pgcdc(command, "--dsn", db.dsn, "-p", publication, "--slot", slot, "--warehouse", str(warehouse))
+            assert cause in one_error_line(result), output(result)
+        assert db.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)) == []
+
+    missing = tmp_path / "no-such-warehouse"
+    status = pgcdc("status", "--dsn", db.dsn, "--warehouse", str(missing))
+    assert "does not exist" in one_error_line(status)
+    assert not missing.exists()  # status never writes
+
+
+def test_usage_errors_name_the_flag_and_the_fix(db, tmp_path):
+    import socket
+
+    _, publication = published_table(db)
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = pgcdc("run", "--dsn", db.dsn, "-p", publication, "--warehouse", str(tmp_path / "wh"),
+                       "--metrics-port", str(port))
+        assert f"port {port}" in one_error_line(result) and "--metrics-port" in result.stderr
+
+    assert "--log-level must be one of debug, info" in one_error_line(
+        pgcdc("--log-level", "bogus", "slot", "list", "--dsn", db.dsn))
+
+    config = tmp_path / "pgcdc.toml"
+    config.write_text(f'publicaton = "{publication}"\n')
+    assert "unknown key 'publicaton'; did you mean 'publication'?" in one_error_line(
+        pgcdc("--config", str(config), "check", "--dsn", db.dsn, "-p", publication))
+    config.write_text('[sprak]\n"spark.ui.enabled" = "false"\n')
+    assert "[sprak] is not a known table" in one_error_line(pgcdc("--config", str(config), "slot", "list",
+                                                                  "--dsn", db.dsn))
+
+    slot = fresh(db, "look")
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    try:
+        assert "publication 'nosuchpub' does not exist" in one_error_line(
+            pgcdc("decode", "--dsn", db.dsn, "--slot", slot, "-p", "nosuchpub"))
+        assert "replication slot 'nosuchslot' does not exist" in one_error_line(
+            pgcdc("decode", "--dsn", db.dsn, "--slot", "nosuchslot", "-p", publication))
+    finally:
+        db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    assert f"--file {tmp_path / 'missing'} does not exist" in one_error_line(
+        pgcdc("decode", "--file", str(tmp_path / "missing")))
+
+    # a slot name PostgreSQL would refuse: the same words and exit code from slot create as from run
+    from_slot = one_error_line(pgcdc("slot", "create", "Bad-Name", "--dsn", db.dsn))
+    from_run = one_error_line(pgcdc("run", "--dsn", db.dsn, "-p", publication, "--slot", "Bad-Name"))
+    assert "replication slot names are 1-63 lower-case letters" in from_slot
+    assert from_slot == from_run
+
+
+def test_global_options_after_the_command_and_version():
+    version = pgcdc("--version")
+    assert version.returncode == 0 and version.stdout.startswith("pgcdc "), output(version)
+    after = pgcdc("decode", "--file", "/nonexistent", "--log-format", "json", "--debug")
+    assert after.returncode == 2, output(after)
+    assert "No such option" not in output(after) and "does not exist" in output(after)
+    assert "Traceback" in after.stderr  # --debug after the command took effect
+    refused = pgcdc("slot", "list", "--dsn", "host=x", "--log-format", "yaml")
+    assert "--log-format must be text or json" in one_error_line(refused)
+
+
+def test_a_server_that_never_answers_is_waited_for_a_bounded_time():
+    import socket
+
+    with socket.socket() as silent:  # accepts TCP (the kernel's backlog) and never says a word
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        dsn = f"host=127.0.0.1 port={port} dbname=x user=x"
+        for command in (["check", "-p", "x"], ["slot", "list"]):
+            result = pgcdc("--connect-timeout", "2", *command, "--dsn", dsn, timeout=60)
+            line = one_error_line(result)
+            assert "did not answer a connection attempt within 2 s" in line and "--connect-timeout" in line
+
+
+# -- secrets ------------------------------------------------------------------------------------------------
+
+SECRET = "Tr0ub4dor"
+
+
+def dsn_shapes(port: int) -> list[tuple[str, str]]:
+    """(what, DSN) holding SECRET as its password: URI and keyword forms, quoted, escaped, encoded, malformed."""
+    return [
+        ("uri", f"postgresql://cdc:{SECRET}@127.0.0.1:{port}/db"),
+        ("uri, percent-encoded password", f"postgresql://cdc:{SECRET}%40x%2F@127.0.0.1:{port}/db"),
+        ("uri, password parameter", f"postgres://127.0.0.1:{port}/db?sslmode=disable&password={SECRET}"),
+        ("uri, malformed host", f"postgres://u:{SECRET}@[bad/db"),
+        ("uri, port not a number", f"postgresql://u:{SECRET}@127.0.0.1:notaport/db"),
+        ("keyword", f"host=127.0.0.1 port={port} user=cdc password={SECRET}"),
+        ("keyword, spaced", f"host=127.0.0.1 port={port} password = {SECRET}"),
+        ("keyword, quoted", f"host=127.0.0.1 port={port} password='{SECRET} with space'"),
+        ("keyword, escaped quote", f"host=127.0.0.1 port={port} password='it\\'s{SECRET}'"),
+        ("keyword, malformed", f"host=127.0.0.1 password={SECRET} port"),
+        ("keyword, unterminated quote", f"host=127.0.0.1 port={port} password='{SECRET}"),
+    ]
+
+
+def every_command() -> list[list[str]]:
+    return [["check", "-p", "pub"], ["status"], ["slot", "list"], ["slot", "create", "s"], ["slot", "drop", "s"],
+            ["decode", "--slot", "s", "-p", "pub"], ["run", "-p", "pub"], ["snapshot", "-p", "pub"]]
+
+
+def test_passwords_never_shown_for_any_dsn_shape_through_any_command(tmp_path):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on: every connection is refused at once
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    shapes = dsn_shapes(port)
+    commands = every_command()
+    malformed_exit: set[int] = set()
+    # every shape through two commands, every command with two shapes: each pairing costs a process
+    runs = [(what, dsn, command) for what, dsn in shapes for command in (commands[0], commands[6])]
+    runs += [(what, dsn, command) for what, dsn in (shapes[3], shapes[5]) for command in commands]
+    for what, dsn, command in runs:
+        warehouse = ["--warehouse", str(tmp_path / "wh")] if command[0] in ("run", "snapshot") else []
+        result = pgcdc("--debug", *command, *warehouse, "--dsn", dsn)
+        text = output(result)
+        assert SECRET not in text, (what, command, text)
+        assert result.returncode == 2, (what, command, text)
+        assert "Traceback" in text  # --debug shows the chain, redacted
+        if "malformed" in what or "unterminated" in what:
+            assert "--dsn is not a valid connection string (libpq:" in text, (what, command, text)
+            assert "PostgreSQL said" not in text
+            malformed_exit.add(result.returncode)
+    assert malformed_exit == {2}  # one exit code for a malformed DSN, whatever the command
+
+
+def test_passwords_never_shown_by_the_python_api():
+    import traceback
+
+    from pgcdc import ConfigError
+    from pgcdc.pipeline import Pipeline, PipelineConfig
+
+    for what, dsn in dsn_shapes(1):
+        try:
+            Pipeline(PipelineConfig(dsn=dsn, publication="pub", warehouse="/nonexistent")).check()
+        except Exception as exc:  # any failure: its whole chain must be free of the password
+            shown = "".join(traceback.format_exception(exc)) + str(exc) + repr(exc)
+            assert SECRET not in shown, (what, shown)
+            if "malformed" in what or "unterminated" in what:
+                assert isinstance(exc, ConfigError) and "--dsn is not a valid connection string" in str(exc)
+        else:
+            raise AssertionError(f"{what}: a pipeline on a closed port did not fail")

@@ -5,8 +5,12 @@ file (``--config pgcdc.toml``, top-level keys named like the flags with
 underscores), then defaults. Errors are one sentence with the fix; ``--debug``
 adds the traceback.
 
-Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration,
-3 the source is not ready (``pgcdc check`` found problems), 130 interrupted.
+Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration (a malformed or unreachable
+``--dsn`` included, from every command), 3 the source is not ready (``pgcdc check`` found problems),
+130 interrupted.
+
+Global options (``--log-format``, ``--log-level``, ``--debug``, ``--config``, ``--connect-timeout``) may come
+before or after the command.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pgcdc.errors import ConfigError, PgcdcError
 from pgcdc.observability import configure_logging, redact, redact_dsn
+from pgcdc.secrets import parse_dsn
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -51,7 +57,13 @@ app.add_typer(embedded_app, name="embedded")
 
 _state: dict[str, Any] = {"debug": False}
 
-Dsn = Annotated[str, typer.Option("--dsn", envvar="PGCDC_DSN", show_envvar=True,
+def _valid_dsn(dsn: str | None) -> str | None:
+    if dsn is not None:
+        parse_dsn(dsn)
+    return dsn
+
+
+Dsn = Annotated[str, typer.Option("--dsn", envvar="PGCDC_DSN", show_envvar=True, callback=_valid_dsn,
                                   help="Source database: libpq string or URI, e.g. 'host=db dbname=shop user=cdc' "
                                        "(sslmode, sslrootcert, ... pass through).")]
 Publication = Annotated[str, typer.Option("--publication", "-p", envvar="PGCDC_PUBLICATION", show_envvar=True,
@@ -79,18 +91,49 @@ SnapshotWriter = Annotated[str, typer.Option(
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+GLOBAL_OPTIONS = {"--config": True, "--log-format": True, "--log-level": True, "--connect-timeout": True,
+                  "--debug": False}  # option: takes a value
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("pgcdc")
+        except PackageNotFoundError:
+            installed = "unknown (not installed)"
+        out.print(f"pgcdc {installed}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def main_options(
     config: Annotated[Path | None, typer.Option("--config", envvar="PGCDC_CONFIG", show_envvar=True,
                                                 help="TOML file of settings (keys named like the flags).")] = None,
     log_format: Annotated[str, typer.Option("--log-format", envvar="PGCDC_LOG_FORMAT",
                                             help="text or json (JSON lines on stderr).")] = "text",
-    log_level: Annotated[str, typer.Option("--log-level", envvar="PGCDC_LOG_LEVEL")] = "INFO",
+    log_level: Annotated[str, typer.Option("--log-level", envvar="PGCDC_LOG_LEVEL",
+                                           help="debug, info, warning, error or critical.")] = "INFO",
+    connect_timeout: Annotated[float, typer.Option(
+        "--connect-timeout", envvar="PGCDC_CONNECT_TIMEOUT", show_envvar=True,
+        help="Seconds to wait for PostgreSQL to answer a connection attempt (a DSN's own connect_timeout, or "
+             "PGCONNECT_TIMEOUT, wins).")] = 10.0,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_show_version,
+                                          help="Print pgcdc's version and exit.")] = False,
 ) -> None:
     """Stream PostgreSQL changes into Iceberg. Start with `pgcdc demo`, or `pgcdc check --dsn ... -p ...`."""
     if log_format not in ("text", "json"):
         raise ConfigError(f"--log-format must be text or json, not {log_format!r}")
+    if log_level.upper() not in LOG_LEVELS:
+        raise ConfigError(f"--log-level must be one of {', '.join(level.lower() for level in LOG_LEVELS)}, "
+                          f"not {log_level!r}")
+    if connect_timeout <= 0:
+        raise ConfigError(f"--connect-timeout must be a positive number of seconds, not {connect_timeout}")
+    # libpq reads this default for every connection without its own connect_timeout: psycopg and psycopg2 alike
+    os.environ.setdefault("PGCONNECT_TIMEOUT", str(max(1, round(connect_timeout))))
     _state["debug"] = debug
     configure_logging(log_format, "DEBUG" if debug else log_level)
 
@@ -108,8 +151,12 @@ def _key_values(pairs: list[str] | None) -> dict[str, str]:
 
 def _pipeline_config(**kwargs: Any):
     from pgcdc.pipeline import PipelineConfig
+    from pgcdc.warehouse import require_writable_warehouse
 
-    return PipelineConfig(**kwargs)
+    config = PipelineConfig(**kwargs)
+    if config.warehouse:
+        require_writable_warehouse(config.warehouse)
+    return config
 
 
 @app.command()
@@ -226,6 +273,10 @@ def status(
     """Slots (confirmed LSN, lag, WAL retained, wal_status) and, with --warehouse, each mirror's position."""
     from pgcdc.status import idle_slot_warnings, mirror_status, slot_status
 
+    if warehouse:
+        from pgcdc.warehouse import require_existing_warehouse
+
+        require_existing_warehouse(warehouse)
     slots = slot_status(dsn, slot)
     warnings = idle_slot_warnings(slots)
     mirrors = mirror_status(warehouse, catalog, namespace, _key_values(conf)) if warehouse else []
@@ -283,7 +334,7 @@ def check(dsn: Dsn, publication: Publication, slot: SlotName = "pgcdc", as_json:
 
 @app.command()
 def decode(
-    dsn: Annotated[str | None, typer.Option("--dsn", envvar="PGCDC_DSN",
+    dsn: Annotated[str | None, typer.Option("--dsn", envvar="PGCDC_DSN", callback=_valid_dsn,
                                             help="Read from a slot on this server (SQL interface).")] = None,
     slot: Annotated[str | None, typer.Option("--slot", help="Slot to read (peeked unless --consume).")] = None,
     publication: Annotated[str | None, typer.Option("--publication", "-p", envvar="PGCDC_PUBLICATION")] = None,
@@ -307,6 +358,9 @@ def decode(
     if (file is None) == (slot is None):
         raise ConfigError("give either --slot (with --dsn and --publication) or --file")
     if file is not None:
+        if not file.is_file():
+            raise ConfigError(f"--file {file} {'is not a file' if file.exists() else 'does not exist'}: give a "
+                              "file of hex payloads or length-prefixed messages")
         messages = decode_file(file, proto_version=proto_version)
     else:
         if not dsn or not publication or slot is None:
@@ -362,8 +416,11 @@ def slot_create(
     failover: Annotated[bool, typer.Option("--failover", help="Sync the slot to standbys (PG 17+).")] = False,
 ) -> None:
     """Create a logical replication slot using pgoutput."""
-    from pgcdc.replication import SlotManager
+    from pgcdc.replication import SlotManager, slot_name_problem
 
+    problem = slot_name_problem(name)
+    if problem:
+        raise ConfigError(problem)
     created = SlotManager(dsn).create(name, two_phase=two_phase, failover=failover, export_snapshot=False)
     with created as slot:
         out.print(f"created slot {name} at {slot.consistent_point}")
@@ -453,7 +510,7 @@ def demo(
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: load the TOML config into defaults, run, turn errors into one clear line."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _global_options_first(list(sys.argv[1:] if argv is None else argv))
     try:
         default_map = _config_defaults(argv)
         # without standalone mode click returns typer.Exit's code instead of exiting
@@ -468,6 +525,28 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(_report(exc))
 
 
+def _global_options_first(argv: list[str]) -> list[str]:
+    """Global options given after the command (``pgcdc run ... --log-format json``) moved before it, where the
+    parser reads them."""
+    leading: list[str] = []
+    rest: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--":
+            rest.extend(argv[index:])
+            break
+        name = arg.split("=", 1)[0]
+        if name in GLOBAL_OPTIONS:
+            takes_value = GLOBAL_OPTIONS[name] and "=" not in arg
+            leading.extend(argv[index:index + (2 if takes_value else 1)])
+            index += 2 if takes_value else 1
+            continue
+        rest.append(arg)
+        index += 1
+    return leading + rest
+
+
 def _report(exc: BaseException) -> int:
     if isinstance(exc, typer.Abort):
         console.print("interrupted")
@@ -476,9 +555,13 @@ def _report(exc: BaseException) -> int:
         exc.show(file=sys.stderr)
         return EXIT_USAGE
     if _state["debug"]:
-        console.print_exception(show_locals=False)
+        import traceback
+
+        # the chain's messages may quote a DSN (a malformed one, as libpq echoes it): redacted like the rest
+        console.print(redact("".join(traceback.format_exception(exc))), markup=False, highlight=False,
+                      soft_wrap=True)
     message, code = _explain(exc)
-    console.print(f"[bold red]error:[/bold red] {redact(message)}", highlight=False)
+    console.print(f"[bold red]error:[/bold red] {escape(redact(message))}", highlight=False)
     return code
 
 
@@ -490,13 +573,19 @@ def _explain(exc: BaseException) -> tuple[str, int]:
         return str(exc), EXIT_USAGE
     if isinstance(exc, PgcdcError):
         return str(exc), EXIT_FAILURE
+    if isinstance(exc, psycopg.OperationalError | psycopg2.OperationalError) and "timeout expired" in str(exc):
+        reason = " ".join(str(exc).split())
+        return (f"PostgreSQL did not answer a connection attempt within {os.environ.get('PGCONNECT_TIMEOUT')} s "
+                f"({reason}); check --dsn's host and port and the network path to the server, or wait longer with "
+                "--connect-timeout"), EXIT_USAGE
     if isinstance(exc, psycopg.OperationalError | psycopg2.OperationalError):
         reason = " ".join(str(exc).split())
         return (f"cannot connect to PostgreSQL ({reason}); check --dsn (host, port, dbname, user, password, "
                 "sslmode) and that the server accepts connections from here"), EXIT_USAGE
     if isinstance(exc, psycopg.Error | psycopg2.Error):
         return f"PostgreSQL said: {' '.join(str(exc).split())}", EXIT_FAILURE
-    return f"{type(exc).__name__}: {exc} (run with --debug for the traceback)", EXIT_FAILURE
+    first_line = next((line for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first_line} (run with --debug for the whole error)", EXIT_FAILURE
 
 
 def _config_defaults(argv: list[str]) -> dict[str, Any] | None:
@@ -517,10 +606,35 @@ def _config_defaults(argv: list[str]) -> dict[str, Any] | None:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     flat = {k.replace("-", "_"): v for k, v in settings.items() if not isinstance(v, dict)}
     _state["config_slot"] = flat.get("slot")
+    command = typer.main.get_command(app)
+    _refuse_unknown_keys(path, settings, command)
     if isinstance(settings.get("spark"), dict):
         flat["conf"] = [f"{k}={v}" for k, v in settings["spark"].items()]
-    command = typer.main.get_command(app)
     return _defaults_for(command, flat)
+
+
+def _refuse_unknown_keys(path: str, settings: dict[str, Any], command: Any) -> None:
+    """A misspelt key would be ignored without a word: name it, with the closest known one."""
+    import difflib
+
+    known = _option_names(command) | {"spark"}
+    for key, value in settings.items():
+        name = key.replace("-", "_")
+        if name in known and (name == "spark") == isinstance(value, dict):
+            continue
+        if name == "spark" or isinstance(value, dict):
+            raise ConfigError(f"config file {path}: [{key}] is not a known table; Spark settings go in [spark]")
+        close = difflib.get_close_matches(name, sorted(known - {"spark"}), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "; keys are the flags' names with underscores"
+        raise ConfigError(f"config file {path}: unknown key {key!r}{hint}")
+
+
+def _option_names(command: Any) -> set[str]:
+    subcommands = getattr(command, "commands", None)
+    names = {str(param.name) for param in command.params}
+    for sub in (subcommands or {}).values():
+        names |= _option_names(sub)
+    return names
 
 
 def _defaults_for(command: Any, flat: dict[str, Any]) -> dict[str, Any]:

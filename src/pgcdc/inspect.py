@@ -34,8 +34,27 @@ def decode_slot(dsn: str, slot: str, *, publication: str, proto_version: int, bi
 
     options = ReplicationOptions(publication=publication, proto_version=proto_version,
                                  streaming="on" if streaming else "off", binary=binary, messages=True)
+    _require_slot_and_publication(dsn, slot, publication)
     reader = SqlInterfaceReader(dsn, slot=slot, options=options)
     yield from reader.messages(consume=False, limit=limit)
+
+
+def _require_slot_and_publication(dsn: str, slot: str, publication: str) -> None:
+    """pgoutput names a missing publication only once a change arrives: a quiet slot would print nothing and
+    look empty. Check both up front."""
+    from pgcdc.replication import source_connection
+
+    with source_connection(dsn) as conn:
+        row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s), "
+                           "EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s), current_database()",
+                           (slot, publication)).fetchone()
+    assert row is not None
+    if not row[0]:
+        raise ConfigError(f"replication slot {slot!r} does not exist; list the slots with pgcdc slot list, or create "
+                          f"it with pgcdc slot create {slot}")
+    if not row[1]:
+        raise ConfigError(f"publication {publication!r} does not exist in database {row[2]!r}; check --publication "
+                          "(psql: \\dRp lists them)")
 
 
 def transaction_end(message: AnyMessage) -> Lsn | None:

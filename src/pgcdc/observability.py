@@ -4,40 +4,19 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-import psycopg
+from pgcdc.errors import ConfigError
+from pgcdc.secrets import redact, redact_dsn
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from pgcdc.pipeline import Progress
 
-_PASSWORD_PATTERNS = (
-    re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE),
-    re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)([^@\s]*)(@)", re.IGNORECASE),
-)
-
-
-def redact(text: str) -> str:
-    """Remove passwords from any text that may hold a DSN (keyword form or URI)."""
-    text = _PASSWORD_PATTERNS[0].sub(r"\1***", text)
-    return _PASSWORD_PATTERNS[1].sub(r"\1***\3", text)
-
-
-def redact_dsn(dsn: str) -> str:
-    """A DSN fit to print: its password replaced by ***."""
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return redact(dsn)
-    if "password" in params:
-        params["password"] = "***"
-    return " ".join(f"{k}={v}" for k, v in params.items())
-
+__all__ = ["configure_logging", "redact", "redact_dsn"]
 
 class _RedactingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
@@ -168,7 +147,11 @@ class MetricsServer:
         self._seen_rows = 0
         self._seen_batches = 0
         self._seen_errors = 0
-        start_http_server(port, registry=self.registry)
+        try:
+            start_http_server(port, registry=self.registry)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on port {port} ({exc.strerror}): another process (another "
+                              "pgcdc run?) listens there; give this run another --metrics-port") from None
 
     def update(self, progress: Progress) -> None:
         if progress.phase != self._phase:

@@ -43,10 +43,12 @@ from pgcdc.replication import (
     SlotStatus,
     SourceWatch,
     check_source,
+    slot_name_problem,
     source_connection,
 )
 from pgcdc.replication.published import PublishedTable, published_tables
 from pgcdc.runtime import streaming_gc
+from pgcdc.secrets import parse_dsn
 from pgcdc.transactions import Change, Transaction, TransactionAssembler
 from pgcdc.types import SESSION_SETTINGS, ConversionOptions, TableConverter, TypeRegistry
 
@@ -57,7 +59,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pgcdc.pipeline")
 
-_SLOT_NAME_OK = set("abcdefghijklmnopqrstuvwxyz0123456789_")  # what PostgreSQL accepts for a slot
 
 
 @dataclass
@@ -96,17 +97,14 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        if not self.dsn or not isinstance(self.dsn, str):
-            problems.append("dsn is empty: give a connection string such as 'host=db.example dbname=shop user=cdc'")
-        else:
-            try:
-                psycopg.conninfo.conninfo_to_dict(self.dsn)
-            except psycopg.ProgrammingError as exc:
-                problems.append(f"dsn is not a valid connection string ({exc})")
+        try:
+            parse_dsn(self.dsn)
+        except ConfigError as exc:
+            problems.append(str(exc))
         if not self.publication or "\0" in self.publication or len(self.publication.encode()) > 63:
             problems.append(f"publication {self.publication!r} must be a PostgreSQL name: 1-63 bytes, no NUL")
-        if not self.slot or not set(self.slot) <= _SLOT_NAME_OK or len(self.slot) > 63:
-            problems.append(f"slot {self.slot!r}: replication slot names are 1-63 lower-case letters, digits and _")
+        if slot_name_problem(self.slot):
+            problems.append(str(slot_name_problem(self.slot)))
         if self.batch_max_rows < 1:
             problems.append("batch_max_rows must be at least 1")
         if self.batch_max_seconds <= 0:

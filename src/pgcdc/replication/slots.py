@@ -75,6 +75,16 @@ class ServerInfo:
     user: str
 
 
+_SLOT_NAME_CHARACTERS = set("abcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def slot_name_problem(name: str) -> str | None:
+    """Why PostgreSQL would refuse ``name`` for a replication slot, or None: checked before any connection."""
+    if not name or not set(name) <= _SLOT_NAME_CHARACTERS or len(name) > 63:
+        return f"slot {name!r}: replication slot names are 1-63 lower-case letters, digits and _"
+    return None
+
+
 def _lsn(text: str | None) -> Lsn | None:
     return Lsn.parse(text) if text else None
 
@@ -132,7 +142,8 @@ def source_connection(dsn: str, timeout: float = 120.0) -> Iterator[psycopg.Conn
     """An ordinary connection for catalog and status queries, its whole use bounded by ``timeout`` seconds:
     a server behind a silent partition must not stall its caller forever."""
     params = psycopg.conninfo.conninfo_to_dict(dsn)
-    params.setdefault("connect_timeout", max(1, min(10, int(timeout))))
+    if "PGCONNECT_TIMEOUT" not in os.environ:  # the operator's bound (pgcdc --connect-timeout) wins
+        params.setdefault("connect_timeout", max(1, min(10, int(timeout))))
     params.setdefault("application_name", "pgcdc")
     with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as conn, \
             deadline(conn.fileno(), timeout, what="a query to the source"):
@@ -143,6 +154,8 @@ def replication_connection(dsn: str) -> psycopg2.extras.LogicalReplicationConnec
     """A walsender connection in database mode, with pgcdc's session settings and liveness defaults."""
     given = psycopg.conninfo.conninfo_to_dict(dsn)
     liveness = {k: v for k, v in LIVENESS_DEFAULTS.items() if k not in given}
+    if "PGCONNECT_TIMEOUT" in os.environ:  # the operator's bound (pgcdc --connect-timeout) wins
+        liveness.pop("connect_timeout", None)
     if str(given.get("host", "")).startswith("/") or (not given.get("host") and not given.get("hostaddr")):
         liveness = {k: v for k, v in liveness.items() if k == "connect_timeout"}  # Unix sockets: no TCP options
     try:
