@@ -372,3 +372,31 @@ def test_passwords_never_shown_by_the_python_api():
                 assert isinstance(exc, ConfigError) and "--dsn is not a valid connection string" in str(exc)
         else:
             raise AssertionError(f"{what}: a pipeline on a closed port did not fail")
+
+
+# -- what the README promises -------------------------------------------------------------------------------
+
+def test_readme_metric_names_are_what_metrics_serves():
+    import re
+    import socket
+    import urllib.request
+    from pathlib import Path
+
+    from pgcdc.lsn import Lsn
+    from pgcdc.observability import MetricsServer
+    from pgcdc.pipeline import Progress
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    metrics = MetricsServer(port)
+    metrics.update(Progress(phase="streaming", rows_applied=3, batches_applied=1, applied_lsn=Lsn(16),
+                            received_lsn=Lsn(16), server_lsn=Lsn(32), wal_retained_bytes=64))
+    served = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    names = {line.split("{")[0].split(" ")[0] for line in served.splitlines() if line.startswith("pgcdc_")}
+    names = {name for name in names if not name.endswith("_created")}  # the client library's own timestamps
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    paragraph = readme[readme.index("serves Prometheus metrics"):]
+    documented = set(re.findall(r"`(pgcdc_\w+)`", paragraph[:paragraph.index(")")]))
+    assert documented == names
