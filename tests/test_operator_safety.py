@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -377,7 +378,6 @@ def test_passwords_never_shown_by_the_python_api():
 # -- what the README promises -------------------------------------------------------------------------------
 
 def test_readme_metric_names_are_what_metrics_serves():
-    import re
     import socket
     import urllib.request
     from pathlib import Path
@@ -400,3 +400,27 @@ def test_readme_metric_names_are_what_metrics_serves():
     paragraph = readme[readme.index("serves Prometheus metrics"):]
     documented = set(re.findall(r"`(pgcdc_\w+)`", paragraph[:paragraph.index(")")]))
     assert documented == names
+
+
+def test_decode_text_names_tables_and_columns_and_writes_lsns_as_postgresql_does(db):
+    table, publication = published_table(db)
+    slot = fresh(db, "text")
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    try:
+        db.execute(f"INSERT INTO {table} VALUES (1, 'one')")
+        db.execute(f"UPDATE {table} SET v = 'uno' WHERE id = 1")
+        db.execute(f"DELETE FROM {table}")
+        result = pgcdc("decode", "--dsn", db.dsn, "--slot", slot, "-p", publication)
+        assert result.returncode == 0, output(result)
+        lines = [" ".join(line.split()) for line in result.stdout.splitlines()]
+        lsn = r"[0-9A-F]+/[0-9A-F]+"
+        assert all(re.match(lsn + " ", line) for line in lines), lines
+        assert f"Relation public.{table} columns: id(key) v" in lines[1]
+        assert lines[2].endswith(f'Insert public.{table} new: id="1" v="one"')
+        assert lines[5].endswith(f'Update public.{table} new: id="1" v="uno"')
+        assert lines[8].endswith(f'Delete public.{table} key: id="1"')
+        as_json = [json.loads(line) for line in pgcdc("decode", "--dsn", db.dsn, "--slot", slot, "-p", publication,
+                                                      "--json").stdout.splitlines()]
+        assert as_json[2]["table"] == f"public.{table}" and re.fullmatch(lsn, as_json[2]["lsn"])
+    finally:
+        db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))

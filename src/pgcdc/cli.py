@@ -353,7 +353,7 @@ def decode(
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines.")] = False,
 ) -> None:
     """Print the pgoutput messages a slot holds (peek, not consume, unless --consume) or a file holds."""
-    from pgcdc.inspect import decode_file, decode_slot, format_message, transaction_end
+    from pgcdc.inspect import MessagePrinter, decode_file, decode_slot, transaction_end
 
     if (file is None) == (slot is None):
         raise ConfigError("give either --slot (with --dsn and --publication) or --file")
@@ -369,10 +369,11 @@ def decode(
             _refuse_consuming_a_mirror_slot(slot)
         messages = decode_slot(dsn, slot, publication=publication, proto_version=proto_version, binary=binary,
                                streaming=streaming, limit=limit)
+    printer = MessagePrinter(as_json=as_json)
     printed_through = None  # end of the last transaction whose every message was printed
     after_it = 0
     for count, (lsn, message) in enumerate(messages, start=1):
-        out.print(format_message(lsn, message, as_json=as_json), markup=False, highlight=False, soft_wrap=True)
+        out.print(printer.format(lsn, message), markup=False, highlight=False, soft_wrap=True)
         end = transaction_end(message)
         if end is not None:
             printed_through, after_it = end, 0
