@@ -424,3 +424,56 @@ def test_decode_text_names_tables_and_columns_and_writes_lsns_as_postgresql_does
         assert as_json[2]["table"] == f"public.{table}" and re.fullmatch(lsn, as_json[2]["lsn"])
     finally:
         db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
+def readme_python_blocks() -> list[str]:
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    return re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+
+
+def substituted(block: str, replacements: dict[str, str]) -> str:
+    for old, new in replacements.items():
+        assert old in block, f"the README's example no longer holds {old!r}: update this test with it"
+        block = block.replace(old, new)
+    return block
+
+
+def test_readme_python_blocks_run_with_a_users_own_session(db, spark, capsys):
+    from urllib.parse import unquote, urlparse
+
+    from pgcdc.pgoutput import Begin, encode
+
+    from_python, codec = readme_python_blocks()
+    warehouse = unquote(urlparse(spark.conf.get("spark.sql.catalog.pgcdc.warehouse")).path)
+    namespace = f"readme_{os.getpid()}"
+    db.execute("CREATE TABLE customers (id int PRIMARY KEY, name text)")
+    db.execute("INSERT INTO customers VALUES (1, 'Ada'), (2, 'Grace')")
+    db.execute("CREATE PUBLICATION shop FOR TABLE customers")
+    try:
+        exec(substituted(from_python, {  # the README's own code, run as a reader would
+            '"host=db dbname=shop user=cdc"': repr(db.dsn),
+            '"/data/iceberg"': repr(warehouse),
+            'publication="shop",': f'publication="shop", namespace={namespace!r},',
+            "pgcdc.mirror.": f"pgcdc.{namespace}.",
+        }), {})
+        shown = capsys.readouterr().out
+        assert "Ada" in shown and "Grace" in shown
+    finally:
+        db.execute("SELECT pg_drop_replication_slot('pgcdc')")
+
+    scope = {"payload": encode(Begin(final_lsn=16, commit_ts=0, xid=7), proto_version=4, in_stream=False)}
+    exec(codec, scope)
+    assert scope["message"] == Begin(final_lsn=16, commit_ts=0, xid=7)
+
+
+def test_a_users_session_gets_the_configured_catalog(db, spark, tmp_path):
+    from pgcdc.pipeline import Pipeline, PipelineConfig
+
+    catalog = f"notebook_{os.getpid()}"
+    assert spark.conf.get(f"spark.sql.catalog.{catalog}", None) is None  # a session that lacks the catalog
+    Pipeline(PipelineConfig(dsn=db.dsn, publication="any", warehouse=str(tmp_path / "wh"), catalog=catalog),
+             spark=spark)
+    spark.sql(f"CREATE NAMESPACE {catalog}.probe")
+    assert (tmp_path / "wh" / "probe").is_dir()  # the catalog lives on the config's warehouse

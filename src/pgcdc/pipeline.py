@@ -212,6 +212,10 @@ class Pipeline:
     def __init__(self, config: PipelineConfig, *, spark: SparkSession | None = None,
                  on_progress: Callable[[Progress], None] | None = None) -> None:
         self.config = config
+        if spark is not None:  # a session the caller built: it must hold the catalog the config names
+            from pgcdc.spark.session import attach_catalog
+
+            attach_catalog(spark, config.warehouse, config.catalog, config.spark_conf)
         self._spark = spark
         self._on_progress = on_progress
         self.progress = Progress()
