@@ -477,3 +477,36 @@ def test_a_users_session_gets_the_configured_catalog(db, spark, tmp_path):
              spark=spark)
     spark.sql(f"CREATE NAMESPACE {catalog}.probe")
     assert (tmp_path / "wh" / "probe").is_dir()  # the catalog lives on the config's warehouse
+
+
+# -- the initial copy -------------------------------------------------------------------------------------
+
+def test_the_initial_copy_shows_totals_percentages_and_time_left(db, tmp_path):
+    tables = [fresh(db, "bulk"), fresh(db, "bulk")]
+    publication = fresh(db, "pub")
+    for table in tables:
+        db.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
+        db.execute(f"INSERT INTO {table} SELECT g, 'row ' || g FROM generate_series(1, 30000) g")
+        db.execute(f"ANALYZE {table}")
+    db.execute(f"CREATE PUBLICATION {publication} FOR TABLE {', '.join(tables)}")
+    slots = [fresh(db, "copy"), fresh(db, "copy")]
+    try:
+        snapshot = pgcdc("snapshot", "--dsn", db.dsn, "-p", publication, "--slot", slots[0],
+                         "--warehouse", str(tmp_path / "a"), timeout=600)
+        assert snapshot.returncode == 0, output(snapshot)
+        bars = " ".join(snapshot.stderr.split())
+        for table in tables:
+            assert f"public.{table}" in bars and "30,000 of ~30,000 rows" in bars, bars
+        assert "all tables" in bars and "60,000 of ~60,000 rows" in bars and "100%" in bars, bars
+
+        run = pgcdc("run", "--dsn", db.dsn, "-p", publication, "--slot", slots[1], "--warehouse",
+                    str(tmp_path / "b"), "--until-caught-up", timeout=600)
+        assert run.returncode == 0, output(run)
+        status_lines = [line for line in run.stderr.splitlines() if "pgcdc.status" in line and "snapshot:" in line]
+        assert status_lines, run.stderr
+        assert any(re.search(r"snapshot: [\d,]+ of ~60,000 rows \(\d+%\), 2 tables", line) for line in status_lines), \
+            status_lines
+    finally:
+        for slot in slots:
+            db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                       (slot,))

@@ -145,6 +145,7 @@ class Progress:
     rows_per_s: float = 0.0
     last_batch_seconds: float = 0.0
     snapshot_rows: dict[str, int] = field(default_factory=dict)
+    snapshot_estimates: dict[str, int] = field(default_factory=dict)  # pg_class.reltuples of each table to copy
     errors: int = 0  # replication connections lost (and re-established)
 
     @property
@@ -338,6 +339,8 @@ class Pipeline:
         from pgcdc.spark.snapshot import copy_table
 
         copied = {}
+        for table in tables:  # every total is known before the first copy starts: progress shows what is left
+            self.progress.snapshot_estimates[f"{table.schema}.{table.name}"] = table.estimated_rows
         for table in tables:
             converter = self.converter_for(table.relation)
             mirror = self._ensure_mirror(table.relation, converter)
