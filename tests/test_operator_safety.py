@@ -510,3 +510,58 @@ def test_the_initial_copy_shows_totals_percentages_and_time_left(db, tmp_path):
         for slot in slots:
             db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
                        (slot,))
+
+
+def committed_data_files(table_location) -> int:
+    """The data files the table's current snapshot holds, from its Iceberg metadata."""
+    metadata_dir = table_location / "metadata"
+    version = (metadata_dir / "version-hint.text").read_text().strip()
+    metadata = json.loads((metadata_dir / f"v{version}.metadata.json").read_text())
+    current = next(s for s in metadata["snapshots"] if s["snapshot-id"] == metadata["current-snapshot-id"])
+    return int(current["summary"]["total-data-files"])
+
+
+def test_ctrl_c_during_the_initial_copy_ends_in_one_line_and_the_next_run_copies_cleanly(db, tmp_path):
+    import signal
+    import time
+
+    table, publication = published_table(db)
+    db.execute(f"INSERT INTO {table} SELECT g, repeat('x', 200) FROM generate_series(1, 600000) g")
+    db.execute(f"ANALYZE {table}")
+    slot, warehouse = fresh(db, "interrupted"), tmp_path / "wh"
+    args = [sys.executable, "-m", "pgcdc.cli", "snapshot", "--dsn", db.dsn, "-p", publication, "--slot", slot,
+            "--warehouse", str(warehouse)]
+    copying = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, env={**os.environ, "COLUMNS": "200"})
+    data = warehouse / "mirror" / "public" / table / "data"
+    try:
+        while copying.poll() is None and not any(data.glob("*.parquet")):  # the copy is writing its files
+            time.sleep(0.1)
+        os.killpg(copying.pid, signal.SIGINT)  # the whole process group, as a terminal does
+        _, stderr = copying.communicate(timeout=300)
+    finally:
+        if copying.poll() is None:
+            os.killpg(copying.pid, signal.SIGKILL)
+    assert copying.returncode == 130, stderr
+    assert stderr.rstrip().splitlines()[-1] == "interrupted", stderr
+    for noise in ("Traceback", "Py4J", "\tat ", "KeyboardInterrupt", "ERROR"):
+        assert noise not in stderr, stderr
+    # nothing was committed: the slot this run created is gone again; the files written so far are orphans
+    assert db.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)) == []
+    orphans = set(data.glob("*.parquet"))
+    assert orphans
+
+    again = pgcdc("snapshot", "--dsn", db.dsn, "-p", publication, "--slot", slot, "--warehouse", str(warehouse),
+                  timeout=600)
+    try:
+        assert again.returncode == 0, output(again)
+        assert f"{table}: 600000 rows" in again.stdout
+        assert not orphans & set(data.glob("*.parquet"))  # removed before the table was copied again
+        assert len(list(data.glob("*.parquet"))) == committed_data_files(warehouse / "mirror" / "public" / table)
+        listing = pgcdc("status", "--dsn", db.dsn, "--slot", slot, "--warehouse", str(warehouse), "--json",
+                        timeout=600)
+        mirrors = json.loads(listing.stdout)["mirrors"]
+        assert [m["rows"] for m in mirrors] == [600000]
+    finally:
+        db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                   (slot,))

@@ -15,10 +15,13 @@ before or after the command.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any
@@ -512,10 +515,13 @@ def demo(
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: load the TOML config into defaults, run, turn errors into one clear line."""
     argv = _global_options_first(list(sys.argv[1:] if argv is None else argv))
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         default_map = _config_defaults(argv)
         # without standalone mode click returns typer.Exit's code instead of exiting
         code = app(args=argv, prog_name="pgcdc", default_map=default_map, standalone_mode=False)
+        if code == EXIT_INTERRUPTED:  # typer's own answer to a KeyboardInterrupt: a code, no word
+            console.print("interrupted")
         sys.exit(code if isinstance(code, int) else 0)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -523,7 +529,38 @@ def main(argv: list[str] | None = None) -> None:
         console.print("interrupted")
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:  # the one place that turns every failure into a sentence and an exit code
+        if _state.get("interrupted"):  # what Ctrl-C broke on its way out (a JVM call cut short) is no error
+            console.print("interrupted")
+            sys.exit(EXIT_INTERRUPTED)
         sys.exit(_report(exc))
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    _state["interrupted"] = True
+    _stop_spark_jobs()
+    raise KeyboardInterrupt
+
+
+def _stop_spark_jobs() -> None:
+    """Cancel Spark's running jobs and silence its log before the interrupt unwinds: the JVM runs apart (it does
+    not hear Ctrl-C), and its tasks would go on writing, then log the failure of every one of them once pgcdc
+    has released the slot's snapshot. From another thread: this one may be inside a call to the JVM."""
+    if "pyspark" not in sys.modules:
+        return
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is None:
+        return
+
+    def cancel() -> None:
+        with contextlib.suppress(Exception):  # a JVM already gone has nothing left to cancel
+            context.setLogLevel("OFF")
+            context.cancelAllJobs()
+
+    canceller = threading.Thread(target=cancel, name="pgcdc-interrupt", daemon=True)
+    canceller.start()
+    canceller.join(10)
 
 
 def _global_options_first(argv: list[str]) -> list[str]:

@@ -51,6 +51,18 @@ def configure_logging(log_format: str = "text", level: str = "INFO") -> None:
     root.setLevel(level.upper())
     root.propagate = False
     logging.getLogger("py4j").setLevel(logging.ERROR)
+    # other libraries' warnings (py4j logs through the root logger) in the same format, never in the
+    # default one that an unconfigured root logger falls back to; a Ctrl-C they report is pgcdc's to tell
+    foreign = logging.StreamHandler(sys.stderr)
+    foreign.setFormatter(handler.formatter)
+    foreign.addFilter(_RedactingFilter())
+    foreign.addFilter(_not_an_interrupt)
+    logging.getLogger().handlers[:] = [foreign]
+    logging.getLogger().setLevel(logging.WARNING)
+
+
+def _not_an_interrupt(record: logging.LogRecord) -> bool:
+    return not (record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt))
 
 
 def _bytes(n: int | None) -> str:

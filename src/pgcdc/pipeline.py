@@ -273,10 +273,11 @@ class Pipeline:
         if existing is None:
             self._refuse_lost_slot()
             self._set_phase("snapshot")
-            with slots.dropped_on_failure(self.config.slot, backs_mirrors=lambda: bool(self.mirrors.positions())), \
+            copied: dict[str, int] = {}  # committed copies: the JVM may be past asking after an interrupt
+            with slots.dropped_on_failure(self.config.slot, backs_mirrors=lambda: bool(copied)), \
                     slots.create(self.config.slot, two_phase=self._two_phase_wanted(),
                                  export_snapshot=True) as created:
-                return self._copy_tables(tables, created.exported_snapshot, created.consistent_point)
+                return self._copy_tables(tables, created.exported_snapshot, created.consistent_point, copied)
         return self._snapshot_missing(tables)
 
     def run(self, *, until_caught_up: bool = False, handle_signals: bool = True) -> Progress:
@@ -335,15 +336,19 @@ class Pipeline:
         with slots.create_temporary_snapshot() as temporary:
             return self._copy_tables(missing, temporary.exported_snapshot, temporary.consistent_point)
 
-    def _copy_tables(self, tables: list[PublishedTable], snapshot_name: str, consistent_lsn: Lsn) -> dict[str, int]:
+    def _copy_tables(self, tables: list[PublishedTable], snapshot_name: str, consistent_lsn: Lsn,
+                     copied: dict[str, int] | None = None) -> dict[str, int]:
+        from pgcdc.spark.orphans import remove_unreferenced_files
         from pgcdc.spark.snapshot import copy_table
 
-        copied = {}
+        copied = {} if copied is None else copied
         for table in tables:  # every total is known before the first copy starts: progress shows what is left
             self.progress.snapshot_estimates[f"{table.schema}.{table.name}"] = table.estimated_rows
         for table in tables:
             converter = self.converter_for(table.relation)
             mirror = self._ensure_mirror(table.relation, converter)
+            if mirror.position is None:  # files of an interrupted copy of this table, never committed
+                remove_unreferenced_files(self.spark, mirror.identifier)
             label = f"{table.schema}.{table.name}"
             injection_point("snapshot.copy")
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -193,12 +195,33 @@ def spark_session(
                               conf={"spark.ui.enabled": "false", **conf})
     _make_local_warehouse(settings, catalog)
 
+    _launch_jvm_apart(settings, master, app_name)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
+    interrupt_handler = signal.getsignal(signal.SIGINT)
     spark = builder.getOrCreate()
+    if threading.current_thread() is threading.main_thread() and interrupt_handler is not None:
+        # SparkContext puts its own SIGINT handler in place, which calls into the JVM from inside whatever JVM
+        # call was interrupted ("reentrant call"): the caller's handler decides what Ctrl-C does
+        signal.signal(signal.SIGINT, interrupt_handler)
     spark.sparkContext.setLogLevel(os.environ.get("PGCDC_SPARK_LOG_LEVEL", "ERROR"))
     return spark
+
+
+def _launch_jvm_apart(settings: Mapping[str, str], master: str, app_name: str) -> None:
+    """Start Spark's JVM in a session of its own. Ctrl-C signals a terminal's whole foreground process group:
+    Spark's Python workers (children of the JVM) died of it in the middle of their tasks, and the JVM logged
+    every death with a stack trace. Apart, they hear only pgcdc, which stops in order; the JVM still ends with
+    pgcdc (it exits when its stdin pipe from this process closes)."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return  # a JVM runs already (a session built before, or a notebook's)
+    conf = SparkConf(loadDefaults=False).setMaster(master).setAppName(app_name).setAll(list(settings.items()))
+    SparkContext._gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})
+    SparkContext._jvm = SparkContext._gateway.jvm
 
 
 def _python() -> str:
