@@ -565,3 +565,27 @@ def test_ctrl_c_during_the_initial_copy_ends_in_one_line_and_the_next_run_copies
     finally:
         db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
                    (slot,))
+
+
+def test_json_logs_carry_fields_as_keys(db, tmp_path):
+    table, publication = published_table(db)
+    db.execute(f"INSERT INTO {table} VALUES (1, 'one'), (2, 'two')")
+    slot = fresh(db, "json")
+    try:
+        result = pgcdc("run", "--dsn", db.dsn, "-p", publication, "--slot", slot, "--warehouse", str(tmp_path / "wh"),
+                       "--until-caught-up", "--log-format", "json", timeout=600)
+        assert result.returncode == 0, output(result)
+        # Spark's JVM still prints two plain lines at start ("Setting default log level ..."): not pgcdc's to
+        # format, and not suppressed yet; every line of pgcdc's own is JSON
+        spark_start = ("Setting default log level", "To adjust logging level")
+        entries = [json.loads(line) for line in result.stderr.splitlines() if not line.startswith(spark_start)]
+        copied = [e for e in entries if e.get("event") == "snapshot.copied"]
+        assert copied and copied[0]["table"] == f"public.{table}" and copied[0]["rows"] == 2
+        assert re.fullmatch(r"[0-9A-F]+/[0-9A-F]+", copied[0]["lsn"]) and copied[0]["seconds"] >= 0
+    finally:
+        db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                   (slot,))
+    failed = pgcdc("slot", "drop", "no_such_slot", "--dsn", db.dsn, "--log-format", "json")
+    assert failed.returncode == 2
+    error = json.loads(failed.stderr.strip())
+    assert error["event"] == "error" and "does not exist" in error["error"] and error["exit_code"] == 2

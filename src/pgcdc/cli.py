@@ -138,6 +138,7 @@ def main_options(
     # libpq reads this default for every connection without its own connect_timeout: psycopg and psycopg2 alike
     os.environ.setdefault("PGCONNECT_TIMEOUT", str(max(1, round(connect_timeout))))
     _state["debug"] = debug
+    _state["log_format"] = log_format
     configure_logging(log_format, "DEBUG" if debug else log_level)
 
 
@@ -599,7 +600,10 @@ def _report(exc: BaseException) -> int:
         console.print(redact("".join(traceback.format_exception(exc))), markup=False, highlight=False,
                       soft_wrap=True)
     message, code = _explain(exc)
-    console.print(f"[bold red]error:[/bold red] {escape(redact(message))}", highlight=False)
+    if _state.get("log_format") == "json":  # the error as one more JSON line, not plain text among them
+        log.error(redact(message), extra={"event": "error", "error": redact(message), "exit_code": code})
+    else:
+        console.print(f"[bold red]error:[/bold red] {escape(redact(message))}", highlight=False)
     return code
 
 

@@ -25,6 +25,9 @@ class _RedactingFilter(logging.Filter):
         return True
 
 
+LOG_FIELDS = ("event", "table", "rows", "lsn", "seconds", "error", "exit_code")
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -33,9 +36,13 @@ class _JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        for key in LOG_FIELDS:  # given with extra={...}: keys of their own, for tools to filter on
+            if hasattr(record, key):
+                value = getattr(record, key)
+                entry[key] = redact(value) if isinstance(value, str) else value
         if record.exc_info:
             entry["exception"] = redact(self.formatException(record.exc_info))
-        return json.dumps(entry)
+        return json.dumps(entry, default=str)
 
 
 def configure_logging(log_format: str = "text", level: str = "INFO") -> None:

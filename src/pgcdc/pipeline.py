@@ -366,7 +366,9 @@ class Pipeline:
             copied[label] = result.rows
             mirror.position = consistent_lsn
             self.progress.snapshot_rows[label] = result.rows
-            log.info("copied %s: %d rows in %.1fs at %s", label, result.rows, result.seconds, consistent_lsn)
+            log.info("copied %s: %d rows in %.1fs at %s", label, result.rows, result.seconds, consistent_lsn,
+                     extra={"event": "snapshot.copied", "table": label, "rows": result.rows,
+                            "lsn": str(consistent_lsn), "seconds": round(result.seconds, 3)})
         return copied
 
     # -- streaming ----------------------------------------------------------------
