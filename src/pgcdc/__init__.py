@@ -15,6 +15,7 @@ __all__ = [
     "PipelineConfig",
     "ProtocolError",
     "__version__",
+    "spark_settings",
 ]
 
 
@@ -24,4 +25,8 @@ def __getattr__(name: str):
         from pgcdc import pipeline
 
         return getattr(pipeline, name)
+    if name == "spark_settings":
+        from pgcdc.spark.session import spark_settings
+
+        return spark_settings
     raise AttributeError(f"module 'pgcdc' has no attribute {name!r}")

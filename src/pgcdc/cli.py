@@ -5,26 +5,35 @@ file (``--config pgcdc.toml``, top-level keys named like the flags with
 underscores), then defaults. Errors are one sentence with the fix; ``--debug``
 adds the traceback.
 
-Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration,
-3 the source is not ready (``pgcdc check`` found problems), 130 interrupted.
+Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration (a malformed or unreachable
+``--dsn`` included, from every command), 3 the source is not ready (``pgcdc check`` found problems),
+130 interrupted.
+
+Global options (``--log-format``, ``--log-level``, ``--debug``, ``--config``, ``--connect-timeout``) may come
+before or after the command.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pgcdc.errors import ConfigError, PgcdcError
 from pgcdc.observability import configure_logging, redact, redact_dsn
+from pgcdc.secrets import parse_dsn
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -51,7 +60,13 @@ app.add_typer(embedded_app, name="embedded")
 
 _state: dict[str, Any] = {"debug": False}
 
-Dsn = Annotated[str, typer.Option("--dsn", envvar="PGCDC_DSN", show_envvar=True,
+def _valid_dsn(dsn: str | None) -> str | None:
+    if dsn is not None:
+        parse_dsn(dsn)
+    return dsn
+
+
+Dsn = Annotated[str, typer.Option("--dsn", envvar="PGCDC_DSN", show_envvar=True, callback=_valid_dsn,
                                   help="Source database: libpq string or URI, e.g. 'host=db dbname=shop user=cdc' "
                                        "(sslmode, sslrootcert, ... pass through).")]
 Publication = Annotated[str, typer.Option("--publication", "-p", envvar="PGCDC_PUBLICATION", show_envvar=True,
@@ -79,19 +94,51 @@ SnapshotWriter = Annotated[str, typer.Option(
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+GLOBAL_OPTIONS = {"--config": True, "--log-format": True, "--log-level": True, "--connect-timeout": True,
+                  "--debug": False}  # option: takes a value
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("pgcdc")
+        except PackageNotFoundError:
+            installed = "unknown (not installed)"
+        out.print(f"pgcdc {installed}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def main_options(
     config: Annotated[Path | None, typer.Option("--config", envvar="PGCDC_CONFIG", show_envvar=True,
                                                 help="TOML file of settings (keys named like the flags).")] = None,
     log_format: Annotated[str, typer.Option("--log-format", envvar="PGCDC_LOG_FORMAT",
                                             help="text or json (JSON lines on stderr).")] = "text",
-    log_level: Annotated[str, typer.Option("--log-level", envvar="PGCDC_LOG_LEVEL")] = "INFO",
+    log_level: Annotated[str, typer.Option("--log-level", envvar="PGCDC_LOG_LEVEL",
+                                           help="debug, info, warning, error or critical.")] = "INFO",
+    connect_timeout: Annotated[float, typer.Option(
+        "--connect-timeout", envvar="PGCDC_CONNECT_TIMEOUT", show_envvar=True,
+        help="Seconds to wait for PostgreSQL to answer a connection attempt (a DSN's own connect_timeout, or "
+             "PGCONNECT_TIMEOUT, wins).")] = 10.0,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_show_version,
+                                          help="Print pgcdc's version and exit.")] = False,
 ) -> None:
     """Stream PostgreSQL changes into Iceberg. Start with `pgcdc demo`, or `pgcdc check --dsn ... -p ...`."""
     if log_format not in ("text", "json"):
         raise ConfigError(f"--log-format must be text or json, not {log_format!r}")
+    if log_level.upper() not in LOG_LEVELS:
+        raise ConfigError(f"--log-level must be one of {', '.join(level.lower() for level in LOG_LEVELS)}, "
+                          f"not {log_level!r}")
+    if connect_timeout <= 0:
+        raise ConfigError(f"--connect-timeout must be a positive number of seconds, not {connect_timeout}")
+    # libpq reads this default for every connection without its own connect_timeout: psycopg and psycopg2 alike
+    os.environ.setdefault("PGCONNECT_TIMEOUT", str(max(1, round(connect_timeout))))
     _state["debug"] = debug
+    _state["log_format"] = log_format
     configure_logging(log_format, "DEBUG" if debug else log_level)
 
 
@@ -108,8 +155,12 @@ def _key_values(pairs: list[str] | None) -> dict[str, str]:
 
 def _pipeline_config(**kwargs: Any):
     from pgcdc.pipeline import PipelineConfig
+    from pgcdc.warehouse import require_writable_warehouse
 
-    return PipelineConfig(**kwargs)
+    config = PipelineConfig(**kwargs)
+    if config.warehouse:
+        require_writable_warehouse(config.warehouse)
+    return config
 
 
 @app.command()
@@ -224,12 +275,17 @@ def status(
     as_json: JsonFlag = False,
 ) -> None:
     """Slots (confirmed LSN, lag, WAL retained, wal_status) and, with --warehouse, each mirror's position."""
-    from pgcdc.status import mirror_status, slot_status
+    from pgcdc.status import idle_slot_warnings, mirror_status, slot_status
 
+    if warehouse:
+        from pgcdc.warehouse import require_existing_warehouse
+
+        require_existing_warehouse(warehouse)
     slots = slot_status(dsn, slot)
+    warnings = idle_slot_warnings(slots)
     mirrors = mirror_status(warehouse, catalog, namespace, _key_values(conf)) if warehouse else []
     if as_json:
-        out.print_json(json.dumps({"slots": slots, "mirrors": mirrors}, default=str))
+        out.print_json(json.dumps({"slots": slots, "mirrors": mirrors, "warnings": warnings}, default=str))
         return
     table = Table(title="replication slots")
     for column in ("slot", "database", "active", "confirmed_flush_lsn", "lag_bytes", "lag_seconds",
@@ -248,28 +304,41 @@ def status(
             mirror_table.add_row(row["mirror"], row["source"], str(row["lsn"]), str(row["rows"]),
                                  str(row["snapshots"]))
         out.print(mirror_table)
+    _print_warnings(warnings)
+
+
+def _print_warnings(warnings: list[dict[str, str]]) -> None:
+    for warning in warnings:
+        out.print(f"[yellow]warning[/yellow]: {warning['warning']}\n  [yellow]fix[/yellow]: {warning['fix']}",
+                  highlight=False)
 
 
 @app.command()
-def check(dsn: Dsn, publication: Publication, as_json: JsonFlag = False) -> None:
-    """Verify wal_level, privileges, the publication and replica identities; say how to fix each problem."""
+def check(dsn: Dsn, publication: Publication, slot: SlotName = "pgcdc", as_json: JsonFlag = False) -> None:
+    """Verify wal_level, privileges, free slots and WAL senders, the publication and replica identities; say how
+    to fix each problem. Inactive slots that hold WAL are warned about (they do not make the source unready)."""
     from pgcdc.replication import check_source
+    from pgcdc.status import idle_slot_warnings, slot_status
 
-    problems = check_source(dsn, publication=publication)
+    problems = check_source(dsn, publication=publication, slot=slot)
+    warnings = idle_slot_warnings(slot_status(dsn, None))
     if as_json:
-        out.print_json(json.dumps([{"problem": p.what, "fix": p.fix} for p in problems]))
-    elif not problems:
-        out.print(f"[green]ready[/green]: {redact_dsn(dsn)} can stream publication {publication!r}")
+        out.print_json(json.dumps([{"problem": p.what, "fix": p.fix, "severity": "error"} for p in problems]
+                                  + [{"problem": w["warning"], "fix": w["fix"], "severity": "warning"}
+                                     for w in warnings]))
     else:
         for problem in problems:
             out.print(f"[red]problem[/red]: {problem.what}\n  [yellow]fix[/yellow]: {problem.fix}")
+        _print_warnings(warnings)
+        if not problems:
+            out.print(f"[green]ready[/green]: {redact_dsn(dsn)} can stream publication {publication!r}")
     if problems:
         raise typer.Exit(EXIT_SOURCE_NOT_READY)
 
 
 @app.command()
 def decode(
-    dsn: Annotated[str | None, typer.Option("--dsn", envvar="PGCDC_DSN",
+    dsn: Annotated[str | None, typer.Option("--dsn", envvar="PGCDC_DSN", callback=_valid_dsn,
                                             help="Read from a slot on this server (SQL interface).")] = None,
     slot: Annotated[str | None, typer.Option("--slot", help="Slot to read (peeked unless --consume).")] = None,
     publication: Annotated[str | None, typer.Option("--publication", "-p", envvar="PGCDC_PUBLICATION")] = None,
@@ -278,26 +347,70 @@ def decode(
     proto_version: Annotated[int, typer.Option("--proto-version", min=1, max=4)] = 1,
     binary: Annotated[bool, typer.Option("--binary", help="Ask for binary column values.")] = False,
     streaming: Annotated[bool, typer.Option("--streaming", help="Ask for in-progress transactions (v2+).")] = False,
-    consume: Annotated[bool, typer.Option("--consume", help="Advance the slot past what is printed.")] = False,
+    consume: Annotated[bool, typer.Option(
+        "--consume", help="Then advance the slot past the printed transactions (only whole transactions whose "
+                          "every message was printed).")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Let --consume advance a slot that pgcdc's mirrors stream from (they lose what it "
+                        "skips).")] = False,
     limit: Annotated[int | None, typer.Option("--limit", "-n", help="Print at most this many messages.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines.")] = False,
 ) -> None:
     """Print the pgoutput messages a slot holds (peek, not consume, unless --consume) or a file holds."""
-    from pgcdc.inspect import decode_file, decode_slot, format_message
+    from pgcdc.inspect import MessagePrinter, decode_file, decode_slot, transaction_end
 
     if (file is None) == (slot is None):
         raise ConfigError("give either --slot (with --dsn and --publication) or --file")
     if file is not None:
+        if not file.is_file():
+            raise ConfigError(f"--file {file} {'is not a file' if file.exists() else 'does not exist'}: give a "
+                              "file of hex payloads or length-prefixed messages")
         messages = decode_file(file, proto_version=proto_version)
     else:
         if not dsn or not publication or slot is None:
             raise ConfigError("--slot needs --dsn and --publication")
+        if consume and not force:
+            _refuse_consuming_a_mirror_slot(slot)
         messages = decode_slot(dsn, slot, publication=publication, proto_version=proto_version, binary=binary,
-                               streaming=streaming, consume=consume, limit=limit)
+                               streaming=streaming, limit=limit)
+    printer = MessagePrinter(as_json=as_json)
+    printed_through = None  # end of the last transaction whose every message was printed
+    after_it = 0
     for count, (lsn, message) in enumerate(messages, start=1):
-        out.print(format_message(lsn, message, as_json=as_json), markup=False, highlight=False, soft_wrap=True)
+        out.print(printer.format(lsn, message), markup=False, highlight=False, soft_wrap=True)
+        end = transaction_end(message)
+        if end is not None:
+            printed_through, after_it = end, 0
+        else:
+            after_it += 1
         if limit is not None and count >= limit:
             break
+    if consume and dsn and slot is not None:
+        _consume_printed(dsn, slot, printed_through, after_it)
+
+
+def _refuse_consuming_a_mirror_slot(slot: str) -> None:
+    """pgcdc's own slot (the default name, PGCDC_SLOT, or the config file's ``slot``) backs mirrors whose
+    positions lie in it: whatever --consume skips, they never receive."""
+    own = {"pgcdc", os.environ.get("PGCDC_SLOT"), _state.get("config_slot")}
+    if slot in own:
+        raise ConfigError(
+            f"slot {slot!r} is the slot pgcdc's mirrors stream from: --consume would move it past changes they "
+            f"have not applied, and they would never receive them; leave out --consume to look without "
+            f"consuming, or add --force to consume anyway (then copy the mirrors again with pgcdc run "
+            f"--resnapshot)")
+
+
+def _consume_printed(dsn: str, slot: str, printed_through: Any, unprinted_messages: int) -> None:
+    from pgcdc.replication import SlotManager
+
+    if printed_through is None:
+        console.print(f"slot {slot} not advanced: no transaction was printed whole")
+        return
+    confirmed = SlotManager(dsn).advance(slot, printed_through)
+    kept = (f"; the {unprinted_messages} printed messages of the unfinished transaction after it stay in the slot"
+            if unprinted_messages else "")
+    console.print(f"slot {slot} advanced to {confirmed}, past the printed transactions{kept}")
 
 
 @slot_app.command("create")
@@ -308,8 +421,11 @@ def slot_create(
     failover: Annotated[bool, typer.Option("--failover", help="Sync the slot to standbys (PG 17+).")] = False,
 ) -> None:
     """Create a logical replication slot using pgoutput."""
-    from pgcdc.replication import SlotManager
+    from pgcdc.replication import SlotManager, slot_name_problem
 
+    problem = slot_name_problem(name)
+    if problem:
+        raise ConfigError(problem)
     created = SlotManager(dsn).create(name, two_phase=two_phase, failover=failover, export_snapshot=False)
     with created as slot:
         out.print(f"created slot {name} at {slot.consistent_point}")
@@ -399,11 +515,14 @@ def demo(
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: load the TOML config into defaults, run, turn errors into one clear line."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _global_options_first(list(sys.argv[1:] if argv is None else argv))
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         default_map = _config_defaults(argv)
         # without standalone mode click returns typer.Exit's code instead of exiting
         code = app(args=argv, prog_name="pgcdc", default_map=default_map, standalone_mode=False)
+        if code == EXIT_INTERRUPTED:  # typer's own answer to a KeyboardInterrupt: a code, no word
+            console.print("interrupted")
         sys.exit(code if isinstance(code, int) else 0)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -411,7 +530,60 @@ def main(argv: list[str] | None = None) -> None:
         console.print("interrupted")
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:  # the one place that turns every failure into a sentence and an exit code
+        if _state.get("interrupted"):  # what Ctrl-C broke on its way out (a JVM call cut short) is no error
+            console.print("interrupted")
+            sys.exit(EXIT_INTERRUPTED)
         sys.exit(_report(exc))
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    _state["interrupted"] = True
+    _stop_spark_jobs()
+    raise KeyboardInterrupt
+
+
+def _stop_spark_jobs() -> None:
+    """Cancel Spark's running jobs and silence its log before the interrupt unwinds: the JVM runs apart (it does
+    not hear Ctrl-C), and its tasks would go on writing, then log the failure of every one of them once pgcdc
+    has released the slot's snapshot. From another thread: this one may be inside a call to the JVM."""
+    if "pyspark" not in sys.modules:
+        return
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is None:
+        return
+
+    def cancel() -> None:
+        with contextlib.suppress(Exception):  # a JVM already gone has nothing left to cancel
+            context.setLogLevel("OFF")
+            context.cancelAllJobs()
+
+    canceller = threading.Thread(target=cancel, name="pgcdc-interrupt", daemon=True)
+    canceller.start()
+    canceller.join(10)
+
+
+def _global_options_first(argv: list[str]) -> list[str]:
+    """Global options given after the command (``pgcdc run ... --log-format json``) moved before it, where the
+    parser reads them."""
+    leading: list[str] = []
+    rest: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--":
+            rest.extend(argv[index:])
+            break
+        name = arg.split("=", 1)[0]
+        if name in GLOBAL_OPTIONS:
+            takes_value = GLOBAL_OPTIONS[name] and "=" not in arg
+            leading.extend(argv[index:index + (2 if takes_value else 1)])
+            index += 2 if takes_value else 1
+            continue
+        rest.append(arg)
+        index += 1
+    return leading + rest
 
 
 def _report(exc: BaseException) -> int:
@@ -422,9 +594,16 @@ def _report(exc: BaseException) -> int:
         exc.show(file=sys.stderr)
         return EXIT_USAGE
     if _state["debug"]:
-        console.print_exception(show_locals=False)
+        import traceback
+
+        # the chain's messages may quote a DSN (a malformed one, as libpq echoes it): redacted like the rest
+        console.print(redact("".join(traceback.format_exception(exc))), markup=False, highlight=False,
+                      soft_wrap=True)
     message, code = _explain(exc)
-    console.print(f"[bold red]error:[/bold red] {redact(message)}", highlight=False)
+    if _state.get("log_format") == "json":  # the error as one more JSON line, not plain text among them
+        log.error(redact(message), extra={"event": "error", "error": redact(message), "exit_code": code})
+    else:
+        console.print(f"[bold red]error:[/bold red] {escape(redact(message))}", highlight=False)
     return code
 
 
@@ -436,13 +615,19 @@ def _explain(exc: BaseException) -> tuple[str, int]:
         return str(exc), EXIT_USAGE
     if isinstance(exc, PgcdcError):
         return str(exc), EXIT_FAILURE
+    if isinstance(exc, psycopg.OperationalError | psycopg2.OperationalError) and "timeout expired" in str(exc):
+        reason = " ".join(str(exc).split())
+        return (f"PostgreSQL did not answer a connection attempt within {os.environ.get('PGCONNECT_TIMEOUT')} s "
+                f"({reason}); check --dsn's host and port and the network path to the server, or wait longer with "
+                "--connect-timeout"), EXIT_USAGE
     if isinstance(exc, psycopg.OperationalError | psycopg2.OperationalError):
         reason = " ".join(str(exc).split())
         return (f"cannot connect to PostgreSQL ({reason}); check --dsn (host, port, dbname, user, password, "
                 "sslmode) and that the server accepts connections from here"), EXIT_USAGE
     if isinstance(exc, psycopg.Error | psycopg2.Error):
         return f"PostgreSQL said: {' '.join(str(exc).split())}", EXIT_FAILURE
-    return f"{type(exc).__name__}: {exc} (run with --debug for the traceback)", EXIT_FAILURE
+    first_line = next((line for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first_line} (run with --debug for the whole error)", EXIT_FAILURE
 
 
 def _config_defaults(argv: list[str]) -> dict[str, Any] | None:
@@ -462,10 +647,36 @@ def _config_defaults(argv: list[str]) -> dict[str, Any] | None:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     flat = {k.replace("-", "_"): v for k, v in settings.items() if not isinstance(v, dict)}
+    _state["config_slot"] = flat.get("slot")
+    command = typer.main.get_command(app)
+    _refuse_unknown_keys(path, settings, command)
     if isinstance(settings.get("spark"), dict):
         flat["conf"] = [f"{k}={v}" for k, v in settings["spark"].items()]
-    command = typer.main.get_command(app)
     return _defaults_for(command, flat)
+
+
+def _refuse_unknown_keys(path: str, settings: dict[str, Any], command: Any) -> None:
+    """A misspelt key would be ignored without a word: name it, with the closest known one."""
+    import difflib
+
+    known = _option_names(command) | {"spark"}
+    for key, value in settings.items():
+        name = key.replace("-", "_")
+        if name in known and (name == "spark") == isinstance(value, dict):
+            continue
+        if name == "spark" or isinstance(value, dict):
+            raise ConfigError(f"config file {path}: [{key}] is not a known table; Spark settings go in [spark]")
+        close = difflib.get_close_matches(name, sorted(known - {"spark"}), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "; keys are the flags' names with underscores"
+        raise ConfigError(f"config file {path}: unknown key {key!r}{hint}")
+
+
+def _option_names(command: Any) -> set[str]:
+    subcommands = getattr(command, "commands", None)
+    names = {str(param.name) for param in command.params}
+    for sub in (subcommands or {}).values():
+        names |= _option_names(sub)
+    return names
 
 
 def _defaults_for(command: Any, flat: dict[str, Any]) -> dict[str, Any]:

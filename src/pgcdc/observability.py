@@ -4,46 +4,28 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-import psycopg
+from pgcdc.errors import ConfigError
+from pgcdc.secrets import redact, redact_dsn
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from pgcdc.pipeline import Progress
 
-_PASSWORD_PATTERNS = (
-    re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE),
-    re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)([^@\s]*)(@)", re.IGNORECASE),
-)
-
-
-def redact(text: str) -> str:
-    """Remove passwords from any text that may hold a DSN (keyword form or URI)."""
-    text = _PASSWORD_PATTERNS[0].sub(r"\1***", text)
-    return _PASSWORD_PATTERNS[1].sub(r"\1***\3", text)
-
-
-def redact_dsn(dsn: str) -> str:
-    """A DSN fit to print: its password replaced by ***."""
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return redact(dsn)
-    if "password" in params:
-        params["password"] = "***"
-    return " ".join(f"{k}={v}" for k, v in params.items())
-
+__all__ = ["configure_logging", "redact", "redact_dsn"]
 
 class _RedactingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.msg = redact(record.getMessage())
         record.args = ()
         return True
+
+
+LOG_FIELDS = ("event", "table", "rows", "lsn", "seconds", "error", "exit_code")
 
 
 class _JsonFormatter(logging.Formatter):
@@ -54,9 +36,13 @@ class _JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        for key in LOG_FIELDS:  # given with extra={...}: keys of their own, for tools to filter on
+            if hasattr(record, key):
+                value = getattr(record, key)
+                entry[key] = redact(value) if isinstance(value, str) else value
         if record.exc_info:
             entry["exception"] = redact(self.formatException(record.exc_info))
-        return json.dumps(entry)
+        return json.dumps(entry, default=str)
 
 
 def configure_logging(log_format: str = "text", level: str = "INFO") -> None:
@@ -72,6 +58,18 @@ def configure_logging(log_format: str = "text", level: str = "INFO") -> None:
     root.setLevel(level.upper())
     root.propagate = False
     logging.getLogger("py4j").setLevel(logging.ERROR)
+    # other libraries' warnings (py4j logs through the root logger) in the same format, never in the
+    # default one that an unconfigured root logger falls back to; a Ctrl-C they report is pgcdc's to tell
+    foreign = logging.StreamHandler(sys.stderr)
+    foreign.setFormatter(handler.formatter)
+    foreign.addFilter(_RedactingFilter())
+    foreign.addFilter(_not_an_interrupt)
+    logging.getLogger().handlers[:] = [foreign]
+    logging.getLogger().setLevel(logging.WARNING)
+
+
+def _not_an_interrupt(record: logging.LogRecord) -> bool:
+    return not (record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt))
 
 
 def _bytes(n: int | None) -> str:
@@ -85,21 +83,72 @@ def _bytes(n: int | None) -> str:
     return f"{n} B"
 
 
-def status_text(progress: Progress) -> str:
+def status_text(progress: Progress, rows_per_s: float | None = None) -> str:
+    if progress.phase == "snapshot":
+        return snapshot_text(progress, rows_per_s or 0.0)
     return (f"{progress.phase}: {progress.rows_applied:,} changes applied, {progress.rows_per_s:,.0f} rows/s, "
             f"batch LSN {progress.applied_lsn or '-'}, lag {_bytes(progress.lag_bytes)}, "
             f"WAL retained {_bytes(progress.wal_retained_bytes)}"
             + (f" ({progress.wal_status})" if progress.wal_status not in (None, "reserved") else ""))
 
 
+def snapshot_text(progress: Progress, rows_per_s: float) -> str:
+    """The initial copy: rows copied of the estimated total (``pg_class.reltuples``), rate, time left, and the
+    table being copied. An estimate of 0 (a table never analyzed) leaves the total unknown."""
+    estimates = progress.snapshot_estimates
+    if not estimates:
+        return "snapshot: preparing the initial copy"
+    copied = sum(progress.snapshot_rows.values())
+    known = all(estimates.values())
+    total = sum(max(estimates[t], progress.snapshot_rows.get(t, 0)) for t in estimates) if known else None
+    text = f"snapshot: {copied:,}"
+    if total:
+        text += f" of ~{total:,} rows ({min(100.0, 100.0 * copied / total):.0f}%)"
+    else:
+        text += " rows"
+    text += f", {len(estimates)} tables, {rows_per_s:,.0f} rows/s"
+    if total and rows_per_s > 0:
+        text += f", about {_duration(max(0, total - copied) / rows_per_s)} left"
+    current = next((t for t in reversed(list(progress.snapshot_rows)) if t in estimates), None)
+    if current is not None:
+        estimate = estimates[current]
+        text += f"; {current} {progress.snapshot_rows[current]:,}" + (f" of ~{estimate:,}" if estimate else "")
+    return text
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class _Rate:
+    """Rows per second over the last half minute of samples."""
+
+    def __init__(self) -> None:
+        self._samples: list[tuple[float, int]] = []
+
+    def add(self, rows: int) -> float:
+        now = time.monotonic()
+        self._samples.append((now, rows))
+        while len(self._samples) > 2 and now - self._samples[0][0] > 30:
+            self._samples.pop(0)
+        (start, first), (end, last) = self._samples[0], self._samples[-1]
+        return (last - first) / (end - start) if end > start else 0.0
+
+
 class StatusLine:
-    """A live status line on a terminal; periodic log lines otherwise."""
+    """A live status line on a terminal; otherwise a log line at each change of phase and periodically."""
 
     def __init__(self, console: Console, every_seconds: float = 10.0) -> None:
         self.console = console
         self.every = every_seconds
         self._live: Any = None
         self._last = 0.0
+        self._stage: tuple[str, int] | None = None
+        self._copy_rate = _Rate()
 
     def __enter__(self) -> StatusLine:
         if self.console.is_terminal:
@@ -110,11 +159,14 @@ class StatusLine:
         return self
 
     def update(self, progress: Progress) -> None:
-        text = status_text(progress)
+        rate = self._copy_rate.add(sum(progress.snapshot_rows.values())) if progress.phase == "snapshot" else None
+        text = status_text(progress, rate)
+        stage = (progress.phase, len(progress.snapshot_estimates))  # a new phase, or the copy's totals now known
         if self._live is not None:
             self._live.update(text)
-        elif time.monotonic() - self._last >= self.every:
+        elif stage != self._stage or time.monotonic() - self._last >= self.every:
             self._last = time.monotonic()
+            self._stage = stage
             logging.getLogger("pgcdc.status").info(text)
 
     def __exit__(self, *exc: object) -> None:
@@ -123,12 +175,13 @@ class StatusLine:
 
 
 class SnapshotProgress:
-    """One progress bar per table being copied."""
+    """One progress bar per table being copied, with its estimated total, and a line for the whole copy."""
 
     def __init__(self, console: Console) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
-        self._bars = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} rows"),
+        self._bars = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                              TextColumn("{task.completed:,} of ~{task.fields[estimate]} rows"),
                               TimeRemainingColumn(), console=console, transient=False)
         self._tasks: dict[str, Any] = {}
 
@@ -137,13 +190,28 @@ class SnapshotProgress:
         return self
 
     def update(self, progress: Progress) -> None:
-        for table, rows in progress.snapshot_rows.items():
+        tables = {**dict.fromkeys(progress.snapshot_estimates, 0), **progress.snapshot_rows}
+        for table, rows in tables.items():
+            estimate = progress.snapshot_estimates.get(table) or None
             if table not in self._tasks:
-                self._tasks[table] = self._bars.add_task(table, total=None)
-            self._bars.update(self._tasks[table], completed=rows)
+                self._tasks[table] = self._bars.add_task(table, total=None, estimate="?")
+            total = max(estimate, rows) if estimate else None
+            self._bars.update(self._tasks[table], completed=rows, total=total,
+                              estimate=f"{total:,}" if total else "?")
+        if len(progress.snapshot_estimates) > 1:
+            estimates = progress.snapshot_estimates
+            known = all(estimates.values())
+            total_rows = sum(max(estimates[t], tables.get(t, 0)) for t in estimates) if known else None
+            if _TOTAL not in self._tasks:
+                self._tasks[_TOTAL] = self._bars.add_task("all tables", total=None, estimate="?")
+            self._bars.update(self._tasks[_TOTAL], completed=sum(tables.values()), total=total_rows,
+                              estimate=f"{total_rows:,}" if total_rows else "?")
 
     def __exit__(self, *exc: object) -> None:
         self._bars.__exit__(None, None, None)
+
+
+_TOTAL = "\0total"
 
 
 class MetricsServer:
@@ -168,7 +236,11 @@ class MetricsServer:
         self._seen_rows = 0
         self._seen_batches = 0
         self._seen_errors = 0
-        start_http_server(port, registry=self.registry)
+        try:
+            start_http_server(port, registry=self.registry)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on port {port} ({exc.strerror}): another process (another "
+                              "pgcdc run?) listens there; give this run another --metrics-port") from None
 
     def update(self, progress: Progress) -> None:
         if progress.phase != self._phase:

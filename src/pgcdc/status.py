@@ -34,6 +34,32 @@ def slot_status(dsn: str, slot: str | None) -> list[dict[str, Any]]:
     return result
 
 
+def idle_slot_warnings(slots: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Inactive slots from :func:`slot_status`: each holds the server's WAL from its position on, growing until
+    a consumer reads it or it is dropped (a leftover of a failed first run, or a consumer gone for good)."""
+    warnings = []
+    for row in slots:
+        if row["active"] or row["wal_retained_bytes"] is None:
+            continue
+        warnings.append({
+            "slot": row["slot"],
+            "warning": f"slot {row['slot']} is inactive and retains {_size(row['wal_retained_bytes'])} of WAL, "
+                       "growing until it is read or dropped",
+            "fix": f"resume its consumer (pgcdc run --slot {row['slot']} ...), or if nothing reads it any more: "
+                   f"pgcdc slot drop {row['slot']} --dsn ...",
+        })
+    return warnings
+
+
+def _size(size: int) -> str:
+    value = float(max(size, 0))
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
 def mirror_status(warehouse: str, catalog: str, namespace: str, conf: Mapping[str, str]) -> list[dict[str, Any]]:
     """Each mirror in the warehouse: its source table, ``pgcdc.lsn`` and row count."""
     from pgcdc.spark.mirror import MirrorCatalog

@@ -5,12 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import psycopg
-
 from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
-
-_SLOT_NAME_OK = set("abcdefghijklmnopqrstuvwxyz0123456789_")  # what PostgreSQL accepts for a slot
+from pgcdc.replication.slots import slot_name_problem
+from pgcdc.secrets import parse_dsn
 
 
 @dataclass
@@ -49,17 +47,15 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        if not self.dsn or not isinstance(self.dsn, str):
-            problems.append("dsn is empty: give a connection string such as 'host=db.example dbname=shop user=cdc'")
-        else:
-            try:
-                psycopg.conninfo.conninfo_to_dict(self.dsn)
-            except psycopg.ProgrammingError as exc:
-                problems.append(f"dsn is not a valid connection string ({exc})")
+        try:
+            parse_dsn(self.dsn)
+        except ConfigError as exc:
+            problems.append(str(exc))
         if not self.publication or "\0" in self.publication or len(self.publication.encode()) > 63:
             problems.append(f"publication {self.publication!r} must be a PostgreSQL name: 1-63 bytes, no NUL")
-        if not self.slot or not set(self.slot) <= _SLOT_NAME_OK or len(self.slot) > 63:
-            problems.append(f"slot {self.slot!r}: replication slot names are 1-63 lower-case letters, digits and _")
+        slot_problem = slot_name_problem(self.slot)
+        if slot_problem:
+            problems.append(str(slot_problem))
         if self.batch_max_rows < 1:
             problems.append("batch_max_rows must be at least 1")
         if self.batch_max_seconds <= 0:
@@ -100,6 +96,7 @@ class Progress:
     rows_per_s: float = 0.0
     last_batch_seconds: float = 0.0
     snapshot_rows: dict[str, int] = field(default_factory=dict)
+    snapshot_estimates: dict[str, int] = field(default_factory=dict)  # pg_class.reltuples of each table to copy
     errors: int = 0  # replication connections lost (and re-established)
 
     @property

@@ -61,6 +61,10 @@ class Pipeline:
     def __init__(self, config: PipelineConfig, *, spark: SparkSession | None = None,
                  on_progress: Callable[[Progress], None] | None = None) -> None:
         self.config = config
+        if spark is not None:  # a session the caller built: it must hold the catalog the config names
+            from pgcdc.spark.session import attach_catalog
+
+            attach_catalog(spark, config.warehouse, config.catalog, config.spark_conf)
         self._spark = spark
         self._on_progress = on_progress
         self.progress = Progress()
@@ -95,7 +99,7 @@ class Pipeline:
 
     def check(self) -> None:
         """Raise ConfigError listing every problem of the source set-up, each with its fix."""
-        problems = check_source(self.config.dsn, publication=self.config.publication)
+        problems = check_source(self.config.dsn, publication=self.config.publication, slot=self.config.slot)
         if problems:
             raise ConfigError("the source is not ready for pgcdc:\n" + "\n".join(
                 f"  - {p.what} Fix: {p.fix}" for p in problems))

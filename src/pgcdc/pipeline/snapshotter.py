@@ -47,6 +47,7 @@ class Snapshotter:
             two_phase = config.two_phase if config.two_phase is not None else two_phase_by_default(conn)
         slots = SlotManager(config.dsn)
         existing = slots.get(config.slot)
+        slots.refuse_busy(existing)
         if existing is not None and config.resnapshot:
             log.warning("resnapshot: dropping slot %s and copying every table again", config.slot)
             slots.drop(config.slot)
@@ -55,8 +56,10 @@ class Snapshotter:
             if not config.resnapshot:
                 refuse_lost_slot(config.slot, config.namespace, self.tables.mirrors.positions())
             self._set_phase("snapshot")
-            with slots.create(config.slot, two_phase=two_phase, export_snapshot=True) as created:
-                return self._copy(tables, created.exported_snapshot, created.consistent_point)
+            copied: dict[str, int] = {}  # committed copies: the JVM may be past asking after an interrupt
+            with slots.dropped_on_failure(config.slot, backs_mirrors=lambda: bool(copied)), \
+                    slots.create(config.slot, two_phase=two_phase, export_snapshot=True) as created:
+                return self._copy(tables, created.exported_snapshot, created.consistent_point, copied)
         return self.copy_missing(tables)
 
     def check_positions(self) -> None:
@@ -88,15 +91,21 @@ class Snapshotter:
             self.copy_missing(tables)
             self._set_phase("streaming")
 
-    def _copy(self, tables: list[PublishedTable], snapshot_name: str, consistent_lsn: Lsn) -> dict[str, int]:
+    def _copy(self, tables: list[PublishedTable], snapshot_name: str, consistent_lsn: Lsn,
+              copied: dict[str, int] | None = None) -> dict[str, int]:
+        from pgcdc.spark.orphans import remove_unreferenced_files
         from pgcdc.spark.schema import spark_schema
         from pgcdc.spark.snapshot import copy_table
 
-        copied = {}
+        copied = {} if copied is None else copied
+        for table in tables:  # every total is known before the first copy starts: progress shows what is left
+            self.progress.snapshot_estimates[f"{table.schema}.{table.name}"] = table.estimated_rows
         for table in tables:
             converter = self.tables.converter_for(table.relation)
             # the copy replaces every row: a mirror keyed otherwise is made again with the table's key
             mirror = self.tables.mirror_for(table.relation, replace_other_key=True)
+            if mirror.position is None:  # files of an interrupted copy of this table, never committed
+                remove_unreferenced_files(self._spark(), mirror.identifier)
             label = f"{table.schema}.{table.name}"
             injection_point("snapshot.copy")
 
@@ -114,5 +123,7 @@ class Snapshotter:
             copied[label] = result.rows
             mirror.position = consistent_lsn
             self.progress.snapshot_rows[label] = result.rows
-            log.info("copied %s: %d rows in %.1fs at %s", label, result.rows, result.seconds, consistent_lsn)
+            log.info("copied %s: %d rows in %.1fs at %s", label, result.rows, result.seconds, consistent_lsn,
+                     extra={"event": "snapshot.copied", "table": label, "rows": result.rows,
+                            "lsn": str(consistent_lsn), "seconds": round(result.seconds, 3)})
         return copied

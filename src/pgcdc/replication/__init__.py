@@ -11,6 +11,7 @@ from pgcdc.replication.slots import (
     deadline,
     replication_connection,
     server_info,
+    slot_name_problem,
     source_connection,
 )
 from pgcdc.replication.stream import LogicalReplicationStream, ReplicationEvent, SqlInterfaceReader
@@ -19,5 +20,5 @@ from pgcdc.replication.watch import SlotStatus, SourceWatch
 __all__ = [
     "CreatedSlot", "LogicalReplicationStream", "ReplicationEvent", "ReplicationOptions", "ServerInfo", "SlotInfo",
     "SlotManager", "SlotStatus", "SourceProblem", "SourceWatch", "SqlInterfaceReader", "check_source", "deadline",
-    "replication_connection", "server_info", "source_connection", "with_session_settings",
+    "replication_connection", "server_info", "slot_name_problem", "source_connection", "with_session_settings",
 ]

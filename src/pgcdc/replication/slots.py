@@ -8,7 +8,8 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -74,6 +75,16 @@ class ServerInfo:
     user: str
 
 
+_SLOT_NAME_CHARACTERS = set("abcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def slot_name_problem(name: str) -> str | None:
+    """Why PostgreSQL would refuse ``name`` for a replication slot, or None: checked before any connection."""
+    if not name or not set(name) <= _SLOT_NAME_CHARACTERS or len(name) > 63:
+        return f"slot {name!r}: replication slot names are 1-63 lower-case letters, digits and _"
+    return None
+
+
 def _lsn(text: str | None) -> Lsn | None:
     return Lsn.parse(text) if text else None
 
@@ -131,7 +142,8 @@ def source_connection(dsn: str, timeout: float = 120.0) -> Iterator[psycopg.Conn
     """An ordinary connection for catalog and status queries, its whole use bounded by ``timeout`` seconds:
     a server behind a silent partition must not stall its caller forever."""
     params = psycopg.conninfo.conninfo_to_dict(dsn)
-    params.setdefault("connect_timeout", max(1, min(10, int(timeout))))
+    if "PGCONNECT_TIMEOUT" not in os.environ:  # the operator's bound (pgcdc --connect-timeout) wins
+        params.setdefault("connect_timeout", max(1, min(10, int(timeout))))
     params.setdefault("application_name", "pgcdc")
     with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as conn, \
             deadline(conn.fileno(), timeout, what="a query to the source"):
@@ -142,18 +154,31 @@ def replication_connection(dsn: str) -> psycopg2.extras.LogicalReplicationConnec
     """A walsender connection in database mode, with pgcdc's session settings and liveness defaults."""
     given = psycopg.conninfo.conninfo_to_dict(dsn)
     liveness = {k: v for k, v in LIVENESS_DEFAULTS.items() if k not in given}
+    if "PGCONNECT_TIMEOUT" in os.environ:  # the operator's bound (pgcdc --connect-timeout) wins
+        liveness.pop("connect_timeout", None)
     if str(given.get("host", "")).startswith("/") or (not given.get("host") and not given.get("hostaddr")):
         liveness = {k: v for k, v in liveness.items() if k == "connect_timeout"}  # Unix sockets: no TCP options
     try:
         return psycopg2.connect(with_session_settings(dsn, **liveness),
                                 connection_factory=psycopg2.extras.LogicalReplicationConnection)
     except psycopg2.OperationalError as exc:
-        message = str(exc)
-        if "replication" in message and ("pg_hba" in message or "permission" in message or "must be" in message):
-            raise ConfigError(f"the server refused a replication connection ({' '.join(message.split())}); grant "
-                              "it: ALTER ROLE <user> REPLICATION, and allow 'replication' for this database in "
-                              "pg_hba.conf") from None
-        raise
+        refused = _refused_replication(exc)
+        if refused is None:
+            raise
+        raise refused from None
+
+
+def _refused_replication(exc: psycopg2.OperationalError) -> ConfigError | None:
+    """A replication connection refused for a reason a DSN does not fix, told apart from a bad DSN."""
+    message = " ".join(str(exc).split())
+    lowered = message.lower()
+    if "max_wal_senders" in lowered or "wal senders" in lowered:
+        return ConfigError(f"every WAL sender of the server is in use ({message}); stop a replication consumer, or "
+                           "raise max_wal_senders and restart PostgreSQL")
+    if "replication" in lowered and ("pg_hba" in lowered or "permission" in lowered or "must be" in lowered):
+        return ConfigError(f"the server refused a replication connection ({message}); grant it: ALTER ROLE "
+                           "<user> REPLICATION, and allow 'replication' for this database in pg_hba.conf")
+    return None
 
 
 class SlotManager:
@@ -191,6 +216,10 @@ class SlotManager:
             except psycopg2.errors.DuplicateObject:
                 raise ConfigError(f"replication slot {name!r} already exists; use it, or drop it with "
                                   f"pgcdc slot drop {name}") from None
+            except psycopg2.errors.ConfigurationLimitExceeded as exc:
+                raise ConfigError(f"cannot create slot {name!r}: {' '.join(str(exc).split())}; drop a slot nothing "
+                                  "reads any more (pgcdc slot drop NAME), or raise max_replication_slots and "
+                                  "restart PostgreSQL") from None
             except psycopg2.errors.ObjectNotInPrerequisiteState as exc:
                 raise ConfigError(f"cannot create slot {name!r}: {' '.join(str(exc).split())}; set "
                                   "wal_level = logical and restart PostgreSQL") from None
@@ -222,19 +251,100 @@ class SlotManager:
         return [SlotInfo(r[0], r[1], r[2], bool(r[3]), r[4], _lsn(r[5]), _lsn(r[6]), r[7], bool(r[8]), r[9])
                 for r in rows]
 
-    def drop(self, name: str, *, wait: bool = True) -> None:
-        with psycopg.connect(self.dsn, autocommit=True, application_name="pgcdc") as conn:
+    def advance(self, name: str, lsn: Lsn) -> Lsn:
+        """Confirm slot ``name`` at ``lsn``: the server frees what lies before it and never sends it again."""
+        with source_connection(self.dsn) as conn:
             try:
-                conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
-            except psycopg.errors.UndefinedObject:
-                raise ConfigError(f"replication slot {name!r} does not exist") from None
+                row = conn.execute("SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
+                                   (name, str(lsn))).fetchone()
             except psycopg.errors.ObjectInUse:
                 raise ConfigError(f"replication slot {name!r} is in use by another connection; stop that "
                                   "consumer first") from None
+        assert row is not None
+        return Lsn.parse(row[0])
+
+    def drop(self, name: str, *, wait_seconds: float = 0.0) -> None:
+        """Drop slot ``name``; ``wait_seconds`` lets a connection that used it (one just closed: its walsender
+        ends a moment later) release it first."""
+        give_up = time.monotonic() + wait_seconds
+        with psycopg.connect(self.dsn, autocommit=True, application_name="pgcdc") as conn:
+            while True:
+                try:
+                    conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+                    return
+                except psycopg.errors.UndefinedObject:
+                    raise ConfigError(f"replication slot {name!r} does not exist") from None
+                except psycopg.errors.ObjectInUse:
+                    if time.monotonic() >= give_up:
+                        raise ConfigError(f"replication slot {name!r} is in use by another connection; stop "
+                                          "that consumer first") from None
+                time.sleep(0.1)
+
+    @contextlib.contextmanager
+    def dropped_on_failure(self, name: str, *, backs_mirrors: Callable[[], bool]) -> Iterator[None]:
+        """Around the first use of a slot this run creates: when that use fails before any mirror holds a
+        position in the slot, drop it again. Left behind, it would hold the server's WAL from here on for a
+        mirror that does not exist (the next run creates a new one)."""
+        try:
+            yield
+        except BaseException:
+            try:
+                needed = backs_mirrors()
+            except Exception as exc:  # the failure may be the warehouse's itself: then say how to clean up
+                log.warning("slot %s, created by this run, is kept: whether a mirror already streams from it "
+                            "cannot be told (%s); if none does, drop it with: pgcdc slot drop %s",
+                            name, " ".join(str(exc).split())[:200], name)
+                raise
+            if not needed:
+                try:
+                    self.drop(name, wait_seconds=10.0)
+                    log.warning("dropped slot %s again: this run created it and failed before any mirror was "
+                                "written", name)
+                except (ConfigError, psycopg.Error) as exc:
+                    log.warning("slot %s, created by this run before it failed, could not be dropped (%s): drop "
+                                "it with: pgcdc slot drop %s", name, " ".join(str(exc).split()), name)
+            raise
+
+    def refuse_busy(self, slot: SlotInfo | None) -> None:
+        """Stop before any work when ``slot`` is streamed by another process: a second run would copy its
+        tables, then fail at the stream."""
+        if slot is not None and slot.active:
+            raise ConfigError(
+                f"replication slot {slot.name!r} is in use by another process (pid {slot.active_pid}): another "
+                f"pgcdc run or consumer streams it, and only one may; stop that one first, or give this run its "
+                f"own --slot")
 
 
-def check_source(dsn: str, *, publication: str) -> list[SourceProblem]:
-    """Everything that would stop pgcdc on this source, each with its fix; empty when ready."""
+def _capacity_problems(conn: psycopg.Connection, settings: dict[str, str], slot: str | None
+                       ) -> list[SourceProblem]:
+    """A full set of replication slots (pgcdc needs one of its own, plus a temporary one to copy tables added
+    later) or of WAL senders (one per streaming consumer) makes a run fail at its first connection, with an
+    error that reads like a bad DSN: say so here."""
+    problems = []
+    row = conn.execute(
+        "SELECT count(*), count(*) FILTER (WHERE slot_name = %s), "
+        "string_agg(slot_name || CASE WHEN active THEN ' (active)' ELSE '' END, ', ' ORDER BY slot_name), "
+        "(SELECT count(*) FROM pg_stat_replication) FROM pg_replication_slots", (slot,)).fetchone()
+    assert row is not None
+    used, own, names, senders = row
+    limit = int(settings.get("max_replication_slots", "0"))
+    if limit and used + (0 if own else 1) > limit:
+        problems.append(SourceProblem(
+            f"all {limit} replication slots are taken ({names}); pgcdc cannot create its slot.",
+            "drop a slot nothing reads any more (pgcdc slot drop NAME --dsn ...), or raise "
+            f"max_replication_slots above {limit} and restart PostgreSQL."))
+    senders_limit = int(settings.get("max_wal_senders", "0"))
+    if senders_limit and senders >= senders_limit:
+        problems.append(SourceProblem(
+            f"all {senders_limit} WAL senders are in use; pgcdc's replication connection would be refused.",
+            f"stop a replication consumer, or raise max_wal_senders above {senders_limit} and restart "
+            "PostgreSQL."))
+    return problems
+
+
+def check_source(dsn: str, *, publication: str, slot: str | None = None) -> list[SourceProblem]:
+    """Everything that would stop pgcdc on this source, each with its fix; empty when ready. ``slot`` is the
+    slot pgcdc streams: when it exists already, a full set of slots is no problem."""
     problems: list[SourceProblem] = []
     with psycopg.connect(dsn, autocommit=True, application_name="pgcdc check") as conn:
         settings: dict[str, str] = dict(conn.execute(
@@ -248,6 +358,7 @@ def check_source(dsn: str, *, publication: str) -> list[SourceProblem]:
             if int(settings.get(setting, "0")) == 0:
                 problems.append(SourceProblem(f"{setting} is 0.",
                                               f"ALTER SYSTEM SET {setting} = 10; then restart PostgreSQL."))
+        problems.extend(_capacity_problems(conn, settings, slot))
         role = conn.execute("SELECT current_user, rolreplication OR rolsuper FROM pg_roles "
                             "WHERE rolname = current_user").fetchone()
         if role is not None and not role[1]:

