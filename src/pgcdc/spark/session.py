@@ -11,6 +11,7 @@ catalog, or ``master`` at a cluster.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ import subprocess
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from pgcdc.errors import ConfigError
 
@@ -220,8 +221,32 @@ def _launch_jvm_apart(settings: Mapping[str, str], master: str, app_name: str) -
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         return  # a JVM runs already (a session built before, or a notebook's)
     conf = SparkConf(loadDefaults=False).setMaster(master).setAppName(app_name).setAll(list(settings.items()))
-    SparkContext._gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})
+    popen_kwargs = {"start_new_session": True, "stderr": subprocess.PIPE}
+    SparkContext._gateway = launch_gateway(conf, popen_kwargs=popen_kwargs)
     SparkContext._jvm = SparkContext._gateway.jvm
+    process = SparkContext._gateway.proc
+    if process is not None and process.stderr is not None:
+        threading.Thread(target=_relay_jvm_output, args=(process.stderr,), name="pgcdc-jvm-log", daemon=True).start()
+
+
+_JVM_LEVEL = re.compile(rb"^\d\d:\d\d:\d\d spark (ERROR|WARN|INFO|DEBUG|TRACE|FATAL) ")
+_JVM_LEVELS = {b"FATAL": logging.CRITICAL, b"ERROR": logging.ERROR, b"WARN": logging.WARNING, b"INFO": logging.INFO}
+
+
+def _relay_jvm_output(stream: IO[bytes]) -> None:
+    """Every line the JVM writes to stderr becomes a record of the ``pgcdc.spark.jvm`` logger, so that
+    ``--log-format json`` stays one JSON object a line and ``--log-level`` applies to Spark's lines too.
+    Lines without log4j's level (the launcher's start-up notes, continuation lines of a stack trace) keep
+    the level of the record before them; the launcher's notes before any record are debug."""
+    logger = logging.getLogger("pgcdc.spark.jvm")
+    level = logging.DEBUG
+    for raw in iter(stream.readline, b""):
+        match = _JVM_LEVEL.match(raw)
+        if match:
+            level = _JVM_LEVELS.get(match.group(1), logging.DEBUG)
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        if line:
+            logger.log(level, "%s", line)
 
 
 def _python() -> str:
