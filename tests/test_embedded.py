@@ -11,7 +11,8 @@ import psutil
 import psycopg
 import pytest
 
-from pgcdc.embedded import EmbeddedPostgres, EmbeddedPostgresError
+from pgcdc.embedded import EmbeddedPostgres
+from pgcdc.errors import EmbeddedPostgresError
 
 pytestmark = pytest.mark.postgres
 

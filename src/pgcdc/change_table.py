@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pgcdc.errors import ConfigError
+from pgcdc.errors import ProtocolError
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import PG_EPOCH_UNIX_MICROS, TupleData
 
@@ -138,5 +138,6 @@ def _fit(tuple_data: TupleData | None, width: int) -> TupleData:
     if tuple_data is None:
         return TupleData("n" * width, (None,) * width)
     if len(tuple_data) != width:
-        raise ConfigError(f"a row has {len(tuple_data)} columns where its relation has {width}")
+        raise ProtocolError(f"a row has {len(tuple_data)} columns where the Relation message before it has {width}: "
+                            "the server sent a row that does not match its table's description")
     return tuple_data

@@ -357,7 +357,7 @@ def decode(
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines.")] = False,
 ) -> None:
     """Print the pgoutput messages a slot holds (peek, not consume, unless --consume) or a file holds."""
-    from pgcdc.inspect import MessagePrinter, decode_file, decode_slot, transaction_end
+    from pgcdc.decode_view import MessagePrinter, decode_file, decode_slot, transaction_end
 
     if (file is None) == (slot is None):
         raise ConfigError("give either --slot (with --dsn and --publication) or --file")

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import psutil
 
-from pgcdc.errors import ConfigError, PgcdcError
+from pgcdc.errors import ConfigError, EmbeddedPostgresError
 
 DEFAULT_SETTINGS: dict[str, str] = {
     "wal_level": "logical",
@@ -61,10 +61,6 @@ SUPERUSER = "postgres"
 RUN_DIR_PREFIX = "pgcdc-pg-"
 _OWNER_FILE = "owner.json"
 _PR_SET_PDEATHSIG = 1
-
-
-class EmbeddedPostgresError(PgcdcError):
-    """The embedded server could not be set up or started; the message carries its log's tail."""
 
 
 def pginstall_dir() -> Path:

@@ -40,6 +40,18 @@ class ConfigError(PgcdcError):
     """Bad configuration or a server set-up pgcdc cannot work with; the message says how to fix it."""
 
 
+class SlotBusyError(ConfigError):
+    """The replication slot is active for another connection."""
+
+
+class SourceChangedError(PgcdcError):
+    """The source's catalog changed under pgcdc (a table or a type dropped while it was being read)."""
+
+
+class EmbeddedPostgresError(PgcdcError):
+    """The embedded server could not be set up or started; the message carries its log's tail."""
+
+
 class SpillCorruptError(PgcdcError):
     """A spill file that cannot be written, or that changed on disk; the message says what to do."""
 

@@ -223,7 +223,8 @@ class MetricsServer:
         self.registry = CollectorRegistry()
         self.rows = Counter("pgcdc_rows_applied", "Changes applied to the mirrors", registry=self.registry)
         self.batches = Counter("pgcdc_batches_applied", "Micro-batches applied", registry=self.registry)
-        self.errors = Counter("pgcdc_errors", "Errors seen", registry=self.registry)
+        self.reconnections = Counter("pgcdc_reconnections", "Replication connections lost and re-established",
+                                     registry=self.registry)
         self.lag = Gauge("pgcdc_lag_bytes", "Server WAL position minus the applied position",
                          registry=self.registry)
         self.retained = Gauge("pgcdc_wal_retained_bytes", "WAL the slot keeps on the server", registry=self.registry)
@@ -235,7 +236,7 @@ class MetricsServer:
         self._phase: str | None = None
         self._seen_rows = 0
         self._seen_batches = 0
-        self._seen_errors = 0
+        self._seen_reconnections = 0
         try:
             start_http_server(port, registry=self.registry)
         except OSError as exc:
@@ -250,9 +251,9 @@ class MetricsServer:
             self._phase = progress.phase
         self.rows.inc(progress.rows_applied - self._seen_rows)
         self.batches.inc(progress.batches_applied - self._seen_batches)
-        self.errors.inc(progress.errors - self._seen_errors)
-        self._seen_rows, self._seen_batches, self._seen_errors = (progress.rows_applied, progress.batches_applied,
-                                                                  progress.errors)
+        self.reconnections.inc(progress.reconnections - self._seen_reconnections)
+        self._seen_rows, self._seen_batches, self._seen_reconnections = (
+            progress.rows_applied, progress.batches_applied, progress.reconnections)
         if progress.lag_bytes is not None:
             self.lag.set(progress.lag_bytes)
         if progress.wal_retained_bytes is not None:

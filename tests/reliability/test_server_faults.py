@@ -66,10 +66,10 @@ def test_restarts_terminations_and_network_cuts_lose_nothing(pg, spark):
             applying_again("the start")
 
             def fault(name, action):
-                before = pipeline.progress.errors
+                before = pipeline.progress.reconnections
                 action()
                 faults.append(name)
-                wait_for(lambda: pipeline.progress.errors > before or failures, 90, f"{name} noticed")
+                wait_for(lambda: pipeline.progress.reconnections > before or failures, 90, f"{name} noticed")
                 applying_again(name)
 
             fault("server restart (fast)", lambda: pg.server.restart("fast"))
@@ -87,10 +87,10 @@ def test_restarts_terminations_and_network_cuts_lose_nothing(pg, spark):
             def partition_until_noticed():
                 # Silence only: noticed by the receive timeout once pgcdc has read what was already on its way,
                 # which can take a while when it lags behind the workload: so the partition lasts until then.
-                before = pipeline.progress.errors
+                before = pipeline.progress.reconnections
                 proxy.blackhole()
                 try:
-                    wait_for(lambda: pipeline.progress.errors > before or failures, 120, "the partition noticed")
+                    wait_for(lambda: pipeline.progress.reconnections > before or failures, 120, "the partition noticed")
                 finally:
                     proxy.heal()
             fault("silent partition", partition_until_noticed)
@@ -98,7 +98,7 @@ def test_restarts_terminations_and_network_cuts_lose_nothing(pg, spark):
         pipeline.stop()
         runner.join(timeout=300)
         assert not failures, failures
-    reconnections = pipeline.progress.errors
+    reconnections = pipeline.progress.reconnections
     catch_up_in_process(direct, spark)
     figures = assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
     print(f"faults: {faults}; reconnections: {reconnections}; workload transactions: {workload.transactions} "

@@ -53,14 +53,6 @@ class TupleColumn(NamedTuple):
     kind: str
     value: bytes | memoryview | None
 
-    @property
-    def is_null(self) -> bool:
-        return self.kind == NULL
-
-    @property
-    def is_unchanged_toast(self) -> bool:
-        return self.kind == UNCHANGED_TOAST
-
 
 @dataclass(frozen=True, slots=True)
 class TupleData(Sequence[TupleColumn]):

@@ -97,7 +97,7 @@ class Progress:
     last_batch_seconds: float = 0.0
     snapshot_rows: dict[str, int] = field(default_factory=dict)
     snapshot_estimates: dict[str, int] = field(default_factory=dict)  # pg_class.reltuples of each table to copy
-    errors: int = 0  # replication connections lost (and re-established)
+    reconnections: int = 0  # replication connections lost and re-established
 
     @property
     def lag_bytes(self) -> int | None:

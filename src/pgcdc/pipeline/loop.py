@@ -163,7 +163,7 @@ class Pipeline:
                         self.progress.received_lsn = item.end_lsn
                         continue
                     if item is Tick.RECONNECTED:  # the server resends everything after the confirmed position
-                        self.progress.errors += 1
+                        self.progress.reconnections += 1
                         batch = Batch()
                         continue
                     if self._stop.is_set():

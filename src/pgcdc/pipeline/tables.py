@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from pgcdc.pgoutput.messages import Relation
+from pgcdc.pgoutput.messages import REPLICA_IDENTITY_FULL, REPLICA_IDENTITY_NOTHING, Relation
 from pgcdc.pipeline.config import PipelineConfig
 from pgcdc.replication import source_connection
 from pgcdc.replication.published import identity_key, primary_key, published_tables
@@ -81,7 +81,7 @@ class SourceTables:
         key = self._keys.get(signature)
         if key is None:
             primary: tuple[str, ...] = ()
-            if relation.replica_identity == "f":
+            if relation.replica_identity == REPLICA_IDENTITY_FULL:
                 with source_connection(self.config.dsn, 120.0) as conn:
                     primary = primary_key(conn, relation.relation_id)
             key = self._keys[signature] = identity_key(relation, primary)
@@ -94,7 +94,7 @@ class SourceTables:
         from pgcdc.spark.mirror import TableSpec
         from pgcdc.spark.schema import spark_schema
 
-        if relation.replica_identity == "n":
+        if relation.replica_identity == REPLICA_IDENTITY_NOTHING:
             log.warning("%s has REPLICA IDENTITY NOTHING: its mirror is insert-only (updates and deletes cannot "
                         "be matched); fix with ALTER TABLE %s REPLICA IDENTITY FULL or add a primary key",
                         relation.qualified_name, relation.qualified_name)

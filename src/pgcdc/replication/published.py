@@ -13,7 +13,13 @@ import psycopg
 
 from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
-from pgcdc.pgoutput.messages import Column, Relation
+from pgcdc.pgoutput.messages import (
+    REPLICA_IDENTITY_DEFAULT,
+    REPLICA_IDENTITY_FULL,
+    REPLICA_IDENTITY_INDEX,
+    Column,
+    Relation,
+)
 from pgcdc.replication.options import quote_ident
 
 _TABLES_SQL = """
@@ -108,9 +114,9 @@ def identity_key(relation: Relation, primary: tuple[str, ...] = ()) -> tuple[str
     DEFAULT (the primary key) and USING INDEX (the index's columns); under FULL, where every column is flagged and
     the old row comes whole, the ``primary`` key when it is published, else none (rows match on every column);
     none under NOTHING."""
-    if relation.replica_identity in ("d", "i"):
+    if relation.replica_identity in (REPLICA_IDENTITY_DEFAULT, REPLICA_IDENTITY_INDEX):
         return tuple(c.name for c in relation.key_columns)
-    if relation.replica_identity == "f" and primary and set(primary) <= {c.name for c in relation.columns}:
+    if relation.replica_identity == REPLICA_IDENTITY_FULL and primary and set(primary) <= {c.name for c in relation.columns}:
         return primary
     return ()
 

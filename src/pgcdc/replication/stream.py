@@ -3,7 +3,7 @@
 The stream reports to the server only what its caller confirmed (``confirm``): the flush
 position never runs ahead of what is durable downstream. Keepalives are answered inside
 ``read_message``; connection loss (server restart, terminated backend, network cut) reconnects
-with backoff and resumes from the confirmed position, after a :data:`RECONNECTED` event that tells
+with backoff and resumes from the confirmed position, after a event with ``reconnected`` set that tells
 the caller to drop what it had not confirmed (the server sends it again).
 """
 
@@ -20,17 +20,13 @@ import psycopg
 import psycopg2
 import psycopg2.errors
 
-from pgcdc.errors import ConfigError
+from pgcdc.errors import ConfigError, SlotBusyError
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput import AnyMessage, MessageDecoder
 from pgcdc.replication.options import ReplicationOptions, with_session_settings
 from pgcdc.replication.slots import deadline, replication_connection
 
 log = logging.getLogger("pgcdc.replication")
-
-
-class SlotBusyError(ConfigError):
-    """The slot is active for another connection."""
 
 
 def _connection_lost(exc: BaseException) -> bool:

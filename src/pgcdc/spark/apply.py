@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from pgcdc.change_table import ChangeColumns as C
 from pgcdc.checkpoint import first_unapplied
 from pgcdc.lsn import Lsn
+from pgcdc.pgoutput.messages import REPLICA_IDENTITY_NOTHING
 from pgcdc.spark.arrow import arrow_to_dataframe, from_plain_rows, from_plain_values, plain_rows, plain_values
 from pgcdc.spark.iceberg import with_commit_properties
 from pgcdc.spark.mirror import POSITION_PROPERTY, MirrorTable, quote, sql_string
@@ -56,7 +57,7 @@ def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *
     spec = mirror.spec
     if spec.key_columns:
         _apply_keyed(spark, mirror, changes, lsn, truncated)
-    elif spec.replica_identity == "n":
+    elif spec.replica_identity == REPLICA_IDENTITY_NOTHING:
         inserts = changes.filter(pc.equal(changes.column(C.OP), "I"))
         if inserts.num_rows != changes.num_rows:
             log.warning("%s has no replica identity: %d updates/deletes cannot be mirrored",

@@ -32,7 +32,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from pgcdc.errors import ConfigError
+from pgcdc.errors import ConfigError, SourceChangedError
 from pgcdc.lsn import Lsn
 from pgcdc.spark.iceberg import (
     load_table,
@@ -64,12 +64,6 @@ class CopyProgress:
     def rows_per_s(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
-    @property
-    def seconds_left(self) -> float | None:
-        if not self.rows or self.total_estimate <= self.rows:
-            return None
-        return (self.total_estimate - self.rows) / self.rows_per_s
-
 
 @dataclass(frozen=True)
 class CopyResult:
@@ -98,7 +92,8 @@ def plan_table_ranges(conn: psycopg.Connection, schema: str, table: str, *, targ
         "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = %s AND c.relname = %s", (schema, table)).fetchone()
     if row is None:
-        raise LookupError(f"table {schema}.{table} does not exist")
+        raise SourceChangedError(f"table {schema}.{table} was dropped while pgcdc was copying it; remove it from the "
+                                 "publication, or create it again, and run pgcdc again")
     pages, reltuples, relpages, size = int(row[0]), int(row[1]), int(row[2]), int(row[3])
     if reltuples == 0 and pages > 0:  # never analyzed: estimate from a typical page
         reltuples = pages * 60
@@ -126,7 +121,8 @@ def text_output_functions(conn: psycopg.Connection, converter: Any) -> dict[str,
     functions = {int(oid): (str(schema), str(name)) for oid, schema, name in rows}
     missing = sorted(name for name, oid in wanted.items() if oid not in functions)
     if missing:
-        raise LookupError(f"the types of columns {', '.join(missing)} no longer exist")
+        raise SourceChangedError(f"the types of columns {', '.join(missing)} were dropped while pgcdc was copying "
+                                 "their table; run pgcdc again to copy it with its current columns")
     return {name: functions[oid] for name, oid in wanted.items()}
 
 

@@ -278,8 +278,7 @@ class TransactionAssembler:
         self._current = None
 
     # -- the stream ------------------------------------------------------------------------------
-    def feed(self, message: AnyMessage, *, data_start: Lsn | None = None, wal_end: Lsn | None = None
-             ) -> Iterator[Transaction | Message | Type]:
+    def feed(self, message: AnyMessage) -> Iterator[Transaction | Message | Type]:
         """Take one message; yield what it completes."""
         match message:
             case Insert() | Update() | Delete():
