@@ -191,9 +191,10 @@ class StreamingRun:
         return "".join(self.lines)
 
 
-def start_streaming(config: PipelineConfig, *args: str, timeout: float = 600) -> StreamingRun:
+def start_streaming(config: PipelineConfig, *args: str, timeout: float = 600,
+                    env: dict[str, str] | None = None) -> StreamingRun:
     """``pgcdc run`` started; returns once it streams the slot (its initial copy, if any, done)."""
-    process = run_cli(config, *args, env={"PGCDC_LOG_LEVEL": "INFO"})
+    process = run_cli(config, *args, env={"PGCDC_LOG_LEVEL": "INFO", **(env or {})})
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(process.stdout or ()), daemon=True)
     reader.start()

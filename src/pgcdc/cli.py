@@ -232,6 +232,8 @@ def run(
         progress = Pipeline(config, on_progress=on_progress).run(until_caught_up=until_caught_up)
     out.print(f"applied {progress.rows_applied} changes in {progress.transactions_applied} transactions; "
               f"confirmed {progress.confirmed_lsn or 'nothing new'}")
+    if progress.stop_signal == signal.SIGINT:  # stopped in order, at the user's Ctrl-C: say so in the exit code
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 @app.command()

@@ -8,9 +8,10 @@ prepared transaction is held. The code marks those places with :func:`injection_
     PGCDC_INJECT=apply.between-mirrors          kill the process at the first hit
     PGCDC_INJECT=apply.merge:3                  ... at the third hit
     PGCDC_INJECT=apply.merge:1:0.4              ... 0.4 s after the first hit (inside the MERGE)
+    PGCDC_INJECT=apply.merge:1:0.4:INT          ... sends SIGINT instead (a user's Ctrl-C; or TERM)
 
 The fault is SIGKILL of the whole process: no handler, no ``finally``, no flush, exactly
-what an OOM kill or a lost machine does.
+what an OOM kill or a lost machine does; INT and TERM test what a stop asked for does.
 """
 
 from __future__ import annotations
@@ -34,18 +35,23 @@ class _Armed:
     point: str
     hit: int
     delay: float
+    signal: signal.Signals = signal.SIGKILL
 
 
 def _parse(value: str | None) -> _Armed | None:
     if not value:
         return None
     parts = value.split(":")
-    if parts[0] not in POINTS or len(parts) > 3:
-        raise ValueError(f"PGCDC_INJECT={value!r}: expected POINT[:HIT[:DELAY_SECONDS]] with POINT one of "
-                         + ", ".join(POINTS))
+    if parts[0] not in POINTS or len(parts) > 4 or (len(parts) == 4 and parts[3] not in _SIGNALS):
+        raise ValueError(f"PGCDC_INJECT={value!r}: expected POINT[:HIT[:DELAY_SECONDS[:KILL|INT|TERM]]] with POINT "
+                         "one of " + ", ".join(POINTS))
     hit = int(parts[1]) if len(parts) > 1 else 1
     delay = float(parts[2]) if len(parts) > 2 else 0.0
-    return _Armed(parts[0], hit, delay)
+    sent = _SIGNALS[parts[3]] if len(parts) == 4 else signal.SIGKILL
+    return _Armed(parts[0], hit, delay, sent)
+
+
+_SIGNALS = {"KILL": signal.SIGKILL, "INT": signal.SIGINT, "TERM": signal.SIGTERM}
 
 
 _armed = _parse(os.environ.get("PGCDC_INJECT"))
@@ -60,12 +66,12 @@ def injection_point(name: str) -> None:
     if count != _armed.hit:
         return
     if _armed.delay > 0:
-        timer = threading.Timer(_armed.delay, _kill)
+        timer = threading.Timer(_armed.delay, _fire, args=(_armed.signal,))
         timer.daemon = True
         timer.start()
     else:
-        _kill()
+        _fire(_armed.signal)
 
 
-def _kill() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
+def _fire(sent: signal.Signals) -> None:
+    os.kill(os.getpid(), sent)

@@ -98,6 +98,7 @@ class Progress:
     snapshot_rows: dict[str, int] = field(default_factory=dict)
     snapshot_estimates: dict[str, int] = field(default_factory=dict)  # pg_class.reltuples of each table to copy
     reconnections: int = 0  # replication connections lost and re-established
+    stop_signal: int | None = None  # the signal (SIGINT, SIGTERM) that asked the pipeline to stop
 
     @property
     def lag_bytes(self) -> int | None:

@@ -242,14 +242,24 @@ class Pipeline:
             return
 
         def request_stop(signum: int, frame: Any) -> None:
-            if self._stop.is_set():  # a second signal: stop now, the slot replays what was not confirmed
+            # a second signal, or one during the initial copy (which has no batch to finish: it commits nothing
+            # until a table is whole, and resumes at the next run): stop now; the slot replays what was not confirmed
+            if self._stop.is_set() or self.progress.phase == "snapshot":
+                self._stop.set()
+                self.progress.stop_signal = signum
+                before = previous.get(signum)
+                if callable(before):  # the caller's own interrupt (the CLI cancels Spark's running jobs)
+                    before(signum, frame)
                 raise KeyboardInterrupt
             log.info("stopping after the current batch (signal %d)", signum)
+            self.progress.stop_signal = signum
             self._stop.set()
 
-        previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous: dict[int, Any] = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, request_stop)
         try:
             yield
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)

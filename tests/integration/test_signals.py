@@ -1,0 +1,73 @@
+"""A stop asked for is a stop in order: Ctrl-C or SIGTERM in the middle of a MERGE lets that batch finish and
+be confirmed; during the initial copy it ends the run at once, commits nothing partial, and the next run
+resumes. Signals come from inside the process at a named instant (``PGCDC_INJECT=...:INT``, see
+:mod:`pgcdc.faults`), as a terminal's Ctrl-C reaches pgcdc (Spark's JVM runs in a session of its own)."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from pgcdc.lsn import Lsn
+from pipeline_support import (
+    SHOP_TABLES,
+    assert_mirrors_equal,
+    catch_up_in_process,
+    pipeline_config,
+    prepare_source,
+    run_cli,
+    start_streaming,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def confirmed_flush(conn: psycopg.Connection, slot: str) -> Lsn:
+    row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                       (slot,)).fetchone()
+    return Lsn.parse(row[0])
+
+
+def test_ctrl_c_in_the_middle_of_a_merge_lets_the_batch_finish_and_be_confirmed(pg, spark):
+    prepare_source(pg, rows=20)
+    config = pipeline_config(pg, spark)
+    # 0.3 s into the first MERGE of the stream (a fresh JVM's first MERGE takes seconds): SIGINT
+    run = start_streaming(config, env={"PGCDC_INJECT": "apply.merge:1:0.3:INT"})
+    process = run.process
+    try:
+        with psycopg.connect(config.dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO shop.customers (id, name, email) "
+                         "SELECT 1000000 + g, 'late ' || g, 'late' || g || '@example.com' FROM generate_series(1, 500) g")
+            written = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+            process.wait(timeout=300)
+            run.reader.join(timeout=10)
+            output = run.output
+            assert process.returncode == 130, output[-3000:]
+            assert "cancel" not in output.lower() and "Traceback" not in output, output[-3000:]
+            # the batch that was merging when the signal came is in the mirror and confirmed to the slot
+            assert confirmed_flush(conn, config.slot) >= written
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
+
+
+def test_ctrl_c_during_the_initial_copy_of_run_stops_at_once_and_the_next_run_resumes(pg, spark):
+    prepare_source(pg, rows=200)
+    config = pipeline_config(pg, spark)
+    process = run_cli(config, env={"PGCDC_INJECT": "snapshot.copy:2:0.2:INT", "PGCDC_LOG_LEVEL": "WARNING"})
+    try:
+        output, _ = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, output[-3000:]
+    assert output.strip().splitlines()[-1] == "interrupted" and "Traceback" not in output, output[-3000:]
+    with psycopg.connect(config.dsn, autocommit=True) as conn:
+        wait_for(lambda: conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s AND active",
+                                      (config.slot,)).fetchone()[0] == 0, 30, "the interrupted run to let go of its slot")
+    catch_up_in_process(config, spark)
+    assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
