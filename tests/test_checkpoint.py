@@ -8,6 +8,7 @@ from pgcdc.checkpoint import (
     Checkpoint,
     Span,
     first_unapplied,
+    held_whole,
     mirror_position,
     refuse_lost_slot,
     refuse_positions_ahead,
@@ -106,3 +107,12 @@ def test_positions_beyond_the_servers_wal_are_never_trusted():
     refuse_positions_ahead({("a", "t"): Lsn(100)}, server_lsn=Lsn(100))
     with pytest.raises(PositionCorruptError, match=r"a\.u at 0/C8"):
         refuse_positions_ahead({("a", "t"): Lsn(100), ("a", "u"): Lsn(200)}, server_lsn=Lsn(150))
+
+
+def test_a_run_the_mirror_holds_whole_is_passed_over():
+    span = Span()
+    for lsn in (Lsn(10), Lsn(20)):
+        span.note(lsn)
+    assert held_whole(span, Lsn(20)) and held_whole(span, Lsn(25))
+    assert not held_whole(span, Lsn(19)) and not held_whole(span, None)
+

@@ -107,6 +107,13 @@ def mirror_position(span: Span, following: Span | None, current: Lsn | None) -> 
     return span.last
 
 
+def held_whole(span: Span, position: Lsn | None) -> bool:
+    """Rule 2 for a whole run: the mirror at ``position`` holds every transaction of ``span``. Such a run is
+    passed over before its schema version touches the mirror: replayed after a crash, or before a new copy,
+    an older version would drop columns that a later one added."""
+    return position is not None and span.last <= position
+
+
 def first_unapplied(position: Lsn | None) -> int:
     """Rule 2: the lowest commit LSN a mirror at ``position`` does not hold yet (0: it holds nothing)."""
     return 0 if position is None else int(position) + 1

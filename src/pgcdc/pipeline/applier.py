@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from pgcdc.checkpoint import mirror_position
+from pgcdc.checkpoint import held_whole, mirror_position
 from pgcdc.faults import injection_point
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline.batcher import Batch
@@ -103,6 +103,10 @@ class Applier:
         applied = 0
         for segments in batch.tables.values():
             for index, segment in enumerate(segments):
+                relation = segment.relation
+                if held_whole(segment.span, self.tables.mirrors.held_position(
+                        relation.namespace, relation.name, changelog=self._changelog)):
+                    continue
                 following = segments[index + 1].span if index + 1 < len(segments) else None
                 mirror = self.tables.mirror_for(segment.relation)
                 position = mirror_position(segment.span, following, mirror.position)

@@ -50,6 +50,10 @@ class Batch:
         """The first schema version of each table the batch touches."""
         return [segments[0].relation for segments in self.tables.values()]
 
+    def versions(self) -> list[Relation]:
+        """Every schema version of every table the batch touches, in order."""
+        return [segment.relation for segments in self.tables.values() for segment in segments]
+
 
 class Batcher:
     """Adds transactions to batches and converts their changes to change tables."""

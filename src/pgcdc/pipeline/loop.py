@@ -145,6 +145,7 @@ class Pipeline:
         def hand_off(batch: Batch) -> None:
             self._batcher.finish(batch)
             self._snapshotter.copy_unmirrored(batch.relations())
+            self._snapshotter.copy_rewritten(batch.versions())
             assert batch.last_end_lsn is not None
             applier.start(batch, checkpoint.batch_flush(batch.last_end_lsn, reader.oldest_pending_lsn()))
 

@@ -91,6 +91,22 @@ class Snapshotter:
             self.copy_missing(tables)
             self._set_phase("streaming")
 
+    def copy_rewritten(self, versions: list[Relation]) -> None:
+        """Tables whose new columns PostgreSQL filled by rewriting the table (a volatile default: logical decoding
+        sends none of those values) are copied again at a fresh consistent point of a temporary slot; rule 2 then
+        skips the batch's changes that the copy already holds."""
+        rewritten = {(r.namespace, r.name) for r in versions if self.tables.rewritten(r)}
+        if not rewritten:
+            return
+        log.warning("copying %s again: columns were added with a value PostgreSQL wrote into every row, which "
+                    "logical decoding does not send", ", ".join(f"{s}.{t}" for s, t in sorted(rewritten)))
+        with source_connection(self.config.dsn, 120.0) as conn:
+            tables = [t for t in published_tables(conn, self.config.publication) if (t.schema, t.name) in rewritten]
+        self._set_phase("snapshot")
+        with SlotManager(self.config.dsn).create_temporary_snapshot() as temporary:
+            self._copy(tables, temporary.exported_snapshot, temporary.consistent_point)
+        self._set_phase("streaming")
+
     def _copy(self, tables: list[PublishedTable], snapshot_name: str, consistent_lsn: Lsn,
               copied: dict[str, int] | None = None) -> dict[str, int]:
         from pgcdc.spark.orphans import remove_unreferenced_files

@@ -13,11 +13,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import psycopg
+import pyarrow as pa
 
-from pgcdc.pgoutput.messages import REPLICA_IDENTITY_FULL, REPLICA_IDENTITY_NOTHING, Relation
+from pgcdc.faults import injection_point
+from pgcdc.pgoutput.messages import REPLICA_IDENTITY_FULL, REPLICA_IDENTITY_NOTHING, Relation, TupleData
 from pgcdc.pipeline.config import PipelineConfig
 from pgcdc.replication import source_connection
-from pgcdc.replication.published import identity_key, primary_key, published_tables
+from pgcdc.replication.published import (
+    AddedColumn,
+    added_columns,
+    identity_key,
+    primary_key,
+    published_tables,
+)
 from pgcdc.types import ConversionOptions, TableConverter, TypeRegistry
 
 if TYPE_CHECKING:
@@ -99,9 +107,47 @@ class SourceTables:
                         "be matched); fix with ALTER TABLE %s REPLICA IDENTITY FULL or add a primary key",
                         relation.qualified_name, relation.qualified_name)
         spec = TableSpec(source_schema=relation.namespace, source_table=relation.name,
-                         spark_schema=spark_schema(self.converter_for(relation).arrow_schema), key_columns=self.key_for(relation),
-                         replica_identity=relation.replica_identity)
-        return self.mirrors.ensure(spec, replace_other_key=replace_other_key)
+                         spark_schema=spark_schema(self.converter_for(relation).arrow_schema),
+                         key_columns=self.key_for(relation), replica_identity=relation.replica_identity)
+        if replace_other_key:  # a copy is about to replace every row: nothing of the old ones to fill
+            mirror = self.mirrors.ensure(spec, replace_other_key=True)
+            if mirror.pending_fill:
+                self.mirrors.forget_fill(mirror)
+            return mirror
+        added = self._added_columns(relation)
+        values = {a.name: a.missing_text for a in added if a.missing_text is not None}
+        if values:  # promised before the columns exist, kept until their existing rows hold the values
+            self.mirrors.expect_fill(spec, values)
+        mirror = self.mirrors.ensure(spec)
+        if mirror.pending_fill:
+            injection_point("apply.fill")
+            self.mirrors.fill(mirror, self._values_table(relation, mirror.pending_fill))
+        return mirror
+
+    def rewritten(self, relation: Relation) -> bool:
+        """Whether columns new to the mirror were added with a default that PostgreSQL wrote into the existing
+        rows by rewriting the table (a volatile one: logical decoding sends none of those values), or the table
+        was rewritten since; its mirror must be copied again. A plain ADD COLUMN (NULL) or a non-volatile
+        default (the catalog's missing value, filled by :meth:`mirror_for`) needs no copy."""
+        return any(a.missing_text is None and a.has_default for a in self._added_columns(relation))
+
+    def _added_columns(self, relation: Relation) -> list[AddedColumn]:
+        existing = self.mirrors.columns_of(relation.namespace, relation.name)
+        new = [c.name for c in relation.columns if existing is not None and c.name not in existing]
+        if not new:
+            return []
+        with source_connection(self.config.dsn, 120.0) as conn:
+            return list(added_columns(conn, relation.relation_id, new).values())
+
+    def _values_table(self, relation: Relation, texts: dict[str, str | None]) -> pa.Table:
+        """One row of the given columns' values, converted from the source's text as the stream's are."""
+        names = [c.name for c in relation.columns]
+        kinds = "".join("t" if name in texts and texts[name] is not None else "n" for name in names)
+        values = tuple(texts[name].encode() if kind == "t" else None  # type: ignore[union-attr]
+                       for name, kind in zip(names, kinds, strict=True))
+        batch = self.converter_for(relation).convert([TupleData(kinds, values)]).batch
+        wanted = [name for name in texts if name in names]
+        return pa.Table.from_arrays([batch.column(batch.schema.get_field_index(n)) for n in wanted], names=wanted)
 
     def has_position(self, relation: Relation) -> bool:
         """Whether the relation's mirror holds a position (was copied or applied to)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from pgcdc.errors import ConfigError
+from pgcdc.errors import ConfigError, ProtocolError
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import (
     REPLICA_IDENTITY_DEFAULT,
@@ -107,6 +107,46 @@ def primary_key(conn: psycopg.Connection, relation_id: int) -> tuple[str, ...]:
         "FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
         "WHERE i.indrelid = %s AND i.indisprimary", (relation_id,)).fetchone()
     return tuple(row[0]) if row and row[0] else ()
+
+
+@dataclass(frozen=True)
+class AddedColumn:
+    """What PostgreSQL gives the rows that existed when a column was added: ``missing_text`` is the value the
+    catalog records for them (``pg_attribute.attmissingval``, a non-volatile default, as text); without one,
+    ``has_default`` tells a table rewritten with a volatile default (its rows' values were never decoded)
+    from a plain ADD COLUMN (NULL, which the mirror already holds)."""
+
+    name: str
+    missing_text: str | None
+    has_default: bool
+
+
+def added_columns(conn: psycopg.Connection, relation_id: int, names: list[str]) -> dict[str, AddedColumn]:
+    """The catalog's word on columns the stream shows as new (absent: dropped since, nothing to give)."""
+    rows = conn.execute(
+        "SELECT a.attname, a.atthasmissing, a.attmissingval::text, d.adrelid IS NOT NULL "
+        "FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+        "WHERE a.attrelid = %s AND a.attname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped",
+        (relation_id, names)).fetchall()
+    return {name: AddedColumn(name, _single_element(missing) if has_missing else None, bool(has_default))
+            for name, has_missing, missing, has_default in rows}
+
+
+def _single_element(array_text: str | None) -> str | None:
+    """The one element of ``attmissingval``'s text form (``{5}``, ``{"a \\"b\\""}``), unquoted; None for NULL."""
+    if array_text is None or not array_text.startswith("{") or not array_text.endswith("}"):
+        raise ProtocolError(f"pg_attribute.attmissingval {array_text!r} is not a one-element array")
+    inner = array_text[1:-1]
+    if not inner.startswith('"'):
+        return None if inner == "NULL" else inner
+    out, escaped = [], False
+    for char in inner[1:-1]:
+        if escaped or char != "\\":
+            out.append(char)
+            escaped = False
+        else:
+            escaped = True
+    return "".join(out)
 
 
 def identity_key(relation: Relation, primary: tuple[str, ...] = ()) -> tuple[str, ...]:

@@ -9,14 +9,17 @@ spaces, quotes and unicode included, is kept and back-quoted in SQL.
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pgcdc.errors import ConfigError, PositionCorruptError
 from pgcdc.lsn import Lsn
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
     from pyspark.sql.types import DataType, StructType
 
@@ -25,6 +28,8 @@ log = logging.getLogger("pgcdc.spark.mirror")
 POSITION_PROPERTY = "pgcdc.lsn"
 SOURCE_PROPERTY = "pgcdc.source"
 KEY_PROPERTY = "pgcdc.key"
+# columns being added whose existing rows still wait for the value PostgreSQL gives them (JSON: column -> text)
+FILL_PROPERTY = "pgcdc.fill"
 CHANGELOG_SUFFIX = "__changes"
 _PATH_UNSAFE = {"%": "%25", "/": "%2F", "\\": "%5C"}
 
@@ -63,6 +68,7 @@ class MirrorTable:
     schema: StructType
     position: Lsn | None = None
     changelog_position: Lsn | None = None
+    pending_fill: dict[str, str | None] = field(default_factory=dict)  # see FILL_PROPERTY
 
 
 def stored_type(data_type: DataType) -> DataType:
@@ -176,16 +182,81 @@ class MirrorCatalog:
             mirror.position = known.position if known is not None else self.read_position(identifier)
             mirror.changelog_position = (known.changelog_position if known is not None
                                          else self.read_position(changelog) if self._exists(changelog) else None)
+            pending = self._property(identifier, FILL_PROPERTY) if known is None else None
+            mirror.pending_fill = json.loads(pending) if pending else {}
         self._tables[key] = mirror
         return mirror
 
     def _recorded_key(self, identifier: str) -> tuple[str, ...] | None:
         """The key a mirror was created with (its ``pgcdc.key`` property); None when it records none."""
-        rows = self.spark.sql(f"SHOW TBLPROPERTIES {identifier} ({sql_string(KEY_PROPERTY)})").collect()
-        value = rows[0].value if rows else None
-        if value is None or "does not have property" in value:
+        value = self._property(identifier, KEY_PROPERTY)
+        if value is None:
             return None
         return (value,) if value else ()  # compared by _key_tokens: a column name may hold a comma
+
+    def _property(self, identifier: str, name: str) -> str | None:
+        rows = self.spark.sql(f"SHOW TBLPROPERTIES {identifier} ({sql_string(name)})").collect()
+        value = rows[0].value if rows else None
+        return None if value is None or "does not have property" in value else value
+
+    def held_position(self, source_schema: str, source_table: str, *, changelog: bool) -> Lsn | None:
+        """The position below which the mirror (and its change log, when kept) holds every transaction, read
+        without evolving the mirror; None when it holds none."""
+        known = self._tables.get((source_schema, source_table))
+        identifier = self.identifier_for(source_schema, source_table)
+        if known is not None:
+            positions = [known.position, known.changelog_position if changelog else known.position]
+        elif self._exists(identifier):
+            changelog_identifier = self.changelog_identifier_for(source_schema, source_table)
+            position = self.read_position(identifier)
+            positions = [position, (self.read_position(changelog_identifier) if self._exists(changelog_identifier)
+                                    else None) if changelog else position]
+        else:
+            return None
+        return None if None in positions else min(p for p in positions if p is not None)
+
+    def columns_of(self, source_schema: str, source_table: str) -> set[str] | None:
+        """The columns the mirror of a source table has now (before :meth:`ensure` evolves it); None when there
+        is no mirror yet."""
+        known = self._tables.get((source_schema, source_table))
+        if known is not None:
+            return set(known.schema.names)
+        identifier = self.identifier_for(source_schema, source_table)
+        return set(self.spark.table(identifier).schema.names) if self._readable(identifier) else None
+
+    def expect_fill(self, spec: TableSpec, values: Mapping[str, str | None]) -> None:
+        """Record, before the columns are added, that the existing rows of these new columns must get
+        ``values`` (the source's text): a crash between adding them and :meth:`fill` leaves the promise."""
+        identifier = self.identifier_for(spec.source_schema, spec.source_table)
+        pending = json.loads(self._property(identifier, FILL_PROPERTY) or "{}")
+        pending.update(values)
+        self.spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES "
+                       f"({sql_string(FILL_PROPERTY)} = {sql_string(json.dumps(pending))})")
+        self._tables.pop((spec.source_schema, spec.source_table), None)  # ensure reads the promise back
+
+    def fill(self, mirror: MirrorTable, values: pa.Table) -> None:
+        """Set every row's columns of ``values`` (one row) to its values, then forget the promise. Runs before
+        any change carrying these columns is applied, so every row it touches predates them (and a replay after
+        a crash in between does the same again)."""
+        from pyspark.sql.types import StructType
+
+        from pgcdc.spark.arrow import arrow_to_dataframe
+        from pgcdc.spark.iceberg import with_commit_properties
+
+        schema = StructType([mirror.schema[name] for name in values.column_names])
+        arrow_to_dataframe(self.spark, values, schema).createOrReplaceTempView("_pgcdc_fill")
+        assignments = ", ".join(f"t.{quote(n)} = s.{quote(n)}" for n in values.column_names)
+        statement = f"MERGE INTO {mirror.identifier} t USING _pgcdc_fill s ON true WHEN MATCHED THEN UPDATE SET {assignments}"
+        properties = {POSITION_PROPERTY: str(mirror.position)} if mirror.position is not None else {}
+        with_commit_properties(self.spark, properties, lambda: self.spark.sql(statement))
+        log.info("%s: existing rows given the value PostgreSQL gives them in %s", mirror.spec.source,
+                 ", ".join(values.column_names))
+        self.forget_fill(mirror)
+
+    def forget_fill(self, mirror: MirrorTable) -> None:
+        """Drop the promise of :meth:`expect_fill` (kept, or made moot by a copy that replaced every row)."""
+        self.spark.sql(f"ALTER TABLE {mirror.identifier} UNSET TBLPROPERTIES IF EXISTS ({sql_string(FILL_PROPERTY)})")
+        mirror.pending_fill = {}
 
     def _create(self, identifier: str, spec: TableSpec) -> None:
         missing = [k for k in spec.key_columns if k not in spec.spark_schema.names]
