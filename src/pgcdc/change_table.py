@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pgcdc.errors import ProtocolError
+from pgcdc.errors import ConversionError, ProtocolError
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import PG_EPOCH_UNIX_MICROS, TupleData
 
@@ -141,3 +141,102 @@ def _fit(tuple_data: TupleData | None, width: int) -> TupleData:
         raise ProtocolError(f"a row has {len(tuple_data)} columns where the Relation message before it has {width}: "
                             "the server sent a row that does not match its table's description")
     return tuple_data
+
+
+# -- changes whose values cannot be converted --------------------------------------------------------------------
+
+REJECTS_SCHEMA = pa.schema([
+    pa.field("op", pa.string()),
+    pa.field("commit_lsn", pa.string()),
+    pa.field("commit_lsn_value", pa.int64()),
+    pa.field("ordinal", pa.int64()),
+    pa.field("xid", pa.int64()),
+    pa.field("commit_ts", pa.timestamp("us", tz="UTC")),
+    pa.field("error", pa.string()),
+    pa.field("value_format", pa.string()),  # 'text': the server's text of each value; 'binary': hex of its bytes
+    pa.field("new_values", pa.map_(pa.string(), pa.string())),  # column -> value (NULL for NULL)
+    pa.field("old_values", pa.map_(pa.string(), pa.string())),  # the old row or key, when the server sent one
+    pa.field("unchanged_toast", pa.list_(pa.string())),
+])
+
+
+def build_change_table_setting_aside(changes: list[tuple[Transaction, Change]], converter: TableConverter,
+                                     key_columns: tuple[str, ...]) -> tuple[list[pa.Table], pa.Table | None]:
+    """:func:`build_change_table`, with the changes whose values cannot be converted set aside whole and raw:
+    returns the change tables of the others and one table of the rejected (:data:`REJECTS_SCHEMA`), or None.
+    The whole run is converted at once; only a run that fails is halved until the failing changes stand alone."""
+    try:
+        return [build_change_table(changes, converter, key_columns)], None
+    except ConversionError as exc:
+        if len(changes) == 1:
+            txn, change = changes[0]
+            return [], rejected_changes([(txn, change, str(exc))], converter)
+        middle = len(changes) // 2
+        first, first_rejected = build_change_table_setting_aside(changes[:middle], converter, key_columns)
+        second, second_rejected = build_change_table_setting_aside(changes[middle:], converter, key_columns)
+        rejected = [t for t in (first_rejected, second_rejected) if t is not None]
+        return first + second, pa.concat_tables(rejected) if rejected else None
+
+
+def first_unconvertible(changes: list[tuple[Transaction, Change]], converter: TableConverter,
+                        key_columns: tuple[str, ...]) -> tuple[Transaction, Change, ConversionError] | None:
+    """The first change of ``changes`` whose values cannot be converted, with its error (None: every one can)."""
+    _, rejected = build_change_table_setting_aside(changes, converter, key_columns)
+    if rejected is None:
+        return None
+    lsn, ordinal = rejected.column("commit_lsn_value")[0].as_py(), rejected.column("ordinal")[0].as_py()
+    for txn, change in changes:
+        if int(txn.commit_lsn) == lsn and change.ordinal == ordinal:
+            return txn, change, ConversionError(rejected.column("error")[0].as_py())
+    return None
+
+
+def describe_row(change: Change, converter: TableConverter, key_columns: tuple[str, ...]) -> str:
+    """The row a change is about, by its key's values as the server sent them (all columns without a key)."""
+    image = change.new if change.new is not None else change.old if change.old is not None else change.key
+    if image is None:
+        return "(no row image)"
+    columns = converter.relation.columns
+    shown = [k for k in key_columns if k in {c.name for c in columns}] or [c.name for c in columns]
+    values: dict[str, object] = dict(raw_values(image, converter))
+    # the key's values as pgcdc reads them; the raw text (or hex) where even those cannot be converted
+    only_shown = TupleData("".join(k if c.name in shown else "n" for c, k in zip(columns, image.kinds, strict=False)),
+                           tuple(v if c.name in shown else None for c, v in zip(columns, image.values, strict=False)))
+    try:
+        batch = converter.convert([only_shown]).batch
+        values.update({name: batch.column(batch.schema.get_field_index(name))[0].as_py() for name in shown})
+    except (ConversionError, ValueError, OverflowError):
+        pass
+    return "(" + ", ".join(f"{name}={values[name]!r}" for name in shown) + ")"
+
+
+def raw_values(image: TupleData, converter: TableConverter) -> dict[str, str | None]:
+    """Each column's value as the server sent it: text as text, binary as hex, NULL and unchanged TOAST as None."""
+    values: dict[str, str | None] = {}
+    for column, kind, value in zip(converter.relation.columns, image.kinds, image.values, strict=False):
+        if kind == "t" and value is not None:
+            values[column.name] = bytes(value).decode("utf-8", "replace")
+        elif kind == "b" and value is not None:
+            values[column.name] = bytes(value).hex()
+        else:
+            values[column.name] = None
+    return values
+
+
+def rejected_changes(rejected: list[tuple[Transaction, Change, str]], converter: TableConverter) -> pa.Table:
+    """Rows of :data:`REJECTS_SCHEMA` for changes set aside with their errors."""
+    rows = []
+    for txn, change, error in rejected:
+        old = change.old if change.old is not None else change.key
+        images = [image for image in (change.new, old) if image is not None]
+        rows.append({
+            "op": change.op, "commit_lsn": str(txn.commit_lsn), "commit_lsn_value": int(txn.commit_lsn),
+            "ordinal": change.ordinal, "xid": txn.xid, "commit_ts": txn.commit_ts + PG_EPOCH_UNIX_MICROS,
+            "error": error, "value_format": "binary" if any("b" in i.kinds for i in images) else "text",
+            "new_values": list(raw_values(change.new, converter).items()) if change.new is not None else None,
+            "old_values": list(raw_values(old, converter).items()) if old is not None else None,
+            "unchanged_toast": [c.name for c, kind in zip(converter.relation.columns, change.new.kinds, strict=False)
+                                if kind == "u"] if change.new is not None else [],
+        })
+    plain = REJECTS_SCHEMA.set(REJECTS_SCHEMA.get_field_index("commit_ts"), pa.field("commit_ts", pa.int64()))
+    return pa.Table.from_pylist(rows, schema=plain).cast(REJECTS_SCHEMA)

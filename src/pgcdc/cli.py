@@ -208,6 +208,10 @@ def run(
     receive_timeout: Annotated[float, typer.Option(
         "--receive-timeout", envvar="PGCDC_RECEIVE_TIMEOUT",
         help="Seconds of silence from the server after which the connection counts as lost.")] = 60.0,
+    on_conversion_error: Annotated[str, typer.Option(
+        "--on-conversion-error", envvar="PGCDC_ON_CONVERSION_ERROR",
+        help="stop (default) at a value pgcdc cannot mirror, or quarantine: set the change aside, whole and raw, "
+             "in <table>__rejects and go on.")] = "stop",
 ) -> None:
     """Snapshot if needed, then stream changes into the Iceberg mirrors until stopped (Ctrl-C stops cleanly)."""
     from pgcdc.pipeline import Pipeline
@@ -219,7 +223,8 @@ def run(
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
         snapshot_writer=snapshot_writer,
-        memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout)
+        memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout,
+        on_conversion_error=on_conversion_error)
     from pgcdc.observability import MetricsServer, StatusLine
 
     metrics = MetricsServer(metrics_port) if metrics_port else None
@@ -300,11 +305,11 @@ def status(
     out.print(table)
     if warehouse:
         mirror_table = Table(title="mirrors")
-        for column in ("mirror", "source", "pgcdc.lsn", "rows", "snapshots"):
+        for column in ("mirror", "source", "pgcdc.lsn", "rows", "snapshots", "rejected"):
             mirror_table.add_column(column)
         for row in mirrors:
             mirror_table.add_row(row["mirror"], row["source"], str(row["lsn"]), str(row["rows"]),
-                                 str(row["snapshots"]))
+                                 str(row["snapshots"]), str(row["rejected"]))
         out.print(mirror_table)
     _print_warnings(warnings)
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 POINTS = (
     "snapshot.copy",          # a table's copy job is about to run
     "apply.merge",            # a mirror's MERGE (or overwrite) is about to run
+    "apply.rejects",          # changes set aside committed to a __rejects table, the mirror's MERGE not yet run
     "apply.fill",             # columns added to a mirror, their existing rows not yet given the source's default
     "apply.between-mirrors",  # one mirror of a batch committed, the next not yet
     "apply.before-confirm",   # every mirror of a batch committed, the slot not yet told

@@ -223,6 +223,8 @@ class MetricsServer:
         self.registry = CollectorRegistry()
         self.rows = Counter("pgcdc_rows_applied", "Changes applied to the mirrors", registry=self.registry)
         self.batches = Counter("pgcdc_batches_applied", "Micro-batches applied", registry=self.registry)
+        self.rejected = Counter("pgcdc_rows_rejected", "Changes set aside in <table>__rejects (values that cannot "
+                                "be converted, --on-conversion-error quarantine)", registry=self.registry)
         self.reconnections = Counter("pgcdc_reconnections", "Replication connections lost and re-established",
                                      registry=self.registry)
         self.lag = Gauge("pgcdc_lag_bytes", "Server WAL position minus the applied position",
@@ -237,6 +239,7 @@ class MetricsServer:
         self._seen_rows = 0
         self._seen_batches = 0
         self._seen_reconnections = 0
+        self._seen_rejected = 0
         try:
             start_http_server(port, registry=self.registry)
         except OSError as exc:
@@ -252,6 +255,8 @@ class MetricsServer:
         self.rows.inc(progress.rows_applied - self._seen_rows)
         self.batches.inc(progress.batches_applied - self._seen_batches)
         self.reconnections.inc(progress.reconnections - self._seen_reconnections)
+        self.rejected.inc(progress.rows_rejected - self._seen_rejected)
+        self._seen_rejected = progress.rows_rejected
         self._seen_rows, self._seen_batches, self._seen_reconnections = (
             progress.rows_applied, progress.batches_applied, progress.reconnections)
         if progress.lag_bytes is not None:

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 from psycopg import sql
 
+from pgcdc.errors import ConversionError
 from pgcdc.replication.options import with_session_settings
 from pgcdc.replication.published import published_tables
 from pgcdc.spark.arrow import plain_rows
@@ -26,6 +27,7 @@ from pgcdc.spark.mirror import quote
 
 if TYPE_CHECKING:
     from pgcdc.pipeline import Pipeline
+    from pgcdc.types import TableConverter
 
 
 def copy_csv_query(schema: str, table: str, columns: list[str]) -> sql.Composed:
@@ -56,6 +58,9 @@ class TableComparison:
     mirror_checksum: str
     missing_in_mirror: tuple[str, ...]
     unexpected_in_mirror: tuple[str, ...]
+    # source rows holding a value that cannot be mirrored (their changes stop pgcdc, or go to <table>__rejects):
+    # compared with nothing, listed as the server prints them
+    unmirrorable: tuple[str, ...] = ()
 
     @property
     def lost(self) -> int:
@@ -75,6 +80,7 @@ class TableComparison:
         lines = [f"{self.table}: source {self.source_rows} rows, mirror {self.mirror_rows} rows"]
         lines += [f"  only in source: {row}" for row in self.missing_in_mirror[:10]]
         lines += [f"  only in mirror: {row}" for row in self.unexpected_in_mirror[:10]]
+        lines += [f"  cannot be mirrored: {row}" for row in self.unmirrorable[:10]]
         return "\n".join(lines)
 
 
@@ -91,6 +97,23 @@ def _checksum(rows: list[str]) -> str:
     return digest.hexdigest()[:12]
 
 
+def _convert_source(converter: TableConverter, columns: list) -> tuple[pa.Table, tuple[str, ...]]:
+    """The source's rows converted as pgcdc converts them, and (row by row, only when some value fails) the
+    rows holding a value that cannot be converted, as the server printed them."""
+    try:
+        return pa.Table.from_batches([converter.convert_columns(columns, binary=False).batch]), ()
+    except ConversionError:
+        pass
+    converted, unconvertible = [], []
+    for row in range(len(columns[0])):
+        values = [column.slice(row, 1) for column in columns]
+        try:
+            converted.append(converter.convert_columns(values, binary=False).batch)
+        except ConversionError:
+            unconvertible.append(repr(tuple(value[0].as_py() for value in values)))
+    return pa.Table.from_batches(converted, schema=converter.arrow_schema), tuple(unconvertible)
+
+
 def compare_publication(pipeline: Pipeline, dsn: str, publication: str) -> list[TableComparison]:
     """Compare every table of ``publication`` with its mirror."""
     results = []
@@ -104,7 +127,7 @@ def compare_publication(pipeline: Pipeline, dsn: str, publication: str) -> list[
                 for chunk in copy:
                     data += chunk
             columns = read_csv_columns(bytes(data), len(names)) if data else [[] for _ in names]
-            source = pa.Table.from_batches([converter.convert_columns(columns, binary=False).batch])
+            source, unmirrorable = _convert_source(converter, columns)
             identifier = pipeline.mirrors.identifier_for(relation.namespace, relation.name)
             mirror_frame = pipeline.spark.table(identifier).select(*[quote(n) for n in names])
             batches = mirror_frame._collect_as_arrow() if mirror_frame.columns else []
@@ -117,5 +140,6 @@ def compare_publication(pipeline: Pipeline, dsn: str, publication: str) -> list[
                 source_checksum=_checksum(source_rows), mirror_checksum=_checksum(mirror_rows),
                 missing_in_mirror=tuple((source_count - mirror_count).elements()),
                 unexpected_in_mirror=tuple((mirror_count - source_count).elements()),
+                unmirrorable=unmirrorable,
             ))
     return results

@@ -80,7 +80,8 @@ class Applier:
         batch = applying.batch
         confirm(applying.flush)
         progress = self.progress
-        progress.rows_applied += batch.rows
+        progress.rows_applied += batch.rows - batch.rejected
+        progress.rows_rejected += batch.rejected
         progress.transactions_applied += batch.transactions
         progress.batches_applied += 1
         progress.applied_lsn = batch.last_end_lsn
@@ -97,7 +98,7 @@ class Applier:
 
     def _apply(self, batch: Batch) -> float:
         """Merge every segment of ``batch`` into its mirror (on the apply thread); returns the seconds taken."""
-        from pgcdc.spark.apply import apply_changes
+        from pgcdc.spark.apply import append_rejects, apply_changes
 
         started = time.monotonic()
         applied = 0
@@ -112,6 +113,11 @@ class Applier:
                 position = mirror_position(segment.span, following, mirror.position)
                 if applied:
                     injection_point("apply.between-mirrors")
+                if segment.rejects:  # first: its own position makes a replay after a crash here harmless
+                    append_rejects(self._spark(), mirror, pa.concat_tables(segment.rejects))
+                    injection_point("apply.rejects")
+                if not segment.chunks:  # every change of the run was set aside
+                    continue
                 injection_point("apply.merge")
                 apply_changes(self._spark(), mirror, pa.concat_tables(segment.chunks), lsn=position,
                               changelog=self._changelog)

@@ -7,17 +7,27 @@ Arrow size, not a million Python objects.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from pgcdc.change_table import build_change_table
+from pgcdc.change_table import (
+    build_change_table,
+    build_change_table_setting_aside,
+    describe_row,
+    first_unconvertible,
+)
 from pgcdc.checkpoint import Span
+from pgcdc.errors import ConversionError
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import Relation
 from pgcdc.pipeline.tables import SourceTables, schema_signature
 from pgcdc.transactions import Change, Transaction
+from pgcdc.types import TableConverter
+
+log = logging.getLogger("pgcdc.pipeline")
 
 _CHUNK_ROWS = 20_000
 
@@ -30,6 +40,11 @@ class Segment:
     pending: list[tuple[Transaction, Change]] = field(default_factory=list)
     chunks: list[pa.Table] = field(default_factory=list)
     span: Span = field(default_factory=Span)
+    rejects: list[pa.Table] = field(default_factory=list)  # changes set aside (REJECTS_SCHEMA)
+
+    @property
+    def rejected(self) -> int:
+        return sum(table.num_rows for table in self.rejects)
 
 
 @dataclass
@@ -49,6 +64,10 @@ class Batch:
     def relations(self) -> list[Relation]:
         """The first schema version of each table the batch touches."""
         return [segments[0].relation for segments in self.tables.values()]
+
+    @property
+    def rejected(self) -> int:
+        return sum(segment.rejected for segments in self.tables.values() for segment in segments)
 
     def versions(self) -> list[Relation]:
         """Every schema version of every table the batch touches, in order."""
@@ -93,8 +112,37 @@ class Batcher:
                 self._convert_pending(segment)
 
     def _convert_pending(self, segment: Segment) -> None:
-        if segment.pending:
-            relation = segment.relation
-            segment.chunks.append(build_change_table(segment.pending, self.tables.converter_for(relation),
-                                                     self.tables.key_for(relation)))
-            segment.pending = []
+        if not segment.pending:
+            return
+        relation = segment.relation
+        converter, key = self.tables.converter_for(relation), self.tables.key_for(relation)
+        try:
+            segment.chunks.append(build_change_table(segment.pending, converter, key))
+        except ConversionError as exc:
+            if self.tables.config.on_conversion_error != "quarantine":
+                raise _stop_error(exc, segment.pending, converter, key) from None
+            chunks, rejected = build_change_table_setting_aside(segment.pending, converter, key)
+            segment.chunks.extend(chunks)
+            if rejected is not None:
+                segment.rejects.append(rejected)
+                log.warning("%s: %d changes set aside in its __rejects table (first: %s at commit LSN %s)",
+                            relation.qualified_name, rejected.num_rows, rejected.column("error")[0].as_py(),
+                            rejected.column("commit_lsn")[0].as_py())
+        segment.pending = []
+
+
+def _stop_error(error: ConversionError, changes: list[tuple[Transaction, Change]], converter: TableConverter,
+                key: tuple[str, ...]) -> ConversionError:
+    """The error that stops pgcdc at a value it cannot mirror: which row, which change, and the way past."""
+    found = first_unconvertible(changes, converter, key)
+    where = ""
+    if found is not None:
+        txn, change, error = found
+        action = {"I": "insert", "U": "update", "D": "delete"}.get(change.op, change.op)
+        where = (f" in the {action} of the row {describe_row(change, converter, key)} committed at LSN "
+                 f"{txn.commit_lsn} (xid {txn.xid})")
+    return ConversionError(
+        f"{error}{where}. pgcdc stops rather than write a wrong value, and stops here again at every start (the "
+        "change is in the slot): run with --on-conversion-error quarantine to set such changes aside, whole and "
+        f"raw, in {converter.relation.name}__rejects beside the mirror while everything else goes on (docs/types.md "
+        "says what each type can hold)")

@@ -44,6 +44,7 @@ class PipelineConfig:
     resnapshot: bool = False
     receive_timeout_seconds: float = 60.0
     snapshot_writer: str = "auto"
+    on_conversion_error: str = "stop"  # or "quarantine": changes that cannot be converted go to <table>__rejects
 
     def __post_init__(self) -> None:
         problems = []
@@ -72,6 +73,8 @@ class PipelineConfig:
             problems.append(f"origin {self.origin!r} must be any or none")
         if self.numeric not in ("string", "decimal38"):
             problems.append(f"numeric policy {self.numeric!r} must be string or decimal38")
+        if self.on_conversion_error not in ("stop", "quarantine"):
+            problems.append(f"on_conversion_error {self.on_conversion_error!r} must be stop or quarantine")
         if self.snapshot_writer not in ("auto", "arrow", "spark"):
             problems.append(f"snapshot writer {self.snapshot_writer!r} must be auto, arrow or spark")
         if problems:
@@ -98,6 +101,7 @@ class Progress:
     snapshot_rows: dict[str, int] = field(default_factory=dict)
     snapshot_estimates: dict[str, int] = field(default_factory=dict)  # pg_class.reltuples of each table to copy
     reconnections: int = 0  # replication connections lost and re-established
+    rows_rejected: int = 0  # changes set aside in <table>__rejects (--on-conversion-error quarantine)
     stop_signal: int | None = None  # the signal (SIGINT, SIGTERM) that asked the pipeline to stop
 
     @property

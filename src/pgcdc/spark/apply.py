@@ -25,7 +25,7 @@ from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import REPLICA_IDENTITY_NOTHING
 from pgcdc.spark.arrow import arrow_to_dataframe, from_plain_rows, from_plain_values, plain_rows, plain_values
 from pgcdc.spark.iceberg import with_commit_properties
-from pgcdc.spark.mirror import POSITION_PROPERTY, MirrorTable, quote, sql_string
+from pgcdc.spark.mirror import ORDINAL_PROPERTY, POSITION_PROPERTY, MirrorTable, quote, sql_string
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -369,3 +369,31 @@ def _append_changelog(spark: SparkSession, mirror: MirrorTable, changes: pa.Tabl
         (writer.using("iceberg").tableProperty("format-version", "2")
          .tableProperty("write.spark.accept-any-schema", "true").create())
     mirror.changelog_position = lsn
+
+
+def append_rejects(spark: SparkSession, mirror: MirrorTable, rejects: pa.Table) -> int:
+    """Append changes set aside (:data:`pgcdc.change_table.REJECTS_SCHEMA`) to ``<mirror>__rejects``, skipping
+    those it holds already, in one commit that records the last one held (rule 2, by commit LSN and ordinal,
+    since a transaction split by a schema change sets changes aside from two runs); returns the rows added."""
+    rejects = rejects.take(pc.sort_indices(rejects, sort_keys=[("commit_lsn_value", "ascending"),
+                                                               ("ordinal", "ascending")]))
+    if mirror.rejects_position is not None:
+        held_lsn, held_ordinal = mirror.rejects_position
+        lsns, ordinals = rejects.column("commit_lsn_value"), rejects.column("ordinal")
+        rejects = rejects.filter(pc.or_(pc.greater(lsns, held_lsn),
+                                        pc.and_(pc.equal(lsns, held_lsn), pc.greater(ordinals, held_ordinal))))
+    if rejects.num_rows == 0:
+        return 0
+    from pyspark.sql.types import StructType
+
+    last_lsn, last_ordinal = rejects.column("commit_lsn_value")[-1].as_py(), rejects.column("ordinal")[-1].as_py()
+    frame = arrow_to_dataframe(spark, rejects, StructType(_spark_fields(rejects.schema, tuple(rejects.column_names))))
+    writer = (frame.writeTo(mirror.rejects_identifier)
+              .option(f"snapshot-property.{POSITION_PROPERTY}", str(Lsn(last_lsn)))
+              .option(f"snapshot-property.{ORDINAL_PROPERTY}", str(last_ordinal)))
+    if spark.catalog.tableExists(mirror.rejects_identifier):
+        writer.append()
+    else:
+        writer.using("iceberg").tableProperty("format-version", "2").create()
+    mirror.rejects_position = (last_lsn, last_ordinal)
+    return rejects.num_rows

@@ -31,6 +31,8 @@ KEY_PROPERTY = "pgcdc.key"
 # columns being added whose existing rows still wait for the value PostgreSQL gives them (JSON: column -> text)
 FILL_PROPERTY = "pgcdc.fill"
 CHANGELOG_SUFFIX = "__changes"
+REJECTS_SUFFIX = "__rejects"  # changes whose values could not be converted (--on-conversion-error quarantine)
+ORDINAL_PROPERTY = "pgcdc.ordinal"  # with pgcdc.lsn, the last change a __rejects table holds
 _PATH_UNSAFE = {"%": "%25", "/": "%2F", "\\": "%5C"}
 
 
@@ -69,6 +71,8 @@ class MirrorTable:
     position: Lsn | None = None
     changelog_position: Lsn | None = None
     pending_fill: dict[str, str | None] = field(default_factory=dict)  # see FILL_PROPERTY
+    rejects_identifier: str = ""  # <table>__rejects: changes set aside (--on-conversion-error quarantine)
+    rejects_position: tuple[int, int] | None = None  # (commit LSN, ordinal) of the last change set aside
 
 
 def stored_type(data_type: DataType) -> DataType:
@@ -128,6 +132,9 @@ class MirrorCatalog:
     def changelog_identifier_for(self, source_schema: str, source_table: str) -> str:
         return self.identifier_for(source_schema, source_table + CHANGELOG_SUFFIX)
 
+    def rejects_identifier_for(self, source_schema: str, source_table: str) -> str:
+        return self.identifier_for(source_schema, source_table + REJECTS_SUFFIX)
+
     def _exists(self, identifier: str) -> bool:
         return bool(self.spark.catalog.tableExists(identifier))
 
@@ -184,6 +191,11 @@ class MirrorCatalog:
                                          else self.read_position(changelog) if self._exists(changelog) else None)
             pending = self._property(identifier, FILL_PROPERTY) if known is None else None
             mirror.pending_fill = json.loads(pending) if pending else {}
+        mirror.rejects_identifier = self.rejects_identifier_for(spec.source_schema, spec.source_table)
+        if known is not None:
+            mirror.rejects_position = known.rejects_position
+        elif readable:
+            mirror.rejects_position = self.read_rejects_position(mirror.rejects_identifier)
         self._tables[key] = mirror
         return mirror
 
@@ -340,6 +352,25 @@ class MirrorCatalog:
                 f"{identifier} in Spark, then run pgcdc, which recopies it at a fresh consistent point), or roll "
                 "it back to an earlier snapshot with the Iceberg procedure system.rollback_to_snapshot") from None
 
+    def read_rejects_position(self, identifier: str) -> tuple[int, int] | None:
+        """(commit LSN, ordinal) of the last change a ``__rejects`` table holds, from its newest snapshot."""
+        if not self._exists(identifier):
+            return None
+        rows = self.spark.sql(
+            f"SELECT s.summary['{POSITION_PROPERTY}'] AS lsn, s.summary['{ORDINAL_PROPERTY}'] AS ordinal "
+            f"FROM {identifier}.snapshots s JOIN {identifier}.history h ON s.snapshot_id = h.snapshot_id "
+            f"WHERE h.is_current_ancestor AND s.summary['{ORDINAL_PROPERTY}'] IS NOT NULL "
+            "ORDER BY h.made_current_at DESC LIMIT 1").collect()
+        if not rows:
+            return None
+        try:
+            return int(Lsn.parse(rows[0].lsn)), int(rows[0].ordinal)
+        except ValueError:
+            raise PositionCorruptError(
+                f"{identifier} stores {POSITION_PROPERTY}={rows[0].lsn!r}, {ORDINAL_PROPERTY}={rows[0].ordinal!r}: "
+                "not a position, so pgcdc cannot know which changes it holds. Roll it back to an earlier snapshot "
+                "with the Iceberg procedure system.rollback_to_snapshot, or drop it") from None
+
     def _source_tables(self) -> list[tuple[str, str, str]]:
         """(source schema, source table, identifier) of every mirror in the namespace, from the catalog's
         own listing (exact names, no parsing of SQL output)."""
@@ -358,7 +389,7 @@ class MirrorCatalog:
             source_schema = _decode(parts[-1])
             for identifier in catalog.listTables(namespace):
                 name = identifier.name()
-                if name.endswith(CHANGELOG_SUFFIX):
+                if name.endswith((CHANGELOG_SUFFIX, REJECTS_SUFFIX)):
                     continue
                 source_table = _decode(name)
                 found.append((source_schema, source_table, self.identifier_for(source_schema, source_table)))
@@ -380,9 +411,12 @@ class MirrorCatalog:
             count = self.spark.sql(f"SELECT count(*) AS n FROM {identifier}").collect()[0].n
             snapshots = self.spark.sql(f"SELECT count(*) AS n FROM {identifier}.snapshots").collect()[0].n
             position = self.read_position(identifier)
+            rejects = self.rejects_identifier_for(source_schema, source_table)
+            rejected = (self.spark.sql(f"SELECT count(*) AS n FROM {rejects}").collect()[0].n
+                        if self._exists(rejects) else 0)
             rows.append({"mirror": identifier, "source": f"{source_schema}.{source_table}",
                          "lsn": str(position) if position is not None else None, "rows": count,
-                         "snapshots": snapshots})
+                         "snapshots": snapshots, "rejected": rejected})
         return rows
 
 

@@ -1,0 +1,110 @@
+"""A value pgcdc cannot mirror (a timestamp past what int64 microseconds since 1970 hold, see docs/types.md):
+by default pgcdc stops and says which row and how to get past it; with --on-conversion-error quarantine the
+change goes whole and raw to <table>__rejects, the mirror row stays as it was, and everything else flows."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from pgcdc.errors import ConversionError
+from pgcdc.pipeline import Pipeline
+from pgcdc.verify import compare_publication
+from pipeline_support import pipeline_config, run_cli
+
+pytestmark = pytest.mark.slow
+
+FAR = "294270-01-01 00:00:00"  # PostgreSQL stores it; int64 microseconds since 1970 end in 294247
+
+SCHEMA = """
+CREATE TABLE items (id int PRIMARY KEY, at timestamp, note text);
+INSERT INTO items SELECT g, '2024-01-01'::timestamp + g * interval '1 day', 'n' || g FROM generate_series(1, 20) g;
+CREATE TABLE other (id int PRIMARY KEY, v int);
+INSERT INTO other SELECT g, g FROM generate_series(1, 5) g;
+CREATE PUBLICATION shop FOR TABLE items, other;
+"""
+
+CHANGES = f"""
+INSERT INTO items VALUES (100, '2030-01-01', 'fine before');
+BEGIN;
+INSERT INTO items VALUES (101, '{FAR}', 'too far');
+UPDATE items SET note = 'changed' WHERE id = 1;
+UPDATE other SET v = -1 WHERE id = 1;
+COMMIT;
+UPDATE items SET note = 'still too far' WHERE id = 101;
+INSERT INTO items VALUES (102, '2031-01-01', 'fine after');
+DELETE FROM items WHERE id = 2;
+INSERT INTO other VALUES (6, 6);
+"""
+
+
+def catch_up(config, spark) -> Pipeline:
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.run(until_caught_up=True, handle_signals=False)
+    return pipeline
+
+
+def rejects_of(spark, pipeline: Pipeline) -> list:
+    identifier = pipeline.mirrors.rejects_identifier_for("public", "items")
+    spark.catalog.clearCache()
+    return spark.sql(f"SELECT op, commit_lsn, ordinal, error, value_format, new_values, old_values "
+                     f"FROM {identifier} ORDER BY commit_lsn_value, ordinal").collect()
+
+
+def assert_equal_but_the_rejected_row(pipeline: Pipeline, pg) -> None:
+    pipeline.spark.catalog.clearCache()
+    for result in compare_publication(pipeline, pg.dsn, "shop"):
+        assert result.equal, result.describe()
+        # row 101 cannot be mirrored: its every change was set aside, and the mirror never held it
+        assert len(result.unmirrorable) == (1 if result.table == "public.items" else 0), result.describe()
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_stop_names_the_row_and_the_way_out_quarantine_sets_the_change_aside(pg, spark, binary):
+    pg.execute(SCHEMA)
+    config = pipeline_config(pg, spark, publication="shop", binary=binary)
+    catch_up(config, spark)
+    pg.execute(CHANGES)
+    with pytest.raises(ConversionError) as stopped:
+        catch_up(config, spark)
+    message = str(stopped.value)
+    assert "public.items.at" in message and "(id=101)" in message and "committed at LSN" in message
+    assert "--on-conversion-error quarantine" in message and "items__rejects" in message
+
+    quarantine = pipeline_config(pg, spark, publication="shop", binary=binary, namespace=config.namespace,
+                                 on_conversion_error="quarantine")
+    pipeline = catch_up(quarantine, spark)
+    assert pipeline.progress.rows_rejected == 2
+    assert_equal_but_the_rejected_row(pipeline, pg)
+    rejects = rejects_of(spark, pipeline)
+    assert [r.op for r in rejects] == ["I", "U"]
+    inserted = dict(rejects[0].new_values)
+    assert "public.items.at" in rejects[0].error and "cannot be mirrored" in rejects[0].error
+    assert rejects[0].value_format == ("binary" if binary else "text")
+    if binary:  # the bytes of each value's binary form, as hex
+        assert inserted == {"id": (101).to_bytes(4, "big").hex(), "at": inserted["at"], "note": b"too far".hex()}
+    else:
+        assert inserted == {"id": "101", "at": FAR, "note": "too far"}
+        assert dict(rejects[1].new_values)["note"] == "still too far"
+    described = {row["source"]: row for row in pipeline.mirrors.describe()}
+    assert described["public.items"]["rejected"] == 2 and described["public.other"]["rejected"] == 0
+    # replayed from an earlier position, nothing is set aside twice
+    again = catch_up(quarantine, spark)
+    assert len(rejects_of(spark, again)) == 2
+
+
+def test_killed_after_setting_changes_aside_loses_and_doubles_nothing(pg, spark):
+    pg.execute(SCHEMA)
+    config = pipeline_config(pg, spark, publication="shop", on_conversion_error="quarantine")
+    catch_up(config, spark)
+    pg.execute(CHANGES)
+    process = run_cli(config, "--until-caught-up", "--on-conversion-error", "quarantine",
+                      env={"PGCDC_INJECT": "apply.rejects:1"})
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == -9, output[-3000:]  # killed right after the __rejects commit, before the MERGE
+    with psycopg.connect(config.dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
+                            (config.slot,)).fetchone()[0] == 1
+    pipeline = catch_up(config, spark)
+    assert [r.op for r in rejects_of(spark, pipeline)] == ["I", "U"]
+    assert_equal_but_the_rejected_row(pipeline, pg)
