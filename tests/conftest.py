@@ -165,37 +165,47 @@ def release_slots(server: TestServer, name: str) -> None:
             time.sleep(0.1)
 
 
+@contextlib.contextmanager
+def fresh_database(server: TestServer) -> Iterator[TestDatabase]:
+    """A new, empty database, dropped afterwards with its slots."""
+    name = f"pgcdc_test_{os.getpid()}_{next(_databases)}"
+    with psycopg.connect(server.dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield TestDatabase(server, name)
+    finally:
+        drop_database(server, name)
+
+
 @pytest.fixture
 def pg(pg_server: TestServer) -> Iterator[TestDatabase]:
     """A fresh, empty database for one test, dropped afterwards with its slots."""
-    name = f"pgcdc_test_{os.getpid()}_{next(_databases)}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield TestDatabase(pg_server, name)
-    finally:
-        drop_database(pg_server, name)
+    with fresh_database(pg_server) as database:
+        yield database
+
+
+@pytest.fixture(scope="module")
+def pg_module(pg_server: TestServer) -> Iterator[TestDatabase]:
+    """One database for a test module whose tests each name their own tables, publications and slots."""
+    with fresh_database(pg_server) as database:
+        yield database
 
 
 @pytest.fixture
 def pg_factory(pg_server: TestServer) -> Iterator:
     """An empty database on demand (one per hypothesis example): one database for the test, emptied again for
     each example (its slots, publications and schemas dropped), and dropped when the test ends."""
-    created: list[TestDatabase] = []
+    with contextlib.ExitStack() as stack:
+        created: list[TestDatabase] = []
 
-    def make() -> TestDatabase:
-        if created:
-            empty_database(pg_server, created[0].name)
+        def make() -> TestDatabase:
+            if created:
+                empty_database(pg_server, created[0].name)
+            else:
+                created.append(stack.enter_context(fresh_database(pg_server)))
             return created[0]
-        name = f"pgcdc_test_{os.getpid()}_{next(_databases)}"
-        with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        created.append(TestDatabase(pg_server, name))
-        return created[0]
 
-    yield make
-    for database in created:
-        drop_database(pg_server, database.name)
+        yield make
 
 
 @pytest.fixture(scope="session")
@@ -230,7 +240,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         names = set(getattr(item, "fixturenames", ()))
         if names & {"spark", "iceberg_namespace"}:
             item.add_marker(pytest.mark.spark)
-        if names & {"pg", "pg_server", "pg_factory"}:
+        if names & {"pg", "pg_module", "pg_server", "pg_factory"}:
             item.add_marker(pytest.mark.postgres)
 
 

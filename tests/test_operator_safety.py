@@ -9,13 +9,11 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import psycopg
 import pytest
-from psycopg import sql
 
-from conftest import TestDatabase, TestServer, drop_database
+from conftest import TestDatabase
 
 _names = itertools.count(1)
 
@@ -30,15 +28,15 @@ def output(result: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def db(pg_server: TestServer) -> Iterator[TestDatabase]:
-    """One database for the module: each test names its own tables, publications and slots."""
-    name = f"pgcdc_ops_{os.getpid()}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield TestDatabase(pg_server, name)
-    finally:
-        drop_database(pg_server, name)
+def db(pg_module: TestDatabase) -> TestDatabase:
+    """The module's one database: each test names its own tables, publications and slots."""
+    return pg_module
+
+
+def drop_slots(db: TestDatabase, *slots: str) -> None:
+    """Drop the named slots where they exist (a test's clean-up, whatever it got to)."""
+    db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = ANY(%s)",
+               (list(slots),))
 
 
 def fresh(db: TestDatabase, what: str) -> str:
@@ -115,9 +113,7 @@ def test_consume_refuses_the_slot_mirrors_stream_from_unless_forced(db, tmp_path
         assert forced.returncode == 0, output(forced)
         assert peek_types(db, "pgcdc", publication) == []
     finally:
-        for slot in ("pgcdc", "mirrored"):
-            db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-                       (slot,))
+        drop_slots(db, "pgcdc", "mirrored")
 
 
 def test_second_run_on_a_busy_slot_fails_before_copying_anything(db, tmp_path):
@@ -507,9 +503,7 @@ def test_the_initial_copy_shows_totals_percentages_and_time_left(db, tmp_path):
         assert any(re.search(r"snapshot: [\d,]+ of ~60,000 rows \(\d+%\), 2 tables", line) for line in status_lines), \
             status_lines
     finally:
-        for slot in slots:
-            db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-                       (slot,))
+        drop_slots(db, *slots)
 
 
 def committed_data_files(table_location) -> int:
@@ -563,8 +557,7 @@ def test_ctrl_c_during_the_initial_copy_ends_in_one_line_and_the_next_run_copies
         mirrors = json.loads(listing.stdout)["mirrors"]
         assert [m["rows"] for m in mirrors] == [600000]
     finally:
-        db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-                   (slot,))
+        drop_slots(db, slot)
 
 
 def test_json_logs_carry_fields_as_keys(db, tmp_path):
@@ -581,8 +574,7 @@ def test_json_logs_carry_fields_as_keys(db, tmp_path):
         assert copied and copied[0]["table"] == f"public.{table}" and copied[0]["rows"] == 2
         assert re.fullmatch(r"[0-9A-F]+/[0-9A-F]+", copied[0]["lsn"]) and copied[0]["seconds"] >= 0
     finally:
-        db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-                   (slot,))
+        drop_slots(db, slot)
     failed = pgcdc("slot", "drop", "no_such_slot", "--dsn", db.dsn, "--log-format", "json")
     assert failed.returncode == 2
     error = json.loads(failed.stderr.strip())

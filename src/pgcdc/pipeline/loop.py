@@ -12,13 +12,11 @@ records, what a restart resumes from — is :mod:`pgcdc.checkpoint`'s, and its r
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pgcdc.checkpoint import Checkpoint, resume_position
 from pgcdc.errors import ConfigError
@@ -26,6 +24,7 @@ from pgcdc.lsn import Lsn
 from pgcdc.pipeline.applier import Applier
 from pgcdc.pipeline.batcher import Batch, Batcher
 from pgcdc.pipeline.config import PipelineConfig, Progress
+from pgcdc.pipeline.signals import stop_on_signals
 from pgcdc.pipeline.snapshotter import Snapshotter
 from pgcdc.pipeline.tables import SourceTables
 from pgcdc.replication import (
@@ -111,7 +110,7 @@ class Pipeline:
 
     def run(self, *, until_caught_up: bool = False, handle_signals: bool = True) -> Progress:
         """Snapshot if needed, then stream into the mirrors until stopped (or caught up)."""
-        with self._signals(handle_signals), streaming_gc():
+        with stop_on_signals(self._stop, self.progress, enabled=handle_signals), streaming_gc():
             if self.config.snapshot:
                 self.snapshot()
             else:
@@ -235,32 +234,3 @@ class Pipeline:
     def _emit(self) -> None:
         if self._on_progress is not None:
             self._on_progress(self.progress)
-
-    @contextlib.contextmanager
-    def _signals(self, enabled: bool) -> Iterator[None]:
-        if not enabled or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def request_stop(signum: int, frame: Any) -> None:
-            # a second signal, or one during the initial copy (which has no batch to finish: it commits nothing
-            # until a table is whole, and resumes at the next run): stop now; the slot replays what was not confirmed
-            if self._stop.is_set() or self.progress.phase == "snapshot":
-                self._stop.set()
-                self.progress.stop_signal = signum
-                before = previous.get(signum)
-                if callable(before):  # the caller's own interrupt (the CLI cancels Spark's running jobs)
-                    before(signum, frame)
-                raise KeyboardInterrupt
-            log.info("stopping after the current batch (signal %d)", signum)
-            self.progress.stop_signal = signum
-            self._stop.set()
-
-        previous: dict[int, Any] = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, request_stop)
-        try:
-            yield
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
