@@ -81,6 +81,14 @@ def test_a_volatile_default_copies_the_table_again(pg, spark):
     assert spark.sql(f"SELECT count(*) AS n FROM {mirror} WHERE token IS NULL").collect()[0].n == 0
 
 
+def test_a_renamed_column_keeps_its_values(pg, spark):
+    pg.execute(SCHEMA)
+    config = pipeline_config(pg, spark, publication="shop")
+    catch_up(config, spark)
+    pg.execute("ALTER TABLE items RENAME COLUMN name TO title; UPDATE items SET title = 'renamed' WHERE id = 1;")
+    assert_equal(catch_up(config, spark), pg)
+
+
 def test_killed_between_adding_the_columns_and_filling_them_fills_at_the_next_run(pg, spark):
     pg.execute(SCHEMA)
     config = pipeline_config(pg, spark, publication="shop")

@@ -143,8 +143,9 @@ class Pipeline:
 
         def hand_off(batch: Batch) -> None:
             self._batcher.finish(batch)
-            self._snapshotter.copy_unmirrored(batch.relations())
+            # before anything evolves a mirror to the batch's table versions: they tell what must be copied
             self._snapshotter.copy_rewritten(batch.versions())
+            self._snapshotter.copy_unmirrored(batch.relations())
             assert batch.last_end_lsn is not None
             applier.start(batch, checkpoint.batch_flush(batch.last_end_lsn, reader.oldest_pending_lsn()))
 

@@ -95,11 +95,11 @@ class Snapshotter:
         """Tables whose new columns PostgreSQL filled by rewriting the table (a volatile default: logical decoding
         sends none of those values) are copied again at a fresh consistent point of a temporary slot; rule 2 then
         skips the batch's changes that the copy already holds."""
-        rewritten = {(r.namespace, r.name) for r in versions if self.tables.rewritten(r)}
+        rewritten = {(r.namespace, r.name) for r in versions if self.tables.needs_copy(r)}
         if not rewritten:
             return
-        log.warning("copying %s again: columns were added with a value PostgreSQL wrote into every row, which "
-                    "logical decoding does not send", ", ".join(f"{s}.{t}" for s, t in sorted(rewritten)))
+        log.warning("copying %s again: their rows hold values of new or renamed columns that logical decoding "
+                    "does not send", ", ".join(f"{s}.{t}" for s, t in sorted(rewritten)))
         with source_connection(self.config.dsn, 120.0) as conn:
             tables = [t for t in published_tables(conn, self.config.publication) if (t.schema, t.name) in rewritten]
         self._set_phase("snapshot")

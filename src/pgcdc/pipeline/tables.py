@@ -124,11 +124,17 @@ class SourceTables:
             self.mirrors.fill(mirror, self._values_table(relation, mirror.pending_fill))
         return mirror
 
-    def rewritten(self, relation: Relation) -> bool:
-        """Whether columns new to the mirror were added with a default that PostgreSQL wrote into the existing
-        rows by rewriting the table (a volatile one: logical decoding sends none of those values), or the table
-        was rewritten since; its mirror must be copied again. A plain ADD COLUMN (NULL) or a non-volatile
-        default (the catalog's missing value, filled by :meth:`mirror_for`) needs no copy."""
+    def needs_copy(self, relation: Relation) -> bool:
+        """Whether this relation version's new columns hold, in the existing rows, values that logical decoding
+        never sent, so that the mirror must be copied again: columns added with a default that PostgreSQL wrote
+        by rewriting the table (a volatile one), or into a table rewritten since; and a version that both lacks
+        columns of the mirror and brings new ones, which is what a RENAME COLUMN looks like (the Relation
+        message carries names only). A plain ADD COLUMN (NULL) or a non-volatile default (the catalog's missing
+        value, filled by :meth:`mirror_for`) needs no copy."""
+        existing = self.mirrors.columns_of(relation.namespace, relation.name)
+        names = {c.name for c in relation.columns}
+        if existing is not None and names - existing and existing - names:
+            return True
         return any(a.missing_text is None and a.has_default for a in self._added_columns(relation))
 
     def _added_columns(self, relation: Relation) -> list[AddedColumn]:
@@ -150,10 +156,11 @@ class SourceTables:
         return pa.Table.from_arrays([batch.column(batch.schema.get_field_index(n)) for n in wanted], names=wanted)
 
     def has_position(self, relation: Relation) -> bool:
-        """Whether the relation's mirror holds a position (was copied or applied to)."""
+        """Whether the relation's mirror holds a position (was copied or applied to); asked without evolving
+        the mirror to this version, which may be older than the mirror's."""
         name = (relation.namespace, relation.name)
         if name not in self._positioned:
-            if self.mirror_for(relation).position is None:
+            if self.mirrors.held_position(relation.namespace, relation.name, changelog=False) is None:
                 return False
             self._positioned.add(name)
         return True
