@@ -529,18 +529,25 @@ def main(argv: list[str] | None = None) -> None:
         # without standalone mode click returns typer.Exit's code instead of exiting
         code = app(args=argv, prog_name="pgcdc", default_map=default_map, standalone_mode=False)
         if code == EXIT_INTERRUPTED:  # typer's own answer to a KeyboardInterrupt: a code, no word
-            console.print("interrupted")
+            _interrupted()
         sys.exit(code if isinstance(code, int) else 0)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        console.print("interrupted")
+        _interrupted()
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:  # the one place that turns every failure into a sentence and an exit code
         if _state.get("interrupted"):  # what Ctrl-C broke on its way out (a JVM call cut short) is no error
-            console.print("interrupted")
+            _interrupted()
             sys.exit(EXIT_INTERRUPTED)
         sys.exit(_report(exc))
+
+
+def _interrupted() -> None:
+    """The one line an interrupted command ends with. The connection to Spark's JVM is torn down on the way
+    out, and py4j logs that as an error at exit: after an interrupt it is expected, not news."""
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+    console.print("interrupted")
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -595,7 +602,7 @@ def _global_options_first(argv: list[str]) -> list[str]:
 
 def _report(exc: BaseException) -> int:
     if isinstance(exc, typer.Abort):
-        console.print("interrupted")
+        _interrupted()
         return EXIT_INTERRUPTED
     if isinstance(exc, typer.TyperException) and hasattr(exc, "show"):  # usage errors: bad flags and values
         exc.show(file=sys.stderr)
