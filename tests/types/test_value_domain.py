@@ -424,6 +424,17 @@ def test_numeric_specials_under_both_policies(db, numeric):
         assert_refused_on_every_path(db, "numeric", [special], "does not fit", options)
 
 
+@pytest.mark.parametrize("too_wide", ["1" + "0" * 30, "-12345678901234567890123", "100000000000000000000.5",
+                                      "9" * 21])
+def test_decimal38_refuses_more_integer_digits_than_it_holds_on_every_path(db, too_wide):
+    """decimal(38, 18) holds 20 integer digits: a wider value is refused on every path, never wrapped into
+    another number (Arrow's string-to-decimal cast wraps some of them), and values at the edge still pass."""
+    options = ConversionOptions(numeric="decimal38")
+    assert_every_path_prints_as_the_server(db, "numeric", ["9" * 20 + "." + "9" * 18, "-" + "1" * 20, "0.5", None],
+                                           options)
+    assert_refused_on_every_path(db, "numeric", ["1.5", too_wide], "does not fit", options)
+
+
 def test_nan_in_a_decimal_column_is_refused_on_every_path(db):
     """numeric(p, s) holds NaN in PostgreSQL; decimal(p, s) cannot: refused, never a made-up number."""
     assert_refused_on_every_path(db, "numeric(38, 10)", ["1.5", "NaN"], "does not fit")

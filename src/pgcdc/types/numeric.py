@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation, localcontext
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pgcdc.types.decoding import (
     ColumnKind,
@@ -71,6 +72,18 @@ def _numeric_binary_text(v: bytes | memoryview) -> str:
     return ("-" if sign == 0x4000 else "") + text
 
 
+def _integer_digits_fit(strings: pa.Array, target: pa.Decimal128Type) -> bool:
+    """Whether every decimal text (PostgreSQL's numeric output: no exponent) has at most the integer digits
+    ``target`` holds; texts with an exponent are left to the exact path."""
+    if len(strings) == 0 or strings.null_count == len(strings):
+        return True
+    if pc.any(pc.match_substring_regex(strings, "[eE]")).as_py():
+        return False
+    integer_part = pc.list_element(pc.split_pattern(strings, ".", max_splits=1), 0)
+    widest = pc.max(pc.utf8_length(pc.utf8_ltrim(integer_part, characters="+-0"))).as_py()
+    return widest is None or widest <= target.precision - target.scale
+
+
 def _numeric_decoders(typmod: int, options: ConversionOptions) -> tuple[pa.DataType, Callable, Callable]:
     constrained = _numeric_typmod(typmod)
     if constrained is not None and constrained[0] <= 38:
@@ -89,10 +102,12 @@ def _numeric_decoders(typmod: int, options: ConversionOptions) -> tuple[pa.DataT
                 decimals.append(None)
                 continue
             try:
-                value = Decimal(s)
-                if not value.is_finite():
-                    raise InvalidOperation
-                exact = value.quantize(Decimal(1).scaleb(-scale))
+                # the target's own precision: the default context (28 digits) refused values decimal(38, s) holds
+                with localcontext(Context(prec=target.precision)):
+                    value = Decimal(s)
+                    if not value.is_finite():
+                        raise InvalidOperation
+                    exact = value.quantize(Decimal(1).scaleb(-scale))
             except InvalidOperation:
                 raise UnconvertibleValue(f"{s} does not fit {target} exactly (see the numeric policy)") from None
             if exact != value:
@@ -105,6 +120,9 @@ def _numeric_decoders(typmod: int, options: ConversionOptions) -> tuple[pa.DataT
 
     def text(values: Values) -> pa.Array:
         strings = as_strings(values)
+        if not _integer_digits_fit(strings, target):
+            # Arrow's string-to-decimal cast wraps some values with too many integer digits instead of failing
+            return from_strings(strings.to_pylist())
         try:
             return strings.cast(target)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
