@@ -18,9 +18,9 @@ from conftest import TestDatabase
 _names = itertools.count(1)
 
 
-def pgcdc(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+def pgcdc(*args: str, timeout: float = 120, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pgcdc.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})}, cwd=cwd)
 
 
 def output(result: subprocess.CompletedProcess[str]) -> str:
@@ -114,6 +114,38 @@ def test_consume_refuses_the_slot_mirrors_stream_from_unless_forced(db, tmp_path
         assert peek_types(db, "pgcdc", publication) == []
     finally:
         drop_slots(db, "pgcdc", "mirrored")
+
+
+def test_consume_refuses_a_slot_a_warehouse_records_unless_forced(db, tmp_path):
+    """A slot of any name backs mirrors when a warehouse's mirrors record it: --consume checks the warehouse
+    (--warehouse, else ./warehouse where pgcdc run keeps it by default) and names the mirrors that would lose."""
+    table, publication = published_table(db)
+    slot = fresh(db, "recorded")
+    db.execute(f"INSERT INTO {table} VALUES (1, 'one')")
+    try:
+        run = pgcdc("run", "--dsn", db.dsn, "-p", publication, "--slot", slot, "--warehouse",
+                    str(tmp_path / "warehouse"), "--until-caught-up", timeout=600)
+        assert run.returncode == 0, output(run)
+        db.execute(f"INSERT INTO {table} VALUES (2, 'two')")
+        pending = peek_types(db, slot, publication)
+        assert pending == ["Begin", "Relation", "Insert", "Commit"]
+
+        refused = pgcdc("decode", "--dsn", db.dsn, "--slot", slot, "-p", publication, "--consume",
+                        "--warehouse", str(tmp_path / "warehouse"), timeout=300)
+        assert refused.returncode == 2, output(refused)
+        message = " ".join(refused.stderr.split())
+        assert f"mirror.public.{table}" in message.replace("`", "") and "--force" in message, message
+        assert refused.stdout == "" and "Traceback" not in refused.stderr
+        assert peek_types(db, slot, publication) == pending
+
+        forced = pgcdc("decode", "--dsn", db.dsn, "--slot", slot, "-p", publication, "--consume", "--force",
+                       cwd=tmp_path, timeout=300)  # ./warehouse: found without --warehouse
+        assert forced.returncode == 0, output(forced)
+        warning = " ".join(forced.stderr.split()).replace("`", "")
+        assert "warning" in warning and f"mirror.public.{table}" in warning and "--resnapshot" in warning, warning
+        assert peek_types(db, slot, publication) == []
+    finally:
+        drop_slots(db, slot)
 
 
 def test_second_run_on_a_busy_slot_fails_before_copying_anything(db, tmp_path):

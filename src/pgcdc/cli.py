@@ -305,10 +305,10 @@ def status(
     out.print(table)
     if warehouse:
         mirror_table = Table(title="mirrors")
-        for column in ("mirror", "source", "pgcdc.lsn", "rows", "snapshots", "rejected"):
+        for column in ("mirror", "source", "slot", "pgcdc.lsn", "rows", "snapshots", "rejected"):
             mirror_table.add_column(column)
         for row in mirrors:
-            mirror_table.add_row(row["mirror"], row["source"], str(row["lsn"]), str(row["rows"]),
+            mirror_table.add_row(row["mirror"], row["source"], str(row["slot"]), str(row["lsn"]), str(row["rows"]),
                                  str(row["snapshots"]), str(row["rejected"]))
         out.print(mirror_table)
     _print_warnings(warnings)
@@ -360,6 +360,12 @@ def decode(
     force: Annotated[bool, typer.Option(
         "--force", help="Let --consume advance a slot that pgcdc's mirrors stream from (they lose what it "
                         "skips).")] = False,
+    warehouse: Annotated[str | None, typer.Option(
+        "--warehouse", envvar="PGCDC_WAREHOUSE", help="With --consume: the warehouse whose mirrors must not lose "
+                                                      "what the slot holds (default: ./warehouse if it exists).")] = None,
+    catalog: Catalog = "pgcdc",
+    namespace: Namespace = "mirror",
+    conf: SparkConf = None,
     limit: Annotated[int | None, typer.Option("--limit", "-n", help="Print at most this many messages.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines.")] = False,
 ) -> None:
@@ -376,8 +382,8 @@ def decode(
     else:
         if not dsn or not publication or slot is None:
             raise ConfigError("--slot needs --dsn and --publication")
-        if consume and not force:
-            _refuse_consuming_a_mirror_slot(slot)
+        if consume:
+            _refuse_consuming_a_mirror_slot(slot, warehouse, catalog, namespace, _key_values(conf), force=force)
         messages = decode_slot(dsn, slot, publication=publication, proto_version=proto_version, binary=binary,
                                streaming=streaming, limit=limit)
     printer = MessagePrinter(as_json=as_json)
@@ -396,16 +402,32 @@ def decode(
         _consume_printed(dsn, slot, printed_through, after_it)
 
 
-def _refuse_consuming_a_mirror_slot(slot: str) -> None:
-    """pgcdc's own slot (the default name, PGCDC_SLOT, or the config file's ``slot``) backs mirrors whose
-    positions lie in it: whatever --consume skips, they never receive."""
-    own = {"pgcdc", os.environ.get("PGCDC_SLOT"), _state.get("config_slot")}
-    if slot in own:
-        raise ConfigError(
-            f"slot {slot!r} is the slot pgcdc's mirrors stream from: --consume would move it past changes they "
-            f"have not applied, and they would never receive them; leave out --consume to look without "
-            f"consuming, or add --force to consume anyway (then copy the mirrors again with pgcdc run "
-            f"--resnapshot)")
+def _refuse_consuming_a_mirror_slot(slot: str, warehouse: str | None, catalog: str, namespace: str,
+                                    conf: dict[str, str], *, force: bool) -> None:
+    """A slot backs mirrors when it is pgcdc's own (the default name, PGCDC_SLOT, the config file's ``slot``) or
+    when a warehouse's mirrors record it (``pgcdc.slot``): whatever --consume skips, they never receive. Such a
+    slot is consumed only with --force, and then with a warning naming the mirrors."""
+    from pgcdc.status import mirrors_streaming_from
+    from pgcdc.warehouse import require_existing_warehouse
+
+    if warehouse is None and Path("warehouse").is_dir():
+        warehouse = "warehouse"  # where pgcdc run keeps its mirrors by default
+    if warehouse is not None:
+        require_existing_warehouse(warehouse)
+    mirrors = mirrors_streaming_from(slot, warehouse, catalog, namespace, conf) if warehouse is not None else []
+    own = slot in {"pgcdc", os.environ.get("PGCDC_SLOT"), _state.get("config_slot")}
+    if not mirrors and not own:
+        return
+    named = (f"the mirrors {', '.join(f'{name} (at {position})' for name, position in mirrors)}" if mirrors
+             else "pgcdc's mirrors")
+    if force:
+        console.print(f"[yellow]warning[/yellow]: consuming slot {slot!r}, which {named} stream from: the "
+                      "transactions it skips never reach them; copy them again with pgcdc run --resnapshot")
+        return
+    raise ConfigError(
+        f"slot {slot!r} is the slot {named} stream from: --consume would move it past changes they have not "
+        f"applied, and they would never receive them; leave out --consume to look without consuming, or add "
+        f"--force to consume anyway (then copy the mirrors again with pgcdc run --resnapshot)")
 
 
 def _consume_printed(dsn: str, slot: str, printed_through: Any, unprinted_messages: int) -> None:

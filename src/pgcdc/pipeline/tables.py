@@ -60,7 +60,7 @@ class SourceTables:
             from pgcdc.spark.mirror import MirrorCatalog
 
             self._mirrors = MirrorCatalog(self._spark(), catalog=self.config.catalog,
-                                          namespace=self.config.namespace)
+                                          namespace=self.config.namespace, slot=self.config.slot)
         return self._mirrors
 
     def converter_for(self, relation: Relation) -> TableConverter:

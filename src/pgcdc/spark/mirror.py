@@ -28,6 +28,8 @@ log = logging.getLogger("pgcdc.spark.mirror")
 POSITION_PROPERTY = "pgcdc.lsn"
 SOURCE_PROPERTY = "pgcdc.source"
 KEY_PROPERTY = "pgcdc.key"
+# the replication slot the mirror streams from: what `pgcdc decode --consume` must not move past unasked
+SLOT_PROPERTY = "pgcdc.slot"
 # columns being added whose existing rows still wait for the value PostgreSQL gives them (JSON: column -> text)
 FILL_PROPERTY = "pgcdc.fill"
 CHANGELOG_SUFFIX = "__changes"
@@ -114,12 +116,16 @@ def _widens(old: DataType, new: DataType) -> bool:
 class MirrorCatalog:
     """The mirrors of one pgcdc pipeline: ``<catalog>.<namespace>.<source schema>.<source table>``."""
 
-    def __init__(self, spark: SparkSession, *, catalog: str = "pgcdc", namespace: str = "mirror") -> None:
+    def __init__(self, spark: SparkSession, *, catalog: str = "pgcdc", namespace: str = "mirror",
+                 slot: str | None = None) -> None:
+        """``slot``: the replication slot the mirrors stream from, recorded in each mirror it creates or opens
+        (None: a reader such as ``pgcdc status``, which records nothing)."""
         if not namespace or "`" in namespace:
             raise ConfigError(f"mirror namespace {namespace!r} must be a non-empty name without back-quotes")
         self.spark = spark
         self.catalog = catalog
         self.namespace = namespace
+        self.slot = slot
         self._tables: dict[tuple[str, str], MirrorTable] = {}
 
     def identifier_for(self, source_schema: str, source_table: str) -> str:
@@ -191,6 +197,9 @@ class MirrorCatalog:
                                          else self.read_position(changelog) if self._exists(changelog) else None)
             pending = self._property(identifier, FILL_PROPERTY) if known is None else None
             mirror.pending_fill = json.loads(pending) if pending else {}
+            if known is None and self.slot is not None and self._property(identifier, SLOT_PROPERTY) != self.slot:
+                self.spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES "
+                               f"({sql_string(SLOT_PROPERTY)} = {sql_string(self.slot)})")
         mirror.rejects_identifier = self.rejects_identifier_for(spec.source_schema, spec.source_table)
         if known is not None:
             mirror.rejects_position = known.rejects_position
@@ -286,6 +295,7 @@ class MirrorCatalog:
             "write.merge.mode": "merge-on-read",
             SOURCE_PROPERTY: spec.source,
             KEY_PROPERTY: ",".join(spec.key_columns),
+            **({SLOT_PROPERTY: self.slot} if self.slot is not None else {}),
         }
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.namespace_for(spec.source_schema)}")
         self.spark.sql(f"CREATE TABLE {identifier} ({columns}) USING iceberg TBLPROPERTIES ("
@@ -415,9 +425,15 @@ class MirrorCatalog:
             rejected = (self.spark.sql(f"SELECT count(*) AS n FROM {rejects}").collect()[0].n
                         if self._exists(rejects) else 0)
             rows.append({"mirror": identifier, "source": f"{source_schema}.{source_table}",
+                         "slot": self._property(identifier, SLOT_PROPERTY),
                          "lsn": str(position) if position is not None else None, "rows": count,
                          "snapshots": snapshots, "rejected": rejected})
         return rows
+
+    def streaming_from(self, slot: str) -> list[tuple[str, Lsn | None]]:
+        """(identifier, position) of every mirror that records ``slot`` as the slot it streams from."""
+        return [(identifier, self.read_position(identifier)) for _, _, identifier in self._source_tables()
+                if self._property(identifier, SLOT_PROPERTY) == slot]
 
 
 
