@@ -92,6 +92,15 @@ SnapshotWriter = Annotated[str, typer.Option(
     help="How the initial copy is written: arrow (tasks write Parquet data files, one commit; needs a local or "
          "mounted warehouse), spark (Spark's Iceberg writer: any storage), auto (arrow where it can).")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
+SnapshotRetention = Annotated[float, typer.Option(
+    "--snapshot-retention-minutes", envvar="PGCDC_SNAPSHOT_RETENTION_MINUTES", min=0,
+    help="Maintenance expires mirror snapshots older than this (time travel reaches this far back) ...")]
+SnapshotsKept = Annotated[int, typer.Option(
+    "--snapshots-kept", envvar="PGCDC_SNAPSHOTS_KEPT", min=1, help="... but always keeps the newest this many.")]
+OrphanAge = Annotated[float, typer.Option(
+    "--orphan-age-hours", envvar="PGCDC_ORPHAN_AGE_HOURS", min=1,
+    help="Maintenance deletes files no snapshot references once older than this (at least 1 hour: files of a "
+         "commit in flight are not referenced yet).")]
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -212,9 +221,26 @@ def run(
         "--on-conversion-error", envvar="PGCDC_ON_CONVERSION_ERROR",
         help="stop (default) at a value pgcdc cannot mirror, or quarantine: set the change aside, whole and raw, "
              "in <table>__rejects and go on.")] = "stop",
+    maintenance: Annotated[bool, typer.Option(
+        "--maintenance/--no-maintenance", envvar="PGCDC_MAINTENANCE",
+        help="Maintain the mirrors while streaming, between batches: compact data and delete files, expire "
+             "snapshots, remove orphan files, rewrite manifests.")] = True,
+    maintenance_interval: Annotated[float, typer.Option(
+        "--maintenance-interval", envvar="PGCDC_MAINTENANCE_INTERVAL", min=0,
+        help="Seconds between two maintenances of one mirror at least.")] = 300.0,
+    compact_data_files: Annotated[int, typer.Option(
+        "--compact-data-files", envvar="PGCDC_COMPACT_DATA_FILES", min=1,
+        help="A mirror is compacted once it has this many data files ...")] = 32,
+    compact_delete_files: Annotated[int, typer.Option(
+        "--compact-delete-files", envvar="PGCDC_COMPACT_DELETE_FILES", min=1,
+        help="... or this many delete files.")] = 8,
+    snapshot_retention_minutes: SnapshotRetention = 60.0,
+    snapshots_kept: SnapshotsKept = 5,
+    orphan_age_hours: OrphanAge = 24.0,
 ) -> None:
     """Snapshot if needed, then stream changes into the Iceberg mirrors until stopped (Ctrl-C stops cleanly)."""
     from pgcdc.pipeline import Pipeline
+    from pgcdc.spark.maintenance import MaintenancePolicy
 
     config = _pipeline_config(
         dsn=dsn, publication=publication, slot=slot, warehouse=warehouse, catalog=catalog, namespace=namespace,
@@ -224,7 +250,11 @@ def run(
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
         snapshot_writer=snapshot_writer,
         memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout,
-        on_conversion_error=on_conversion_error)
+        on_conversion_error=on_conversion_error,
+        maintenance=MaintenancePolicy(
+            enabled=maintenance, interval_seconds=maintenance_interval, data_files=compact_data_files,
+            delete_files=compact_delete_files, snapshot_max_age_seconds=snapshot_retention_minutes * 60,
+            snapshots_kept=snapshots_kept, orphan_age_seconds=orphan_age_hours * 3600))
     from pgcdc.observability import MetricsServer, StatusLine
 
     metrics = MetricsServer(metrics_port) if metrics_port else None
@@ -268,6 +298,74 @@ def snapshot(
         out.print("every published table already has its mirror; nothing to copy")
     for table, rows in copied.items():
         out.print(f"{table}: {rows} rows")
+
+
+@app.command()
+def maintain(
+    warehouse: Warehouse = "warehouse",
+    catalog: Catalog = "pgcdc",
+    namespace: Namespace = "mirror",
+    master: Master = None,
+    conf: SparkConf = None,
+    table: Annotated[list[str] | None, typer.Option(
+        "--table", "-t", help="Only the mirror of this source table (schema.table), with its change log and "
+                              "rejects; repeatable. Default: every mirror in the namespace.")] = None,
+    snapshot_retention_minutes: SnapshotRetention = 60.0,
+    snapshots_kept: SnapshotsKept = 5,
+    orphan_age_hours: OrphanAge = 24.0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Maintain the mirrors now: compact data and delete files, rewrite manifests, expire snapshots, remove orphan
+    files. Safe beside a running pipeline: positions are kept, and a commit conflict is retried by the pipeline."""
+    from pgcdc.spark.maintenance import MaintenancePolicy, maintain_table
+    from pgcdc.spark.mirror import MirrorCatalog
+    from pgcdc.spark.session import spark_session
+    from pgcdc.warehouse import require_existing_warehouse
+
+    policy = MaintenancePolicy(snapshot_max_age_seconds=snapshot_retention_minutes * 60,
+                               snapshots_kept=snapshots_kept, orphan_age_seconds=orphan_age_hours * 3600)
+    problems = policy.problems()
+    if problems:
+        raise ConfigError("; ".join(problems))
+    if warehouse:
+        require_existing_warehouse(warehouse)
+    spark = spark_session(warehouse, catalog, master=master, conf=_key_values(conf))
+    mirrors = MirrorCatalog(spark, catalog=catalog, namespace=namespace)
+    tables = mirrors.all_tables()
+    if table:
+        wanted = set()
+        for name in table:
+            schema_name, dot, table_name = name.partition(".")
+            if not dot or not table_name:
+                raise ConfigError(f"--table {name!r} must be schema.table")
+            mirror = mirrors.identifier_for(schema_name, table_name)
+            if mirror not in {identifier for identifier, _ in tables}:
+                raise ConfigError(f"no mirror of {name} in namespace {namespace!r} of {warehouse}")
+            wanted |= {mirror, mirrors.changelog_identifier_for(schema_name, table_name),
+                       mirrors.rejects_identifier_for(schema_name, table_name)}
+        tables = [(identifier, rejects) for identifier, rejects in tables if identifier in wanted]
+    results = [maintain_table(spark, identifier, mirrors.carried_positions(identifier, rejects=rejects), policy)
+               for identifier, rejects in tables]
+    rows = [{"table": r.identifier, **{step: r.steps.get(step, 0) for step in r.steps},
+             "snapshots": r.after.snapshots if r.after else None, "data_files": r.after.data_files if r.after else None,
+             "delete_files": r.after.delete_files if r.after else None, "seconds": round(r.seconds, 2)}
+            for r in results]
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    summary = Table(title="maintained")
+    for column in ("table", "compacted", "deletes", "manifests", "expired", "orphans", "snapshots", "data files",
+                   "delete files", "seconds"):
+        summary.add_column(column)
+    for r in results:
+        summary.add_row(escape(r.identifier), *(str(r.steps.get(step, 0)) for step in
+                                                ("compact-data", "compact-deletes", "rewrite-manifests", "expire",
+                                                 "remove-orphans")),
+                        *(str(getattr(r.after, name)) if r.after else "" for name in
+                          ("snapshots", "data_files", "delete_files")), f"{r.seconds:.1f}")
+    out.print(summary)
+    if not results:
+        out.print(f"no mirrors in namespace {namespace!r}")
 
 
 @app.command()

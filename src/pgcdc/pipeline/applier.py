@@ -7,6 +7,7 @@ every mirror it touched has committed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -22,11 +23,16 @@ from pgcdc.lsn import Lsn
 from pgcdc.pipeline.batcher import Batch
 from pgcdc.pipeline.config import Progress
 from pgcdc.pipeline.tables import SourceTables
+from pgcdc.spark.maintenance import Maintainer, MaintenancePolicy, mirror_tables
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from pgcdc.spark.mirror import MirrorTable
+
 log = logging.getLogger("pgcdc.pipeline")
+
+COMMIT_ATTEMPTS = 8  # a mirror's apply, when concurrent commits of others keep conflicting with it
 
 
 @dataclass
@@ -42,7 +48,8 @@ class Applier:
     """``with Applier(...) as applier``: :meth:`start` a batch, :meth:`collect` it (waiting if need be)."""
 
     def __init__(self, tables: SourceTables, spark: Callable[[], SparkSession], progress: Progress,
-                 emit: Callable[[], None], *, changelog: bool) -> None:
+                 emit: Callable[[], None], *, changelog: bool,
+                 maintenance: MaintenancePolicy | None = None) -> None:
         self.tables = tables
         self._spark = spark
         self.progress = progress
@@ -51,6 +58,8 @@ class Applier:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgcdc-apply")
         self.applying: Applying | None = None
         self._rate_window: list[tuple[float, int]] = []
+        self.maintainer = Maintainer(spark, maintenance or MaintenancePolicy(enabled=False), self._maintained)
+        self._maintaining: Future[object] | None = None
 
     def __enter__(self) -> Applier:
         return self
@@ -70,6 +79,26 @@ class Applier:
         assert self.applying is None
         self.progress.applying_rows = batch.rows
         self.applying = Applying(batch, flush, self._executor.submit(self._apply, batch))
+
+    def maintain(self) -> None:
+        """Between two applies: queue one maintenance turn on the apply thread, when one may be due. A batch
+        handed over meanwhile waits behind it on that thread (never beside it), while the stream goes on."""
+        if self.applying is not None or not self.maintainer.ready():
+            return
+        if self._maintaining is not None and not self._maintaining.done():
+            return
+        self._maintaining = self._executor.submit(self.maintainer.turn)
+
+    def _maintained(self) -> list:
+        mirrors = self.tables.mirrors
+        tables = []
+        for mirror in mirrors.known():
+            tables.append((mirror.identifier, False))
+            if self._changelog and mirror.changelog_position is not None:
+                tables.append((mirror.changelog_identifier, False))
+            if mirror.rejects_position is not None:
+                tables.append((mirror.rejects_identifier, True))
+        return mirror_tables(mirrors, tables)
 
     def collect(self, confirm: Callable[[Lsn], None]) -> None:
         """Wait for the batch applying (raising its error), then ``confirm`` what it made durable and count it."""
@@ -98,7 +127,7 @@ class Applier:
 
     def _apply(self, batch: Batch) -> float:
         """Merge every segment of ``batch`` into its mirror (on the apply thread); returns the seconds taken."""
-        from pgcdc.spark.apply import append_rejects, apply_changes
+        from pgcdc.spark.apply import append_rejects
 
         started = time.monotonic()
         applied = 0
@@ -119,8 +148,35 @@ class Applier:
                 if not segment.chunks:  # every change of the run was set aside
                     continue
                 injection_point("apply.merge")
-                apply_changes(self._spark(), mirror, pa.concat_tables(segment.chunks), lsn=position,
-                              changelog=self._changelog)
+                self._apply_segment(mirror, pa.concat_tables(segment.chunks), position)
                 applied += 1
         injection_point("apply.before-confirm")
         return time.monotonic() - started
+
+    def _apply_segment(self, mirror: MirrorTable, changes: pa.Table, position: Lsn) -> None:
+        """One mirror's changes (and its change log's), retried when a commit of someone else's beside pgcdc's
+        (a compaction job, a catalog's optimizer) conflicts with it: the failed commit changed nothing, and the
+        retry skips what the change log already holds."""
+        from pgcdc.spark.apply import apply_changes
+        from pgcdc.spark.iceberg import is_commit_conflict
+
+        mirrors = self.tables.mirrors
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                # positions go into table properties too, where expiry of snapshots cannot remove them
+                with contextlib.ExitStack() as recordings:
+                    if self._changelog:
+                        recordings.enter_context(mirrors.recording(
+                            mirror.changelog_identifier, before=mirror.changelog_position, upto=position,
+                            held=lambda: mirror.changelog_position, whole=True))
+                    recordings.enter_context(mirrors.recording(
+                        mirror.identifier, before=mirror.position, upto=position, held=lambda: mirror.position,
+                        whole=not mirror.spec.key_columns))
+                    apply_changes(self._spark(), mirror, changes, lsn=position, changelog=self._changelog)
+                return
+            except Exception as exc:
+                if attempt == COMMIT_ATTEMPTS or not is_commit_conflict(exc):
+                    raise
+                log.warning("%s: the commit conflicted with a concurrent one (%s); applying again (attempt %d of "
+                            "%d)", mirror.spec.source, str(exc).splitlines()[0][:300], attempt + 1, COMMIT_ATTEMPTS)
+                time.sleep(min(0.5 * 2 ** attempt, 10.0))

@@ -9,6 +9,7 @@ from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
 from pgcdc.replication.slots import slot_name_problem
 from pgcdc.secrets import parse_dsn
+from pgcdc.spark.maintenance import MaintenancePolicy
 
 
 @dataclass
@@ -45,6 +46,7 @@ class PipelineConfig:
     receive_timeout_seconds: float = 60.0
     snapshot_writer: str = "auto"
     on_conversion_error: str = "stop"  # or "quarantine": changes that cannot be converted go to <table>__rejects
+    maintenance: MaintenancePolicy = field(default_factory=MaintenancePolicy)  # compaction, expiry, orphan files
 
     def __post_init__(self) -> None:
         problems = []
@@ -77,6 +79,7 @@ class PipelineConfig:
             problems.append(f"on_conversion_error {self.on_conversion_error!r} must be stop or quarantine")
         if self.snapshot_writer not in ("auto", "arrow", "spark"):
             problems.append(f"snapshot writer {self.snapshot_writer!r} must be auto, arrow or spark")
+        problems += self.maintenance.problems()
         if problems:
             raise ConfigError("; ".join(problems))
 

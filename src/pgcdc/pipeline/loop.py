@@ -156,7 +156,7 @@ class Pipeline:
         # stream never waits for a MERGE unless a full batch is ready before the one before it is applied.
         with SourceWatch(config.dsn, config.slot) as watch, \
                 Applier(self._tables, lambda: self.spark, self.progress, self._emit,
-                        changelog=config.changelog) as applier:
+                        changelog=config.changelog, maintenance=config.maintenance) as applier:
             try:
                 for item in items:
                     if isinstance(item, Transaction):
@@ -184,6 +184,7 @@ class Pipeline:
                             or (target is not None and idle)):
                         hand_off(batch)
                         batch = Batch()
+                    applier.maintain()  # between applies, when a mirror is due: compaction, expiry
                     held = reader.oldest_pending_lsn()
                     unapplied = bool(batch) or applier.busy
                     if idle:

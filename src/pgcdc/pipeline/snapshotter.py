@@ -129,13 +129,16 @@ class Snapshotter:
                 self.progress.snapshot_rows[label] = p.rows
                 self._emit()
 
-            result = copy_table(
-                self._spark(), dsn=self.config.dsn, source_schema=table.schema, source_table=table.name,
-                columns=[c.name for c in table.relation.columns], converter=converter,
-                spark_schema=spark_schema(converter.arrow_schema), target_identifier=mirror.identifier,
-                snapshot_name=snapshot_name, consistent_lsn=consistent_lsn,
-                session_settings=dict(SESSION_SETTINGS), progress=report, writer=self.config.snapshot_writer,
-            )
+            # the position goes into the table's properties too, where snapshot expiry cannot remove it
+            with self.tables.mirrors.recording(mirror.identifier, before=mirror.position, upto=consistent_lsn,
+                                               held=lambda: consistent_lsn, whole=not mirror.spec.key_columns):
+                result = copy_table(
+                    self._spark(), dsn=self.config.dsn, source_schema=table.schema, source_table=table.name,
+                    columns=[c.name for c in table.relation.columns], converter=converter,
+                    spark_schema=spark_schema(converter.arrow_schema), target_identifier=mirror.identifier,
+                    snapshot_name=snapshot_name, consistent_lsn=consistent_lsn,
+                    session_settings=dict(SESSION_SETTINGS), progress=report, writer=self.config.snapshot_writer,
+                )
             copied[label] = result.rows
             mirror.position = consistent_lsn
             self.progress.snapshot_rows[label] = result.rows

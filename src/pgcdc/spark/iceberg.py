@@ -47,6 +47,15 @@ def with_commit_properties(spark: SparkSession, properties: Mapping[str, str], f
     return callable_.result  # type: ignore[return-value]
 
 
+def is_commit_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is an Iceberg commit that lost to a concurrent one and changed nothing: safe to redo.
+    (CommitStateUnknownException is not: that commit may have landed.)"""
+    text = str(exc)
+    return ("org.apache.iceberg.exceptions.ValidationException" in text
+            or ("org.apache.iceberg.exceptions.CommitFailedException" in text
+                and "CommitStateUnknownException" not in text))
+
+
 # -- data files written outside Spark's writer (the initial copy) ------------------------------------------
 
 # An Iceberg column as the Parquet writer needs it: (field id, Arrow type with the ids of nested fields).

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,9 @@ FILL_PROPERTY = "pgcdc.fill"
 CHANGELOG_SUFFIX = "__changes"
 REJECTS_SUFFIX = "__rejects"  # changes whose values could not be converted (--on-conversion-error quarantine)
 ORDINAL_PROPERTY = "pgcdc.ordinal"  # with pgcdc.lsn, the last change a __rejects table holds
+# a table property: the position again, where snapshot expiry cannot remove it (JSON: lsn, and pending while a
+# commit of a table without a key is in flight); see MirrorCatalog.recording
+RECORD_PROPERTY = "pgcdc.position"
 _PATH_UNSAFE = {"%": "%25", "/": "%2F", "\\": "%5C"}
 
 
@@ -335,51 +338,147 @@ class MirrorCatalog:
         return self.spark.table(identifier).schema if statements else current
 
     def read_position(self, identifier: str) -> Lsn | None:
-        """The ``pgcdc.lsn`` of the newest snapshot in the table's current lineage that has one (maintenance
-        commits such as compaction carry none)."""
+        """Where a mirror (or change log) stands: the highest ``pgcdc.lsn`` in the snapshots of its current
+        lineage, or, when none of them carries one (expired after commits pgcdc did not make), the position
+        recorded in its ``pgcdc.position`` table property (see :meth:`recording`). None: it holds none."""
         from pyspark.errors import AnalysisException
 
         try:
             rows = self.spark.sql(
                 f"SELECT s.summary['{POSITION_PROPERTY}'] AS lsn FROM {identifier}.snapshots s "
                 f"JOIN {identifier}.history h ON s.snapshot_id = h.snapshot_id "
-                f"WHERE h.is_current_ancestor AND s.summary['{POSITION_PROPERTY}'] IS NOT NULL "
-                "ORDER BY h.made_current_at DESC LIMIT 1").collect()
+                f"WHERE h.is_current_ancestor AND s.summary['{POSITION_PROPERTY}'] IS NOT NULL").collect()
         except AnalysisException as exc:
             # a table whose creation was interrupted (the process killed mid-way) holds no position: it is
             # copied again, which replaces whatever it holds
             log.warning("mirror %s cannot be read (%s); it will be copied again", identifier,
                         str(exc).splitlines()[0])
             return None
-        if not rows:
-            return None
+        # the highest, not the newest: a maintenance commit made by `pgcdc maintain` beside a running pipeline
+        # may land on top of a newer data commit while carrying the position it read before it
+        carried = [self._parse_position(identifier, POSITION_PROPERTY, row.lsn) for row in rows]
+        if carried:
+            return max(carried)
+        return self._recorded_position(identifier)
+
+    def _parse_position(self, identifier: str, name: str, value: str) -> Lsn:
         try:
-            return Lsn.parse(rows[0].lsn)
+            return Lsn.parse(value)
         except ValueError:
             raise PositionCorruptError(
-                f"mirror {identifier} stores {POSITION_PROPERTY}={rows[0].lsn!r}, which is not an LSN: its position "
+                f"mirror {identifier} stores {name}={value!r}, which is not an LSN: its position "
                 "cannot be trusted, so pgcdc will not guess what it holds. Copy the table again (DROP TABLE "
                 f"{identifier} in Spark, then run pgcdc, which recopies it at a fresh consistent point), or roll "
                 "it back to an earlier snapshot with the Iceberg procedure system.rollback_to_snapshot") from None
 
+    def _recorded_position(self, identifier: str) -> Lsn | None:
+        """The position in the ``pgcdc.position`` property, for a table whose snapshots no longer carry one.
+
+        The property is written after each commit (a lower bound of what the table holds), and, for tables
+        where a lower bound would double rows, a ``pending`` mark before it: a mark left behind means pgcdc
+        stopped between the two, and that commit may or may not have landed."""
+        value = self._property(identifier, RECORD_PROPERTY)
+        if value is None:
+            return None
+        try:
+            record = json.loads(value)
+            position = Lsn.parse(record["lsn"])
+            pending = record.get("pending")
+        except (ValueError, KeyError, TypeError):
+            raise PositionCorruptError(
+                f"{identifier} stores {RECORD_PROPERTY}={value!r}, which is not a position record, and no snapshot "
+                "of it carries pgcdc.lsn any more: pgcdc cannot know which changes it holds. Copy it again (DROP "
+                f"TABLE {identifier} in Spark, then run pgcdc)") from None
+        if pending is None:
+            return position
+        if self._property(identifier, KEY_PROPERTY):
+            # replaying the changes after a lower bound rewrites keyed rows with the values they already hold
+            log.warning("%s: its snapshots carrying pgcdc.lsn were expired while a commit was in flight; resuming "
+                        "from %s, the last position known to be whole (its changes are upserts: applied again, "
+                        "they leave the rows as they are)", identifier, position)
+            return position
+        raise PositionCorruptError(
+            f"{identifier} was being written up to {pending} (from {position}) when pgcdc stopped, and every "
+            "snapshot that would tell whether that commit landed was expired since (by snapshot expiry that "
+            "pgcdc did not run). Its rows have no key, so replaying the changes could add them twice and skipping "
+            "them could lose them. Copy it again: DROP TABLE "
+            f"{identifier} in Spark (and its {CHANGELOG_SUFFIX}/{REJECTS_SUFFIX} tables), then run pgcdc")
+
+    def recording(self, identifier: str, *, before: Lsn | None, upto: Lsn, held: Callable[[], Lsn | None],
+                  whole: bool) -> _PositionRecording:
+        """``with mirrors.recording(...):`` around a commit that moves a table from ``before`` to ``upto`` and
+        carries ``upto`` in its snapshot summary: afterwards the ``pgcdc.position`` property records ``held()``
+        (what the table holds then) too, where snapshot expiry cannot remove it. With ``whole`` (tables without
+        a key, change logs: a replay from a lower bound would double rows) the commit is first marked pending,
+        so that a record left behind by a crash between the commit and the record is known for what it is."""
+        return _PositionRecording(self, identifier, before, upto, held, whole)
+
+    def record_position(self, identifier: str, position: Lsn | None, *, pending: Lsn | None = None) -> None:
+        """Write the ``pgcdc.position`` property (one metadata commit; nothing when it already says this)."""
+        if position is None:
+            return
+        from pgcdc.spark.iceberg import load_table
+
+        record: dict[str, str] = {"lsn": str(position)}
+        if pending is not None:
+            record["pending"] = str(pending)
+        value = json.dumps(record, sort_keys=True)
+        table = load_table(self.spark, identifier)
+        table.refresh()
+        if table.properties().get(RECORD_PROPERTY) != value:
+            table.updateProperties().set(RECORD_PROPERTY, value).commit()
+
     def read_rejects_position(self, identifier: str) -> tuple[int, int] | None:
-        """(commit LSN, ordinal) of the last change a ``__rejects`` table holds, from its newest snapshot."""
+        """(commit LSN, ordinal) of the last change a ``__rejects`` table holds: the highest its lineage carries,
+        else (those snapshots expired) the highest among its rows, which are exactly the changes appended."""
         if not self._exists(identifier):
             return None
         rows = self.spark.sql(
             f"SELECT s.summary['{POSITION_PROPERTY}'] AS lsn, s.summary['{ORDINAL_PROPERTY}'] AS ordinal "
             f"FROM {identifier}.snapshots s JOIN {identifier}.history h ON s.snapshot_id = h.snapshot_id "
-            f"WHERE h.is_current_ancestor AND s.summary['{ORDINAL_PROPERTY}'] IS NOT NULL "
-            "ORDER BY h.made_current_at DESC LIMIT 1").collect()
+            f"WHERE h.is_current_ancestor AND s.summary['{ORDINAL_PROPERTY}'] IS NOT NULL").collect()
+        if not rows:
+            rows = self.spark.sql(f"SELECT commit_lsn AS lsn, ordinal FROM {identifier} "
+                                  "ORDER BY commit_lsn_value DESC, ordinal DESC LIMIT 1").collect()
         if not rows:
             return None
         try:
-            return int(Lsn.parse(rows[0].lsn)), int(rows[0].ordinal)
-        except ValueError:
+            return max((int(Lsn.parse(row.lsn)), int(row.ordinal)) for row in rows)
+        except (ValueError, TypeError):
             raise PositionCorruptError(
-                f"{identifier} stores {POSITION_PROPERTY}={rows[0].lsn!r}, {ORDINAL_PROPERTY}={rows[0].ordinal!r}: "
-                "not a position, so pgcdc cannot know which changes it holds. Roll it back to an earlier snapshot "
-                "with the Iceberg procedure system.rollback_to_snapshot, or drop it") from None
+                f"{identifier} stores {POSITION_PROPERTY}/{ORDINAL_PROPERTY} values that are not a position "
+                f"({', '.join(f'{row.lsn!r}/{row.ordinal!r}' for row in rows[:3])}), so pgcdc cannot know which "
+                "changes it holds. Roll it back to an earlier snapshot with the Iceberg procedure "
+                "system.rollback_to_snapshot, or drop it") from None
+
+    def carried_positions(self, identifier: str, *, rejects: bool = False) -> dict[str, str]:
+        """The snapshot properties that a commit changing no row of ``identifier`` (compaction, a manifest
+        rewrite) carries to keep the table's position ({} for a table holding none). The ``pgcdc.position``
+        property is brought up to date first: expiry after commits that carry nothing (anyone's compaction)
+        leaves the position there."""
+        if rejects:  # its rows tell its position exactly, whatever expiry removes
+            held = self.read_rejects_position(identifier)
+            return {} if held is None else {POSITION_PROPERTY: str(Lsn(held[0])), ORDINAL_PROPERTY: str(held[1])}
+        position = self.read_position(identifier)
+        if position is None:
+            return {}
+        self.record_position(identifier, position)
+        return {POSITION_PROPERTY: str(position)}
+
+    def all_tables(self) -> list[tuple[str, bool]]:
+        """(identifier, is a __rejects table) of every table in the namespace: mirrors, change logs, rejects."""
+        found = []
+        for source_schema, source_table, identifier in self._source_tables():
+            found.append((identifier, False))
+            for other, rejects in ((self.changelog_identifier_for(source_schema, source_table), False),
+                                   (self.rejects_identifier_for(source_schema, source_table), True)):
+                if self._exists(other):
+                    found.append((other, rejects))
+        return found
+
+    def known(self) -> list[MirrorTable]:
+        """The mirrors this catalog has opened (or created) so far, in the order it did."""
+        return list(self._tables.values())
 
     def _source_tables(self) -> list[tuple[str, str, str]]:
         """(source schema, source table, identifier) of every mirror in the namespace, from the catalog's
@@ -469,3 +568,25 @@ def ddl_type(data_type: DataType) -> str:
     if isinstance(data_type, MapType):
         return f"MAP<{ddl_type(data_type.keyType)}, {ddl_type(data_type.valueType)}>"
     return data_type.simpleString()
+
+
+class _PositionRecording:
+    """The context manager of :meth:`MirrorCatalog.recording`."""
+
+    def __init__(self, mirrors: MirrorCatalog, identifier: str, before: Lsn | None, upto: Lsn,
+                 held: Callable[[], Lsn | None], whole: bool) -> None:
+        self._mirrors, self._identifier = mirrors, identifier
+        self._before, self._upto, self._held, self._whole = before, upto, held, whole
+
+    def __enter__(self) -> _PositionRecording:
+        if self._whole and self._before is not None and self._before < self._upto \
+                and self._mirrors._exists(self._identifier):
+            self._mirrors.record_position(self._identifier, self._before, pending=self._upto)
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is not None:
+            return  # a pending mark stays: whether the commit landed is read from the table on the next try
+        held = self._held()
+        if held is not None and self._mirrors._exists(self._identifier):
+            self._mirrors.record_position(self._identifier, held)

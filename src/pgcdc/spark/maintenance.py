@@ -1,0 +1,291 @@
+"""Table maintenance of the mirrors: compaction, snapshot expiry, orphan files and manifests, positions kept.
+
+Every batch adds a snapshot, a data file and (merge-on-read) a delete file to each mirror it touches; left
+alone, a busy mirror gains thousands of each a day and every read pays for all of them. A maintenance of one
+table runs, each step only when there is something to do:
+
+1. ``compact-data``: small data files, and every data file that deletes apply to, rewritten into few large
+   ones with the deletes applied (Iceberg's ``rewrite_data_files``);
+2. ``compact-deletes``: the position delete files left, rewritten, those of rewritten data files dropped
+   (``rewrite_position_delete_files``);
+3. ``rewrite-manifests``: the manifests, many small ones after many commits, rewritten into few;
+4. ``expire``: snapshots older than the retention age expired, the newest ``snapshots_kept`` always kept;
+5. ``remove-orphans``: files no snapshot references and older than ``orphan_age_seconds`` deleted — never
+   younger than an hour, so files of a commit in flight (pgcdc's own or anyone's) are not taken.
+
+Steps 1-3 are commits that change no row: each carries the table's position (``pgcdc.lsn``, and
+``pgcdc.ordinal`` for ``__rejects`` tables) in its snapshot summary, read from the table just before, so the
+newest snapshot keeps telling where the table stands; expiry may still remove every snapshot that carries
+it when others commit to the table too, which is why pgcdc also keeps it in a table property
+(:meth:`pgcdc.spark.mirror.MirrorCatalog.recording`). The pipeline runs a maintenance of one table at a time
+between two applies, on the apply thread (:mod:`pgcdc.pipeline.applier`), so it never races pgcdc's own
+commits; ``pgcdc maintain`` runs it on demand.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pgcdc.faults import injection_point
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from pgcdc.spark.mirror import MirrorCatalog
+
+log = logging.getLogger("pgcdc.spark.maintenance")
+
+MIN_ORPHAN_AGE_SECONDS = 3600.0  # a commit in flight writes its files before it references them
+ORPHANS_REMOVED_PROPERTY = "pgcdc.orphans-removed-at"  # epoch seconds of the last orphan-file removal
+STEPS = ("compact-data", "compact-deletes", "rewrite-manifests", "expire", "remove-orphans")
+# Old metadata.json files are kept by Iceberg unless told otherwise: one per commit, forever.
+METADATA_CLEANUP = {"write.metadata.delete-after-commit.enabled": "true",
+                    "write.metadata.previous-versions-max": "20"}
+
+
+@dataclass(frozen=True)
+class MaintenancePolicy:
+    """When the pipeline maintains a mirror, and what a maintenance keeps.
+
+    >>> MaintenancePolicy(snapshot_max_age_seconds=6 * 3600, snapshots_kept=10)  # doctest: +ELLIPSIS
+    MaintenancePolicy(enabled=True, ...)
+    """
+
+    enabled: bool = True
+    interval_seconds: float = 300.0  # the least time between two maintenances of one table
+    data_files: int = 32  # a table is due at this many data files ...
+    delete_files: int = 8  # ... or this many delete files ...
+    snapshots: int = 100  # ... or this many snapshots
+    snapshot_max_age_seconds: float = 3600.0  # snapshots older than this are expired ...
+    snapshots_kept: int = 5  # ... except the newest this many
+    orphan_age_seconds: float = 24 * 3600.0  # unreferenced files older than this are deleted ...
+    orphan_interval_seconds: float = 24 * 3600.0  # ... this often
+    target_file_bytes: int | None = None  # compacted file size (None: the table's write.target-file-size-bytes)
+    check_seconds: float = 10.0  # how often the pipeline looks whether a table is due
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings, each with the fix (empty: nothing)."""
+        problems = []
+        if self.interval_seconds < 0:
+            problems.append("maintenance interval must be 0 or more seconds")
+        for name in ("data_files", "delete_files", "snapshots"):
+            if getattr(self, name) < 1:
+                problems.append(f"maintenance threshold {name} must be at least 1")
+        if self.snapshots_kept < 1:
+            problems.append("snapshots_kept must be at least 1 (the current snapshot is always kept)")
+        if self.snapshot_max_age_seconds < 0:
+            problems.append("snapshot retention age must be 0 or more seconds")
+        if self.orphan_age_seconds < MIN_ORPHAN_AGE_SECONDS:
+            problems.append(f"orphan file age {self.orphan_age_seconds:g}s is below {MIN_ORPHAN_AGE_SECONDS:g}s: "
+                            "files of a commit still being written would be deleted; use at least an hour")
+        if self.target_file_bytes is not None and self.target_file_bytes < 1 << 20:
+            problems.append("target file size must be at least 1 MiB")
+        return problems
+
+
+@dataclass(frozen=True)
+class TableHealth:
+    """What a table's current metadata says about it (read without scanning anything)."""
+
+    snapshots: int
+    data_files: int
+    delete_files: int
+    manifests: int
+    orphans_removed_at: float | None
+
+
+@dataclass
+class MaintenanceResult:
+    """What one maintenance of one table did: per step, the files it rewrote, expired or deleted."""
+
+    identifier: str
+    steps: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    before: TableHealth | None = None
+    after: TableHealth | None = None
+
+
+def table_health(spark: SparkSession, identifier: str) -> TableHealth:
+    from pgcdc.spark.iceberg import load_table
+
+    table = load_table(spark, identifier)
+    table.refresh()
+    return _health(spark, table)
+
+
+def _health(spark: SparkSession, table: Any) -> TableHealth:
+    jvm: Any = spark.sparkContext._jvm
+    current = table.currentSnapshot()
+    removed_at = table.properties().get(ORPHANS_REMOVED_PROPERTY)
+    if current is None:
+        return TableHealth(0, 0, 0, 0, float(removed_at) if removed_at else None)
+    summary = current.summary()
+    return TableHealth(
+        snapshots=int(jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size(table.snapshots())),
+        data_files=int(summary.getOrDefault("total-data-files", "0")),
+        delete_files=int(summary.getOrDefault("total-delete-files", "0")),
+        manifests=int(current.allManifests(table.io()).size()),
+        orphans_removed_at=float(removed_at) if removed_at else None)
+
+
+def due_steps(health: TableHealth, policy: MaintenancePolicy, now: float) -> list[str]:
+    """The steps a table's health calls for under ``policy`` (empty: the table is fine as it is)."""
+    steps = []
+    if health.data_files >= policy.data_files or health.delete_files >= policy.delete_files:
+        steps += ["compact-data", "compact-deletes", "rewrite-manifests"]
+    if health.snapshots >= policy.snapshots or (steps and health.snapshots > policy.snapshots_kept):
+        steps.append("expire")
+    # a table never cleaned starts its orphan clock when the pipeline first looks at it (Maintainer.turn): a
+    # listing of every file is the costliest step, and files of a crash are rare
+    if health.orphans_removed_at is not None and now - health.orphans_removed_at >= policy.orphan_interval_seconds:
+        steps.append("remove-orphans")
+    return steps
+
+
+def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, str], policy: MaintenancePolicy,
+                   *, steps: tuple[str, ...] | list[str] = STEPS,
+                   orphan_age_seconds: float | None = None) -> MaintenanceResult:
+    """Run ``steps`` (in their fixed order) on one table; every commit carries ``carried`` (the table's position
+    properties) in its snapshot summary. ``orphan_age_seconds`` overrides the policy's age (at least an hour
+    for a table anyone may be writing; tests of tables nobody writes go lower)."""
+    from pgcdc.spark.iceberg import load_table
+
+    started = time.monotonic()
+    jvm: Any = spark.sparkContext._jvm
+    actions = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
+    table = load_table(spark, identifier)
+    table.refresh()
+    before = _health(spark, table)
+    result = MaintenanceResult(identifier, before=before)
+    _clean_old_metadata(table)
+    wanted = [step for step in STEPS if step in steps]
+
+    def carrying(action: Any) -> Any:
+        for key, value in carried.items():
+            action = action.snapshotProperty(str(key), str(value))
+        return action
+
+    for step in wanted:
+        injection_point(f"maintain.{step}")
+        if step == "compact-data" and before.data_files > 1:
+            action = (actions.rewriteDataFiles(table).option("min-input-files", "2")
+                      .option("delete-file-threshold", "1").option("partial-progress.enabled", "false"))
+            if policy.target_file_bytes:
+                action = action.option("target-file-size-bytes", str(policy.target_file_bytes))
+            outcome = carrying(action).execute()
+            result.steps[step] = int(outcome.rewrittenDataFilesCount())
+        elif step == "compact-deletes" and _health(spark, table).delete_files > 0:
+            outcome = carrying(actions.rewritePositionDeletes(table).option("rewrite-all", "true")).execute()
+            result.steps[step] = int(outcome.rewrittenDeleteFilesCount())
+        elif step == "rewrite-manifests" and _health(spark, table).manifests > 1:
+            outcome = carrying(actions.rewriteManifests(table)).execute()
+            result.steps[step] = len(list(outcome.rewrittenManifests()))
+        elif step == "expire":
+            older_than = int((time.time() - policy.snapshot_max_age_seconds) * 1000)
+            outcome = (actions.expireSnapshots(table).expireOlderThan(older_than)
+                       .retainLast(policy.snapshots_kept).execute())
+            result.steps[step] = (int(outcome.deletedDataFilesCount()) + int(outcome.deletedPositionDeleteFilesCount())
+                                  + int(outcome.deletedManifestsCount()) + int(outcome.deletedManifestListsCount()))
+        elif step == "remove-orphans":
+            age = policy.orphan_age_seconds if orphan_age_seconds is None else orphan_age_seconds
+            outcome = actions.deleteOrphanFiles(table).olderThan(int((time.time() - age) * 1000)).execute()
+            result.steps[step] = len(list(outcome.orphanFileLocations()))
+            table.updateProperties().set(ORPHANS_REMOVED_PROPERTY, str(int(time.time()))).commit()
+        table.refresh()
+    injection_point("maintain.done")
+    result.after = _health(spark, table)
+    result.seconds = time.monotonic() - started
+    log.info("maintained %s in %.1fs: %s; now %d snapshots, %d data files, %d delete files", identifier,
+             result.seconds, ", ".join(f"{k} {v}" for k, v in result.steps.items()) or "nothing to do",
+             result.after.snapshots, result.after.data_files, result.after.delete_files,
+             extra={"event": "maintenance", "table": identifier, "steps": result.steps})
+    return result
+
+
+def _start_orphan_clock(spark: SparkSession, identifier: str) -> None:
+    from pgcdc.spark.iceberg import load_table
+
+    load_table(spark, identifier).updateProperties().set(ORPHANS_REMOVED_PROPERTY, str(int(time.time()))).commit()
+
+
+def _clean_old_metadata(table: Any) -> None:
+    """Have Iceberg delete metadata files older than the last few versions (unless the table says otherwise)."""
+    properties = table.properties()
+    missing = {k: v for k, v in METADATA_CLEANUP.items() if properties.get(k) is None}
+    if missing:
+        update = table.updateProperties()
+        for key, value in missing.items():
+            update = update.set(key, value)
+        update.commit()
+
+
+@dataclass
+class MaintainedTable:
+    """A table the pipeline maintains, and how to read the position properties its maintenance commits carry."""
+
+    identifier: str
+    carried: Callable[[], Mapping[str, str]]
+
+
+def mirror_tables(mirrors: MirrorCatalog, tables: list[tuple[str, bool]]) -> list[MaintainedTable]:
+    """The tables ``(identifier, is a __rejects table)``, each with the positions its maintenance carries."""
+    return [MaintainedTable(identifier, lambda identifier=identifier, rejects=rejects:  # type: ignore[misc]
+                            mirrors.carried_positions(identifier, rejects=rejects))
+            for identifier, rejects in tables]
+
+
+class Maintainer:
+    """The pipeline's schedule: :meth:`turn` maintains at most one due table (round robin), so a turn between two
+    applies stays short; a table is looked at again only ``policy.interval_seconds`` after its last maintenance."""
+
+    def __init__(self, spark: Callable[[], SparkSession], policy: MaintenancePolicy,
+                 tables: Callable[[], list[MaintainedTable]]) -> None:
+        self._spark = spark
+        self.policy = policy
+        self._tables = tables
+        self._last: dict[str, float] = {}
+        self._last_check = float("-inf")
+        self._next = 0
+        self.results: list[MaintenanceResult] = []
+
+    def ready(self, now: float | None = None) -> bool:
+        """Whether a turn may find something to do (a clock check only; no table is read)."""
+        now = time.monotonic() if now is None else now
+        return self.policy.enabled and now - self._last_check >= self.policy.check_seconds
+
+    def turn(self) -> MaintenanceResult | None:
+        """Maintain the next due table, if any; a failure (a conflict with someone else's commit) is logged and
+        the table tried again after the interval."""
+        self._last_check = now = time.monotonic()
+        tables = self._tables()
+        for offset in range(len(tables)):
+            candidate = tables[(self._next + offset) % len(tables)]
+            if now - self._last.get(candidate.identifier, float("-inf")) < self.policy.interval_seconds:
+                continue
+            spark = self._spark()
+            try:
+                health = table_health(spark, candidate.identifier)
+                if health.orphans_removed_at is None:
+                    _start_orphan_clock(spark, candidate.identifier)
+                steps = due_steps(health, self.policy, time.time())
+                if not steps:
+                    continue
+                self._last[candidate.identifier] = now
+                self._next = (self._next + offset + 1) % len(tables)
+                result = maintain_table(spark, candidate.identifier, candidate.carried(), self.policy, steps=steps)
+            except Exception as exc:  # maintenance must never stop the stream
+                self._last[candidate.identifier] = now
+                log.warning("maintenance of %s failed, tried again in %.0fs: %s", candidate.identifier,
+                            self.policy.interval_seconds, _first_line(exc))
+                return None
+            self.results = [*self.results[-99:], result]
+            return result
+        return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
