@@ -45,18 +45,24 @@ def rows_of(spark, identifier) -> list[tuple]:
     return sorted(tuple(r) for r in spark.table(identifier).select("id", "name", "big", "tags").collect())
 
 
+@pytest.fixture(params=["merge", "delta"])
+def writer(request) -> str:
+    """Every apply test runs with both writers: the row-delta writer must leave the rows the MERGE leaves."""
+    return request.param
+
+
 @pytest.fixture
 def mirrors(spark, iceberg_namespace):
     return MirrorCatalog(spark, catalog="pgcdc", namespace=iceberg_namespace)
 
 
-def test_insert_update_delete_key_change_and_toast(spark, mirrors):
+def test_insert_update_delete_key_change_and_toast(spark, mirrors, writer):
     mirror = mirrors.ensure(TableSpec("public", "items", SCHEMA, ("id",)))
     apply_changes(spark, mirror, changes(
         ("I", 10, 0, {"id": 1, "name": "one", "big": "B1", "tags": ["a", None]}),
         ("I", 10, 1, {"id": 2, "name": "two", "big": "B2"}),
         ("I", 10, 2, {"id": 3, "name": "three", "big": "B3"}),
-    ), lsn=Lsn(10))
+    ), lsn=Lsn(10), writer=writer)
     assert rows_of(spark, mirror.identifier) == [(1, "one", "B1", ["a", None]), (2, "two", "B2", None),
                                                  (3, "three", "B3", None)]
     apply_changes(spark, mirror, changes(
@@ -74,18 +80,18 @@ def test_insert_update_delete_key_change_and_toast(spark, mirrors):
         ("I", 23, 0, {"id": 5, "name": "five", "big": "B5"}),
         ("U", 23, 1, {"id": 50, "name": "fifty"}, {"unchanged": ["big"], "old_key": {"id": 5}}),
         ("U", 23, 2, {"id": 50, "name": "FIFTY"}, {"unchanged": ["big"]}),
-    ), lsn=Lsn(23))
+    ), lsn=Lsn(23), writer=writer)
     assert rows_of(spark, mirror.identifier) == [
         (1, "uno", "B1", None), (2, "zwei", "B2-new", None), (30, "drei", "B3", None), (50, "FIFTY", "B5", None)]
     assert mirrors.positions()[("public", "items")] == Lsn(23)
 
 
-def test_replay_is_a_no_op_and_truncate_mid_batch(spark, mirrors):
+def test_replay_is_a_no_op_and_truncate_mid_batch(spark, mirrors, writer):
     mirror = mirrors.ensure(TableSpec("public", "t", SCHEMA, ("id",)))
     batch = changes(("I", 5, 0, {"id": 1, "name": "a"}), ("I", 5, 1, {"id": 2, "name": "b"}))
-    apply_changes(spark, mirror, batch, lsn=Lsn(5))
+    apply_changes(spark, mirror, batch, lsn=Lsn(5), writer=writer)
     snapshots = spark.sql(f"SELECT count(*) AS n FROM {mirror.identifier}.snapshots").collect()[0].n
-    assert apply_changes(spark, mirror, batch, lsn=Lsn(5)) == 0
+    assert apply_changes(spark, mirror, batch, lsn=Lsn(5), writer=writer) == 0
     assert spark.sql(f"SELECT count(*) AS n FROM {mirror.identifier}.snapshots").collect()[0].n == snapshots
 
     # a fresh catalog (a restart) reads the position back and skips the replay too
@@ -96,23 +102,23 @@ def test_replay_is_a_no_op_and_truncate_mid_batch(spark, mirrors):
         ("I", 6, 0, {"id": 3, "name": "c"}),
         ("T", 7, 0, None),
         ("I", 8, 0, {"id": 9, "name": "after"}),
-    ), lsn=Lsn(8))
+    ), lsn=Lsn(8), writer=writer)
     assert rows_of(spark, mirror.identifier) == [(9, "after", None, None)]
     assert mirrors.positions()[("public", "t")] == Lsn(8)
 
 
-def test_full_identity_without_key_matches_whole_rows(spark, mirrors):
+def test_full_identity_without_key_matches_whole_rows(spark, mirrors, writer):
     mirror = mirrors.ensure(TableSpec("public", "log", SCHEMA, (), "f"))
     apply_changes(spark, mirror, changes(
         ("I", 1, 0, {"id": 1, "name": "x"}), ("I", 1, 1, {"id": 1, "name": "x"}),
         ("I", 1, 2, {"id": 2, "name": "y", "big": "BIG"}),
-    ), lsn=Lsn(1))
+    ), lsn=Lsn(1), writer=writer)
     apply_changes(spark, mirror, changes(
         ("U", 2, 0, {"id": 2, "name": "y2"}, {"unchanged": ["big"],
                                               "before": {"id": 2, "name": "y", "big": "BIG", "tags": None}}),
         ("I", 2, 1, {"id": 3, "name": "z"}),
         ("D", 2, 2, {"id": 3, "name": "z"}, {"before": {"id": 3, "name": "z", "big": None, "tags": None}}),
-    ), lsn=Lsn(2))
+    ), lsn=Lsn(2), writer=writer)
     assert rows_of(spark, mirror.identifier) == [(1, "x", None, None), (1, "x", None, None), (2, "y2", "BIG", None)]
 
 
@@ -142,18 +148,18 @@ def dated_rows(spark, identifier) -> list[tuple]:
         f"SELECT unix_date(d), unix_micros(ts), note FROM {identifier}").collect())
 
 
-def test_dates_beyond_python_datetime_through_keyless_and_toast_paths(spark, mirrors):
+def test_dates_beyond_python_datetime_through_keyless_and_toast_paths(spark, mirrors, writer):
     keyless = mirrors.ensure(TableSpec("public", "far_log", DATED_SCHEMA, (), "f"))
     inserts = [("I", 1, i, {"d": d, "ts": t, "note": f"n{i}"}, {}) for i, (d, t) in enumerate(
         zip(FAR_DATES, FAR_MICROS, strict=True))]
-    apply_changes(spark, keyless, dated_changes((), *inserts), lsn=Lsn(1))
+    apply_changes(spark, keyless, dated_changes((), *inserts), lsn=Lsn(1), writer=writer)
     gone = {"d": FAR_DATES[1], "ts": FAR_MICROS[1], "note": "n1"}
     apply_changes(spark, keyless, dated_changes(
         (),
         ("D", 2, 0, gone, {"before": gone}),
         ("U", 2, 1, {"d": FAR_DATES[2], "ts": FAR_MICROS[2], "note": None},
          {"unchanged": ["note"], "before": {"d": FAR_DATES[2], "ts": FAR_MICROS[2], "note": "n2"}}),
-    ), lsn=Lsn(2))
+    ), lsn=Lsn(2), writer=writer)
     assert dated_rows(spark, keyless.identifier) == sorted(
         [(FAR_DATES[0], FAR_MICROS[0], "n0"), (FAR_DATES[2], FAR_MICROS[2], "n2"), (FAR_DATES[3], FAR_MICROS[3], "n3")])
 
@@ -161,13 +167,13 @@ def test_dates_beyond_python_datetime_through_keyless_and_toast_paths(spark, mir
     keyed = mirrors.ensure(TableSpec("public", "far_keyed", DATED_SCHEMA, ("d",)))
     apply_changes(spark, keyed, dated_changes(
         ("d",), ("I", 1, 0, {"d": FAR_DATES[0], "ts": FAR_MICROS[0], "note": "kept"}, {}),
-        ("I", 1, 1, {"d": FAR_DATES[3], "ts": FAR_MICROS[3], "note": "also kept"}, {})), lsn=Lsn(1))
+        ("I", 1, 1, {"d": FAR_DATES[3], "ts": FAR_MICROS[3], "note": "also kept"}, {})), lsn=Lsn(1), writer=writer)
     apply_changes(spark, keyed, dated_changes(
         ("d",),
         ("U", 2, 0, {"d": FAR_DATES[1], "ts": FAR_MICROS[1]}, {"unchanged": ["note"], "old_key": {"d": FAR_DATES[0]}}),
         ("I", 2, 1, {"d": FAR_DATES[2], "ts": FAR_MICROS[2], "note": "first"}, {}),
         ("U", 3, 0, {"d": FAR_DATES[2], "ts": FAR_MICROS[3]}, {"unchanged": ["note"]}),
-    ), lsn=Lsn(3))
+    ), lsn=Lsn(3), writer=writer)
     assert dated_rows(spark, keyed.identifier) == sorted([
         (FAR_DATES[1], FAR_MICROS[1], "kept"), (FAR_DATES[2], FAR_MICROS[3], "first"),
         (FAR_DATES[3], FAR_MICROS[3], "also kept")])
@@ -202,14 +208,14 @@ def test_identifiers_survive_any_source_name(spark, mirrors):
     assert [tuple(r) for r in values] == [(1, "t`q%")]
 
 
-def test_change_log_records_every_change_once(spark, mirrors):
+def test_change_log_records_every_change_once(spark, mirrors, writer):
     mirror = mirrors.ensure(TableSpec("public", "logged", SCHEMA, ("id",)))
     batch = changes(("I", 3, 0, {"id": 1, "name": "a"}), ("U", 4, 0, {"id": 1, "name": "b"},
                                                           {"before": {"id": 1, "name": "a", "big": None,
                                                                       "tags": None}}),
                     ("D", 5, 0, {"id": 1}, {"origin": "upstream"}))
-    apply_changes(spark, mirror, batch, lsn=Lsn(5), changelog=True)
-    apply_changes(spark, mirror, batch, lsn=Lsn(5), changelog=True)  # a replay adds nothing
+    apply_changes(spark, mirror, batch, lsn=Lsn(5), writer=writer, changelog=True)
+    apply_changes(spark, mirror, batch, lsn=Lsn(5), writer=writer, changelog=True)  # a replay adds nothing
     log = spark.sql(f"SELECT op, commit_lsn, ordinal, origin, before.name AS before_name, after.name AS after_name "
                     f"FROM {mirror.changelog_identifier} ORDER BY commit_lsn_value, ordinal").collect()
     assert [tuple(r) for r in log] == [("I", "0/3", 0, None, None, "a"), ("U", "0/4", 0, None, "a", "b"),
