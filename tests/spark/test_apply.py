@@ -254,3 +254,72 @@ def test_arrow_tables_become_dataframes_converted_in_tasks_and_the_session_conf_
         assert rows == [(i, f"n{i}", None, ["a", None]) for i in range(1000)]
         assert spark.conf.get(key, None) == setting
     spark.conf.unset(key)
+
+
+def last_summary(spark, identifier) -> dict:
+    return spark.sql(f"SELECT summary FROM {identifier}.snapshots ORDER BY committed_at DESC LIMIT 1").collect()[0][0]
+
+
+FLAT = StructType([StructField("id", LongType()), StructField("name", StringType()), StructField("n", ShortType())])
+FLAT_ARROW = pa.schema([("id", pa.int64()), ("name", pa.string()), ("n", pa.int16())])
+
+
+def flat_changes(keys: tuple[str, ...], *events: tuple) -> pa.Table:
+    rows = [{**{f.name: row.get(f.name) for f in FLAT_ARROW}, C.OP: op, C.LSN: lsn, C.ORDINAL: ordinal,
+             C.UNCHANGED: [], C.OLD_KEY: None, C.XID: 1, C.COMMIT_TS: None, C.ORIGIN: None,
+             C.BEFORE: before}
+            for op, lsn, ordinal, row, before in events]
+    return pa.Table.from_pylist(rows, schema=change_schema(FLAT_ARROW, keys))
+
+
+def test_delta_writer_commits_one_row_delta_with_equality_deletes_on_the_key(spark, mirrors):
+    """Inserted, replaced, re-keyed and deleted in one commit each: a data file and an equality-delete file on the
+    key; the row written in the same commit as the delete of its key survives it, older rows under it do not."""
+    mirror = mirrors.ensure(TableSpec("public", "delta_keyed", FLAT, ("id",)))
+    apply_changes(spark, mirror, flat_changes(("id",), *[("I", 1, i, {"id": i, "name": f"v{i}", "n": i}, None)
+                                                      for i in range(5)]), lsn=Lsn(1), writer="delta")
+    apply_changes(spark, mirror, flat_changes(
+        ("id",),
+        ("U", 2, 0, {"id": 1, "name": "v1-new", "n": 10}, None),
+        ("D", 2, 1, {"id": 2}, None),
+        ("I", 2, 2, {"id": 2, "name": "back", "n": 20}, None),  # deleted and inserted again in one batch
+        ("D", 2, 3, {"id": 3}, None),
+        ("I", 3, 0, {"id": 7, "name": "new", "n": None}, None),
+    ), lsn=Lsn(3), writer="delta")
+    summary = last_summary(spark, mirror.identifier)
+    assert summary["pgcdc.lsn"] == "0/3"
+    assert summary["added-equality-delete-files"] == "1" and summary["added-data-files"] == "1"
+    assert summary["added-equality-deletes"] == "4"  # every key the batch touched: 1, 2, 3, 7
+    rows = sorted(tuple(r) for r in spark.table(mirror.identifier).collect())
+    assert rows == [(0, "v0", 0), (1, "v1-new", 10), (2, "back", 20), (4, "v4", 4), (7, "new", None)]
+    snapshots = spark.sql(f"SELECT count(*) AS n FROM {mirror.identifier}.snapshots").collect()[0].n
+    assert snapshots == 2  # one commit per batch
+
+
+def test_delta_writer_deletes_whole_rows_of_tables_without_a_key_null_matching_null(spark, mirrors):
+    mirror = mirrors.ensure(TableSpec("public", "delta_full", FLAT, (), "f"))
+    apply_changes(spark, mirror, flat_changes(
+        (), ("I", 1, 0, {"id": 1, "name": None, "n": 1}, None), ("I", 1, 1, {"id": 1, "name": None, "n": 1}, None),
+        ("I", 1, 2, {"id": 1, "name": None, "n": 2}, None), ("I", 1, 3, {"id": 2, "name": "x", "n": None}, None),
+    ), lsn=Lsn(1), writer="delta")
+    apply_changes(spark, mirror, flat_changes(
+        (),
+        ("D", 2, 0, {"id": 1, "name": None, "n": 1}, {"id": 1, "name": None, "n": 1}),
+        ("U", 2, 1, {"id": 2, "name": "y", "n": None}, {"id": 2, "name": "x", "n": None}),
+    ), lsn=Lsn(2), writer="delta")
+    assert last_summary(spark, mirror.identifier)["added-equality-delete-files"] == "1"
+    # as with the MERGE, a delete removes every identical row (see docs/pipeline.md)
+    assert sorted(tuple(r) for r in spark.table(mirror.identifier).collect()) == [(1, None, 2), (2, "y", None)]
+
+
+def test_delta_writer_hands_what_it_cannot_write_to_the_merge(spark, mirrors, caplog):
+    """Rows matched on a nested column (a table without a key that has an array column) cannot be named by an
+    equality delete: the MERGE applies that batch, and says so."""
+    mirror = mirrors.ensure(TableSpec("public", "nested_full", SCHEMA, (), "f"))
+    with caplog.at_level("INFO", logger="pgcdc.spark.apply"):
+        apply_changes(spark, mirror, changes(("I", 1, 0, {"id": 1, "name": "x", "tags": ["a"]})), lsn=Lsn(1),
+                      writer="delta")
+    assert "MERGE writer applies this batch" in caplog.text and "tags" in caplog.text
+    assert rows_of(spark, mirror.identifier) == [(1, "x", None, ["a"])]
+    with pytest.raises(ValueError, match="apply writer"):
+        apply_changes(spark, mirror, changes(("I", 2, 0, {"id": 2})), lsn=Lsn(2), writer="fast")

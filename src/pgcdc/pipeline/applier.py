@@ -42,12 +42,13 @@ class Applier:
     """``with Applier(...) as applier``: :meth:`start` a batch, :meth:`collect` it (waiting if need be)."""
 
     def __init__(self, tables: SourceTables, spark: Callable[[], SparkSession], progress: Progress,
-                 emit: Callable[[], None], *, changelog: bool) -> None:
+                 emit: Callable[[], None], *, changelog: bool, writer: str = "merge") -> None:
         self.tables = tables
         self._spark = spark
         self.progress = progress
         self._emit = emit
         self._changelog = changelog
+        self._writer = writer
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgcdc-apply")
         self.applying: Applying | None = None
         self._rate_window: list[tuple[float, int]] = []
@@ -120,7 +121,7 @@ class Applier:
                     continue
                 injection_point("apply.merge")
                 apply_changes(self._spark(), mirror, pa.concat_tables(segment.chunks), lsn=position,
-                              changelog=self._changelog)
+                              changelog=self._changelog, writer=self._writer)
                 applied += 1
         injection_point("apply.before-confirm")
         return time.monotonic() - started

@@ -86,6 +86,7 @@ class DeltaTable:
             if rows is not None and rows.num_rows:
                 data = self._write(rows, self.schema, written)
                 data = data_file(self.spark, self.table, *data)
+            injection_point("apply.delta-deletes")
             deletes = None
             if not replace_all and deleted_keys is not None and deleted_keys.num_rows:
                 names = deleted_keys.column_names
@@ -149,7 +150,7 @@ class DeltaTable:
         for path in paths:
             try:
                 self.table.io().deleteFile(path)
-            except Exception as exc:  # noqa: BLE001 - an orphan file is harmless; the error that got here matters
+            except Exception as exc:
                 log.warning("could not remove %s of a failed commit: %s", path, exc)
 
 
