@@ -323,3 +323,26 @@ def test_delta_writer_hands_what_it_cannot_write_to_the_merge(spark, mirrors, ca
     assert rows_of(spark, mirror.identifier) == [(1, "x", None, ["a"])]
     with pytest.raises(ValueError, match="apply writer"):
         apply_changes(spark, mirror, changes(("I", 2, 0, {"id": 2})), lsn=Lsn(2), writer="fast")
+
+
+def test_delta_commit_racing_a_compaction_is_retried_and_lands_once(spark, mirrors):
+    """A compaction commits between the moment the batch read the mirror and its commit: the row delta is
+    retried on the compacted table with the same files, its equality deletes reach the rewritten rows, and the
+    position lands once."""
+    from pgcdc.spark.delta import DeltaTable
+
+    mirror = mirrors.ensure(TableSpec("public", "raced", FLAT, ("id",)))
+    for lsn in (1, 2):  # two data files, for the compaction to rewrite into one
+        apply_changes(spark, mirror, flat_changes(("id",), ("I", lsn, 0, {"id": lsn, "name": "old", "n": 0}, None)),
+                      lsn=Lsn(lsn), writer="delta")
+    target = DeltaTable(spark, mirror.identifier)
+    spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{mirror.identifier}', "
+              "options => map('rewrite-all', 'true'))").collect()
+    assert last_summary(spark, mirror.identifier).get("pgcdc.lsn") is None  # the compaction's own commit
+    rows = pa.table({"id": pa.array([1], pa.int64()), "name": ["new"], "n": pa.array([5], pa.int16())})
+    target.commit(rows, rows.select(["id"]), {"pgcdc.lsn": "0/3"})
+    assert sorted(tuple(r) for r in spark.table(mirror.identifier).collect()) == [(1, "new", 5), (2, "old", 0)]
+    operations = [r.operation for r in spark.sql(
+        f"SELECT operation FROM {mirror.identifier}.snapshots ORDER BY committed_at").collect()]
+    assert operations == ["overwrite", "overwrite", "replace", "overwrite"]
+    assert MirrorCatalog(spark, catalog="pgcdc", namespace=mirrors.namespace).read_position(mirror.identifier) == Lsn(3)

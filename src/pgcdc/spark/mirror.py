@@ -326,28 +326,36 @@ class MirrorCatalog:
 
     def read_position(self, identifier: str) -> Lsn | None:
         """The ``pgcdc.lsn`` of the newest snapshot in the table's current lineage that has one (maintenance
-        commits such as compaction carry none)."""
+        commits such as compaction carry none). Read through Iceberg's Java API from the table's metadata: no
+        query to plan, which a start-up with many mirrors would pay per mirror."""
+        from py4j.protocol import Py4JJavaError
         from pyspark.errors import AnalysisException
 
+        from pgcdc.spark.iceberg import load_table
+
         try:
-            rows = self.spark.sql(
-                f"SELECT s.summary['{POSITION_PROPERTY}'] AS lsn FROM {identifier}.snapshots s "
-                f"JOIN {identifier}.history h ON s.snapshot_id = h.snapshot_id "
-                f"WHERE h.is_current_ancestor AND s.summary['{POSITION_PROPERTY}'] IS NOT NULL "
-                "ORDER BY h.made_current_at DESC LIMIT 1").collect()
-        except AnalysisException as exc:
+            table = load_table(self.spark, identifier)
+            snapshot = table.currentSnapshot()
+            value = None
+            while snapshot is not None:
+                value = snapshot.summary().get(POSITION_PROPERTY)
+                if value is not None:
+                    break
+                parent = snapshot.parentId()
+                snapshot = table.snapshot(parent) if parent is not None else None  # None: expired
+        except (AnalysisException, Py4JJavaError) as exc:
             # a table whose creation was interrupted (the process killed mid-way) holds no position: it is
             # copied again, which replaces whatever it holds
             log.warning("mirror %s cannot be read (%s); it will be copied again", identifier,
-                        str(exc).splitlines()[0])
+                        str(exc).strip().splitlines()[0])
             return None
-        if not rows:
+        if value is None:
             return None
         try:
-            return Lsn.parse(rows[0].lsn)
+            return Lsn.parse(str(value))
         except ValueError:
             raise PositionCorruptError(
-                f"mirror {identifier} stores {POSITION_PROPERTY}={rows[0].lsn!r}, which is not an LSN: its position "
+                f"mirror {identifier} stores {POSITION_PROPERTY}={value!r}, which is not an LSN: its position "
                 "cannot be trusted, so pgcdc will not guess what it holds. Copy the table again (DROP TABLE "
                 f"{identifier} in Spark, then run pgcdc, which recopies it at a fresh consistent point), or roll "
                 "it back to an earlier snapshot with the Iceberg procedure system.rollback_to_snapshot") from None
