@@ -17,13 +17,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
-from pipeline import cpu_per_row, cpu_seconds_by_program  # bench/pipeline.py
 
 from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.lsn import Lsn
@@ -41,6 +40,47 @@ INSERT INTO events SELECT i, i %% 1000, 'name ' || i, i * 1.25, now(), i %% 2 = 
 FROM generate_series(%s::bigint, %s::bigint) i
 """
 WRITERS = ("delta", "merge")
+
+
+def cpu_seconds(roots: list[int]) -> Counter[str]:
+    """CPU seconds used so far by the processes under ``roots`` (this bench and its server; ended children count
+    in their parent), by program: other work on the machine is left out."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, str, float]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat_file:
+                stat = stat_file.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        stats[int(entry.name)] = (int(fields[1]), stat[stat.index("(") + 1:stat.rindex(")")],
+                                  sum(int(f) for f in fields[11:15]) / ticks)
+    mine = set(roots)
+    grew = True
+    while grew:
+        grew = False
+        for pid, (parent, _, _) in stats.items():
+            if parent in mine and pid not in mine:
+                mine.add(pid)
+                grew = True
+    totals: Counter[str] = Counter()
+    for pid in mine & stats.keys():
+        _, name, seconds = stats[pid]
+        program = ("pgcdc" if pid == os.getpid() else "postgres" if name.startswith("postgres") else
+                   "jvm" if name == "java" else "python workers" if name.startswith(("python", "pyspark"))
+                   else "other")
+        totals[program] += seconds
+    return totals
+
+
+def cpu_per_change(before: Counter[str], after: Counter[str], changes: int) -> dict[str, float]:
+    used = Counter(after)
+    used.subtract(before)
+    return {program: round(seconds * 1e6 / changes, 2) for program, seconds in sorted(used.items())
+            if seconds > 0}
 
 
 def recvlogical_drain(server: EmbeddedPostgres, slot: str, end: Lsn) -> float:
@@ -90,27 +130,32 @@ def main() -> None:
                 conn.execute(FILL, (start, start + 999))
             conn.execute("UPDATE events SET a = a + 1, b = b || '!' WHERE id < %s", (updated,))
             end = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-        cpu = cpu_seconds_by_program()
+        roots = [os.getpid()] + ([server.pid] if server.pid else [])
+        cpu = cpu_seconds(roots)
         theirs = changes / recvlogical_drain(server, "for_recvlogical", end)
+        recvlogical_cpu = cpu_per_change(cpu, cpu_seconds(roots), changes)
         print(f"backlog of {changes:,} changes ({inserts // 1000} transactions of 1,000 inserts, one UPDATE of "
               f"{updated:,} rows)")
         print(f"{'drained by':<40} {'changes/s':>10}  ratio")
-        print(f"{'pg_recvlogical (to /dev/null)':<40} {theirs:>10,.0f}  1.00   {cpu_per_row(cpu, changes)}",
+        print(f"{'pg_recvlogical (to /dev/null)':<40} {theirs:>10,.0f}  1.00   CPU µs/change {recvlogical_cpu}",
               flush=True)
         figures["pg_recvlogical_changes_per_s"] = round(theirs)
         for writer, config in configs.items():
-            cpu = cpu_seconds_by_program()
+            cpu = cpu_seconds(roots)
             started = time.perf_counter()
             progress = Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
             seconds = time.perf_counter() - started
+            used = cpu_per_change(cpu, cpu_seconds(roots), changes)
             assert progress.rows_applied == changes, (writer, progress.rows_applied, changes)
             count = spark.sql(f"SELECT count(*) AS n FROM pgcdc.catchup_{writer}.public.events").collect()[0].n
             assert count == inserts, (writer, count)
             ours = changes / seconds
             print(f"{'pgcdc into Iceberg, ' + writer + ' writer':<40} {ours:>10,.0f}  {ours / theirs:.2f}   "
-                  f"{cpu_per_row(cpu, changes)} (driver: pgcdc)", flush=True)
+                  f"CPU µs/change {used}", flush=True)
             figures[f"{writer}_changes_per_s"] = round(ours)
             figures[f"{writer}_ratio_vs_pg_recvlogical"] = round(ours / theirs, 2)
+            figures.update({f"{writer}_{program.replace(' ', '_')}_cpu_us_per_change": value
+                            for program, value in used.items()})
         spark.stop()
         startup = startup_seconds(configs["delta"])
         print(f"pgcdc start-up (a run --until-caught-up with nothing to do): {startup:.1f}s")
