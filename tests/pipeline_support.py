@@ -165,7 +165,7 @@ class Workload:
 def run_cli(config: PipelineConfig, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     command = [sys.executable, "-m", "pgcdc.cli", "run", "--dsn", config.dsn, "--publication", config.publication,
                "--slot", config.slot, "--warehouse", config.warehouse, "--namespace", config.namespace,
-               "--batch-seconds", str(config.batch_max_seconds), *args]
+               "--batch-seconds", str(config.batch_max_seconds), "--apply", config.apply_writer, *args]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
 

@@ -232,3 +232,18 @@ def test_snapshot_then_status_shows_each_mirror_position(pg, spark):
     [mirror] = report["mirrors"]
     assert slot["slot"] == "snap_cli" and mirror["source"] == "public.items" and mirror["rows"] == 30
     assert mirror["lsn"] == slot["confirmed_flush_lsn"]  # the copy holds exactly the slot's start
+
+
+def test_apply_writer_is_chosen_by_flag_environment_or_config_file_and_checked(tmp_path):
+    """--apply, PGCDC_APPLY and ``apply`` in the TOML file all reach the pipeline's config, which refuses a writer
+    it does not have before anything connects."""
+    config = tmp_path / "pgcdc.toml"
+    config.write_text('apply = "fastest"\n')
+    for args, env in ((["--apply", "fast"], {}), ([], {"PGCDC_APPLY": "quick"}),
+                      (["--config", str(config)], {})):
+        result = pgcdc(*args[:2] if args and args[0] == "--config" else (), "run", "--dsn", "host=127.0.0.1 port=1",
+                       "-p", "pub", *(args if args and args[0] == "--apply" else ()), env=env)
+        assert result.returncode == 2, _output(result)
+        assert "must be delta or merge" in _output(result) and "Traceback" not in _output(result)
+        wanted = {"fast", "quick", "fastest"} & set(_output(result).replace("'", " ").split())
+        assert wanted, _output(result)

@@ -91,6 +91,10 @@ SnapshotWriter = Annotated[str, typer.Option(
     "--snapshot-writer", envvar="PGCDC_SNAPSHOT_WRITER", show_envvar=True,
     help="How the initial copy is written: arrow (tasks write Parquet data files, one commit; needs a local or "
          "mounted warehouse), spark (Spark's Iceberg writer: any storage), auto (arrow where it can).")]
+ApplyWriter = Annotated[str, typer.Option(
+    "--apply", envvar="PGCDC_APPLY", show_envvar=True,
+    help="How batches reach the mirrors: delta (a Parquet data file and an equality-delete file per mirror, one "
+         "Iceberg row-delta commit, no Spark query) or merge (a Spark MERGE INTO per mirror).")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 SnapshotRetention = Annotated[float, typer.Option(
     "--snapshot-retention-minutes", envvar="PGCDC_SNAPSHOT_RETENTION_MINUTES", min=0,
@@ -208,6 +212,7 @@ def run(
         help="When idle, emit a logical message this often so a quiet slot keeps advancing.")] = None,
     resnapshot: Resnapshot = False,
     snapshot_writer: SnapshotWriter = "auto",
+    apply: ApplyWriter = "merge",
     spill_dir: Annotated[str | None, typer.Option(
         "--spill-dir", envvar="PGCDC_SPILL_DIR", help="Where transactions larger than --memory-limit spill "
                                                       "(default: the system temporary directory).")] = None,
@@ -248,7 +253,7 @@ def run(
         batch_max_seconds=batch_seconds, changelog=changelog, snapshot=not no_snapshot, binary=binary,
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
-        snapshot_writer=snapshot_writer,
+        snapshot_writer=snapshot_writer, apply_writer=apply,
         memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout,
         on_conversion_error=on_conversion_error,
         maintenance=MaintenancePolicy(

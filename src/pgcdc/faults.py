@@ -23,7 +23,10 @@ from dataclasses import dataclass
 
 POINTS = (
     "snapshot.copy",          # a table's copy job is about to run
-    "apply.merge",            # a mirror's MERGE (or overwrite) is about to run
+    "apply.merge",            # a mirror's apply (MERGE, overwrite or row delta) is about to run
+    "apply.delta-write",      # a mirror's row-delta files are about to be written
+    "apply.delta-deletes",    # its data file written, its equality-delete file not yet
+    "apply.delta-commit",     # a mirror's row-delta files written, their commit not yet made
     "apply.rejects",          # changes set aside committed to a __rejects table, the mirror's MERGE not yet run
     "apply.fill",             # columns added to a mirror, their existing rows not yet given the source's default
     "apply.between-mirrors",  # one mirror of a batch committed, the next not yet

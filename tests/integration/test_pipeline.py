@@ -26,11 +26,12 @@ def _assert_mirrors_equal(pipeline, dsn):
     assert_mirrors_equal(pipeline.config, pipeline.spark, dsn, SHOP_TABLES)
 
 
-@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
-def test_mixed_workload_mirrors_equal_source(pg, spark, binary):
+@pytest.mark.parametrize(("binary", "writer"), [(False, "merge"), (True, "merge"), (False, "delta"), (True, "delta")],
+                         ids=["text-merge", "binary-merge", "text-delta", "binary-delta"])
+def test_mixed_workload_mirrors_equal_source(pg, spark, binary, writer):
     pg.server.require(16, "streaming 'parallel' and two-phase decoding")
     prepare_source(pg, rows=300)
-    config = pipeline_config(pg, spark, binary=binary, changelog=True)
+    config = pipeline_config(pg, spark, binary=binary, changelog=True, apply_writer=writer)
     pipeline = Pipeline(config, spark=spark)
     copied = pipeline.snapshot()
     assert copied["shop.customers"] == 300

@@ -41,10 +41,23 @@ ROUNDS = [
 ]
 
 
-def crash_loop(pg, spark, rounds: list[str | None], seed: int) -> None:
+# the row-delta writer's own windows: before its files, between its data and delete files, after both but
+# before the commit, and after the commit (the next mirror, the slot)
+DELTA_ROUNDS = [
+    "apply.delta-write:1",
+    "apply.delta-deletes:2",
+    "apply.delta-commit:3",
+    "apply.between-mirrors:1",
+    None,
+    "apply.delta-commit:1",
+    "apply.before-confirm:1",
+]
+
+
+def crash_loop(pg, spark, rounds: list[str | None], seed: int, writer: str = "merge") -> None:
     pg.server.require(15, "two-phase decoding")
     prepare_source(pg, rows=300)
-    config = pipeline_config(pg, spark)
+    config = pipeline_config(pg, spark, apply_writer=writer)
     rng = random.Random(seed)
     fired: dict[str, int] = {}
     with Workload(pg.dsn, seed=seed) as workload:
@@ -76,6 +89,10 @@ def crash_loop(pg, spark, rounds: list[str | None], seed: int) -> None:
 
 def test_killed_at_aimed_and_random_instants_loses_and_duplicates_nothing(pg, spark):
     crash_loop(pg, spark, ROUNDS, seed=20261122)
+
+
+def test_killed_inside_the_row_delta_commit_loses_and_duplicates_nothing(pg, spark):
+    crash_loop(pg, spark, DELTA_ROUNDS, seed=20261125, writer="delta")
 
 
 @pytest.mark.soak

@@ -45,18 +45,24 @@ def rows_of(spark, identifier) -> list[tuple]:
     return sorted(tuple(r) for r in spark.table(identifier).select("id", "name", "big", "tags").collect())
 
 
+@pytest.fixture(params=["merge", "delta"])
+def writer(request) -> str:
+    """Every apply test runs with both writers: the row-delta writer must leave the rows the MERGE leaves."""
+    return request.param
+
+
 @pytest.fixture
 def mirrors(spark, iceberg_namespace):
     return MirrorCatalog(spark, catalog="pgcdc", namespace=iceberg_namespace)
 
 
-def test_insert_update_delete_key_change_and_toast(spark, mirrors):
+def test_insert_update_delete_key_change_and_toast(spark, mirrors, writer):
     mirror = mirrors.ensure(TableSpec("public", "items", SCHEMA, ("id",)))
     apply_changes(spark, mirror, changes(
         ("I", 10, 0, {"id": 1, "name": "one", "big": "B1", "tags": ["a", None]}),
         ("I", 10, 1, {"id": 2, "name": "two", "big": "B2"}),
         ("I", 10, 2, {"id": 3, "name": "three", "big": "B3"}),
-    ), lsn=Lsn(10))
+    ), lsn=Lsn(10), writer=writer)
     assert rows_of(spark, mirror.identifier) == [(1, "one", "B1", ["a", None]), (2, "two", "B2", None),
                                                  (3, "three", "B3", None)]
     apply_changes(spark, mirror, changes(
@@ -74,18 +80,18 @@ def test_insert_update_delete_key_change_and_toast(spark, mirrors):
         ("I", 23, 0, {"id": 5, "name": "five", "big": "B5"}),
         ("U", 23, 1, {"id": 50, "name": "fifty"}, {"unchanged": ["big"], "old_key": {"id": 5}}),
         ("U", 23, 2, {"id": 50, "name": "FIFTY"}, {"unchanged": ["big"]}),
-    ), lsn=Lsn(23))
+    ), lsn=Lsn(23), writer=writer)
     assert rows_of(spark, mirror.identifier) == [
         (1, "uno", "B1", None), (2, "zwei", "B2-new", None), (30, "drei", "B3", None), (50, "FIFTY", "B5", None)]
     assert mirrors.positions()[("public", "items")] == Lsn(23)
 
 
-def test_replay_is_a_no_op_and_truncate_mid_batch(spark, mirrors):
+def test_replay_is_a_no_op_and_truncate_mid_batch(spark, mirrors, writer):
     mirror = mirrors.ensure(TableSpec("public", "t", SCHEMA, ("id",)))
     batch = changes(("I", 5, 0, {"id": 1, "name": "a"}), ("I", 5, 1, {"id": 2, "name": "b"}))
-    apply_changes(spark, mirror, batch, lsn=Lsn(5))
+    apply_changes(spark, mirror, batch, lsn=Lsn(5), writer=writer)
     snapshots = spark.sql(f"SELECT count(*) AS n FROM {mirror.identifier}.snapshots").collect()[0].n
-    assert apply_changes(spark, mirror, batch, lsn=Lsn(5)) == 0
+    assert apply_changes(spark, mirror, batch, lsn=Lsn(5), writer=writer) == 0
     assert spark.sql(f"SELECT count(*) AS n FROM {mirror.identifier}.snapshots").collect()[0].n == snapshots
 
     # a fresh catalog (a restart) reads the position back and skips the replay too
@@ -96,23 +102,23 @@ def test_replay_is_a_no_op_and_truncate_mid_batch(spark, mirrors):
         ("I", 6, 0, {"id": 3, "name": "c"}),
         ("T", 7, 0, None),
         ("I", 8, 0, {"id": 9, "name": "after"}),
-    ), lsn=Lsn(8))
+    ), lsn=Lsn(8), writer=writer)
     assert rows_of(spark, mirror.identifier) == [(9, "after", None, None)]
     assert mirrors.positions()[("public", "t")] == Lsn(8)
 
 
-def test_full_identity_without_key_matches_whole_rows(spark, mirrors):
+def test_full_identity_without_key_matches_whole_rows(spark, mirrors, writer):
     mirror = mirrors.ensure(TableSpec("public", "log", SCHEMA, (), "f"))
     apply_changes(spark, mirror, changes(
         ("I", 1, 0, {"id": 1, "name": "x"}), ("I", 1, 1, {"id": 1, "name": "x"}),
         ("I", 1, 2, {"id": 2, "name": "y", "big": "BIG"}),
-    ), lsn=Lsn(1))
+    ), lsn=Lsn(1), writer=writer)
     apply_changes(spark, mirror, changes(
         ("U", 2, 0, {"id": 2, "name": "y2"}, {"unchanged": ["big"],
                                               "before": {"id": 2, "name": "y", "big": "BIG", "tags": None}}),
         ("I", 2, 1, {"id": 3, "name": "z"}),
         ("D", 2, 2, {"id": 3, "name": "z"}, {"before": {"id": 3, "name": "z", "big": None, "tags": None}}),
-    ), lsn=Lsn(2))
+    ), lsn=Lsn(2), writer=writer)
     assert rows_of(spark, mirror.identifier) == [(1, "x", None, None), (1, "x", None, None), (2, "y2", "BIG", None)]
 
 
@@ -142,18 +148,18 @@ def dated_rows(spark, identifier) -> list[tuple]:
         f"SELECT unix_date(d), unix_micros(ts), note FROM {identifier}").collect())
 
 
-def test_dates_beyond_python_datetime_through_keyless_and_toast_paths(spark, mirrors):
+def test_dates_beyond_python_datetime_through_keyless_and_toast_paths(spark, mirrors, writer):
     keyless = mirrors.ensure(TableSpec("public", "far_log", DATED_SCHEMA, (), "f"))
     inserts = [("I", 1, i, {"d": d, "ts": t, "note": f"n{i}"}, {}) for i, (d, t) in enumerate(
         zip(FAR_DATES, FAR_MICROS, strict=True))]
-    apply_changes(spark, keyless, dated_changes((), *inserts), lsn=Lsn(1))
+    apply_changes(spark, keyless, dated_changes((), *inserts), lsn=Lsn(1), writer=writer)
     gone = {"d": FAR_DATES[1], "ts": FAR_MICROS[1], "note": "n1"}
     apply_changes(spark, keyless, dated_changes(
         (),
         ("D", 2, 0, gone, {"before": gone}),
         ("U", 2, 1, {"d": FAR_DATES[2], "ts": FAR_MICROS[2], "note": None},
          {"unchanged": ["note"], "before": {"d": FAR_DATES[2], "ts": FAR_MICROS[2], "note": "n2"}}),
-    ), lsn=Lsn(2))
+    ), lsn=Lsn(2), writer=writer)
     assert dated_rows(spark, keyless.identifier) == sorted(
         [(FAR_DATES[0], FAR_MICROS[0], "n0"), (FAR_DATES[2], FAR_MICROS[2], "n2"), (FAR_DATES[3], FAR_MICROS[3], "n3")])
 
@@ -161,13 +167,13 @@ def test_dates_beyond_python_datetime_through_keyless_and_toast_paths(spark, mir
     keyed = mirrors.ensure(TableSpec("public", "far_keyed", DATED_SCHEMA, ("d",)))
     apply_changes(spark, keyed, dated_changes(
         ("d",), ("I", 1, 0, {"d": FAR_DATES[0], "ts": FAR_MICROS[0], "note": "kept"}, {}),
-        ("I", 1, 1, {"d": FAR_DATES[3], "ts": FAR_MICROS[3], "note": "also kept"}, {})), lsn=Lsn(1))
+        ("I", 1, 1, {"d": FAR_DATES[3], "ts": FAR_MICROS[3], "note": "also kept"}, {})), lsn=Lsn(1), writer=writer)
     apply_changes(spark, keyed, dated_changes(
         ("d",),
         ("U", 2, 0, {"d": FAR_DATES[1], "ts": FAR_MICROS[1]}, {"unchanged": ["note"], "old_key": {"d": FAR_DATES[0]}}),
         ("I", 2, 1, {"d": FAR_DATES[2], "ts": FAR_MICROS[2], "note": "first"}, {}),
         ("U", 3, 0, {"d": FAR_DATES[2], "ts": FAR_MICROS[3]}, {"unchanged": ["note"]}),
-    ), lsn=Lsn(3))
+    ), lsn=Lsn(3), writer=writer)
     assert dated_rows(spark, keyed.identifier) == sorted([
         (FAR_DATES[1], FAR_MICROS[1], "kept"), (FAR_DATES[2], FAR_MICROS[3], "first"),
         (FAR_DATES[3], FAR_MICROS[3], "also kept")])
@@ -202,14 +208,14 @@ def test_identifiers_survive_any_source_name(spark, mirrors):
     assert [tuple(r) for r in values] == [(1, "t`q%")]
 
 
-def test_change_log_records_every_change_once(spark, mirrors):
+def test_change_log_records_every_change_once(spark, mirrors, writer):
     mirror = mirrors.ensure(TableSpec("public", "logged", SCHEMA, ("id",)))
     batch = changes(("I", 3, 0, {"id": 1, "name": "a"}), ("U", 4, 0, {"id": 1, "name": "b"},
                                                           {"before": {"id": 1, "name": "a", "big": None,
                                                                       "tags": None}}),
                     ("D", 5, 0, {"id": 1}, {"origin": "upstream"}))
-    apply_changes(spark, mirror, batch, lsn=Lsn(5), changelog=True)
-    apply_changes(spark, mirror, batch, lsn=Lsn(5), changelog=True)  # a replay adds nothing
+    apply_changes(spark, mirror, batch, lsn=Lsn(5), writer=writer, changelog=True)
+    apply_changes(spark, mirror, batch, lsn=Lsn(5), writer=writer, changelog=True)  # a replay adds nothing
     log = spark.sql(f"SELECT op, commit_lsn, ordinal, origin, before.name AS before_name, after.name AS after_name "
                     f"FROM {mirror.changelog_identifier} ORDER BY commit_lsn_value, ordinal").collect()
     assert [tuple(r) for r in log] == [("I", "0/3", 0, None, None, "a"), ("U", "0/4", 0, None, "a", "b"),
@@ -248,3 +254,95 @@ def test_arrow_tables_become_dataframes_converted_in_tasks_and_the_session_conf_
         assert rows == [(i, f"n{i}", None, ["a", None]) for i in range(1000)]
         assert spark.conf.get(key, None) == setting
     spark.conf.unset(key)
+
+
+def last_summary(spark, identifier) -> dict:
+    return spark.sql(f"SELECT summary FROM {identifier}.snapshots ORDER BY committed_at DESC LIMIT 1").collect()[0][0]
+
+
+FLAT = StructType([StructField("id", LongType()), StructField("name", StringType()), StructField("n", ShortType())])
+FLAT_ARROW = pa.schema([("id", pa.int64()), ("name", pa.string()), ("n", pa.int16())])
+
+
+def flat_changes(keys: tuple[str, ...], *events: tuple) -> pa.Table:
+    rows = [{**{f.name: row.get(f.name) for f in FLAT_ARROW}, C.OP: op, C.LSN: lsn, C.ORDINAL: ordinal,
+             C.UNCHANGED: [], C.OLD_KEY: None, C.XID: 1, C.COMMIT_TS: None, C.ORIGIN: None,
+             C.BEFORE: before}
+            for op, lsn, ordinal, row, before in events]
+    return pa.Table.from_pylist(rows, schema=change_schema(FLAT_ARROW, keys))
+
+
+def test_delta_writer_commits_one_row_delta_with_equality_deletes_on_the_key(spark, mirrors):
+    """Inserted, replaced, re-keyed and deleted in one commit each: a data file and an equality-delete file on the
+    key; the row written in the same commit as the delete of its key survives it, older rows under it do not."""
+    mirror = mirrors.ensure(TableSpec("public", "delta_keyed", FLAT, ("id",)))
+    apply_changes(spark, mirror, flat_changes(("id",), *[("I", 1, i, {"id": i, "name": f"v{i}", "n": i}, None)
+                                                      for i in range(5)]), lsn=Lsn(1), writer="delta")
+    apply_changes(spark, mirror, flat_changes(
+        ("id",),
+        ("U", 2, 0, {"id": 1, "name": "v1-new", "n": 10}, None),
+        ("D", 2, 1, {"id": 2}, None),
+        ("I", 2, 2, {"id": 2, "name": "back", "n": 20}, None),  # deleted and inserted again in one batch
+        ("D", 2, 3, {"id": 3}, None),
+        ("I", 3, 0, {"id": 7, "name": "new", "n": None}, None),
+    ), lsn=Lsn(3), writer="delta")
+    summary = last_summary(spark, mirror.identifier)
+    assert summary["pgcdc.lsn"] == "0/3"
+    assert summary["added-equality-delete-files"] == "1" and summary["added-data-files"] == "1"
+    assert summary["added-equality-deletes"] == "4"  # every key the batch touched: 1, 2, 3, 7
+    rows = sorted(tuple(r) for r in spark.table(mirror.identifier).collect())
+    assert rows == [(0, "v0", 0), (1, "v1-new", 10), (2, "back", 20), (4, "v4", 4), (7, "new", None)]
+    snapshots = spark.sql(f"SELECT count(*) AS n FROM {mirror.identifier}.snapshots").collect()[0].n
+    assert snapshots == 2  # one commit per batch
+
+
+def test_delta_writer_deletes_whole_rows_of_tables_without_a_key_null_matching_null(spark, mirrors):
+    mirror = mirrors.ensure(TableSpec("public", "delta_full", FLAT, (), "f"))
+    apply_changes(spark, mirror, flat_changes(
+        (), ("I", 1, 0, {"id": 1, "name": None, "n": 1}, None), ("I", 1, 1, {"id": 1, "name": None, "n": 1}, None),
+        ("I", 1, 2, {"id": 1, "name": None, "n": 2}, None), ("I", 1, 3, {"id": 2, "name": "x", "n": None}, None),
+    ), lsn=Lsn(1), writer="delta")
+    apply_changes(spark, mirror, flat_changes(
+        (),
+        ("D", 2, 0, {"id": 1, "name": None, "n": 1}, {"id": 1, "name": None, "n": 1}),
+        ("U", 2, 1, {"id": 2, "name": "y", "n": None}, {"id": 2, "name": "x", "n": None}),
+    ), lsn=Lsn(2), writer="delta")
+    assert last_summary(spark, mirror.identifier)["added-equality-delete-files"] == "1"
+    # as with the MERGE, a delete removes every identical row (see docs/pipeline.md)
+    assert sorted(tuple(r) for r in spark.table(mirror.identifier).collect()) == [(1, None, 2), (2, "y", None)]
+
+
+def test_delta_writer_hands_what_it_cannot_write_to_the_merge(spark, mirrors, caplog):
+    """Rows matched on a nested column (a table without a key that has an array column) cannot be named by an
+    equality delete: the MERGE applies that batch, and says so."""
+    mirror = mirrors.ensure(TableSpec("public", "nested_full", SCHEMA, (), "f"))
+    with caplog.at_level("INFO", logger="pgcdc.spark.apply"):
+        apply_changes(spark, mirror, changes(("I", 1, 0, {"id": 1, "name": "x", "tags": ["a"]})), lsn=Lsn(1),
+                      writer="delta")
+    assert "MERGE writer applies this batch" in caplog.text and "tags" in caplog.text
+    assert rows_of(spark, mirror.identifier) == [(1, "x", None, ["a"])]
+    with pytest.raises(ValueError, match="apply writer"):
+        apply_changes(spark, mirror, changes(("I", 2, 0, {"id": 2})), lsn=Lsn(2), writer="fast")
+
+
+def test_delta_commit_racing_a_compaction_is_retried_and_lands_once(spark, mirrors):
+    """A compaction commits between the moment the batch read the mirror and its commit: the row delta is
+    retried on the compacted table with the same files, its equality deletes reach the rewritten rows, and the
+    position lands once."""
+    from pgcdc.spark.delta import DeltaTable
+
+    mirror = mirrors.ensure(TableSpec("public", "raced", FLAT, ("id",)))
+    for lsn in (1, 2):  # two data files, for the compaction to rewrite into one
+        apply_changes(spark, mirror, flat_changes(("id",), ("I", lsn, 0, {"id": lsn, "name": "old", "n": 0}, None)),
+                      lsn=Lsn(lsn), writer="delta")
+    target = DeltaTable(spark, mirror.identifier)
+    spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{mirror.identifier}', "
+              "options => map('rewrite-all', 'true'))").collect()
+    assert last_summary(spark, mirror.identifier).get("pgcdc.lsn") is None  # the compaction's own commit
+    rows = pa.table({"id": pa.array([1], pa.int64()), "name": ["new"], "n": pa.array([5], pa.int16())})
+    target.commit(rows, rows.select(["id"]), {"pgcdc.lsn": "0/3"})
+    assert sorted(tuple(r) for r in spark.table(mirror.identifier).collect()) == [(1, "new", 5), (2, "old", 0)]
+    operations = [r.operation for r in spark.sql(
+        f"SELECT operation FROM {mirror.identifier}.snapshots ORDER BY committed_at").collect()]
+    assert operations == ["overwrite", "overwrite", "replace", "overwrite"]
+    assert MirrorCatalog(spark, catalog="pgcdc", namespace=mirrors.namespace).read_position(mirror.identifier) == Lsn(3)

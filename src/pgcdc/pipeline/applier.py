@@ -48,13 +48,14 @@ class Applier:
     """``with Applier(...) as applier``: :meth:`start` a batch, :meth:`collect` it (waiting if need be)."""
 
     def __init__(self, tables: SourceTables, spark: Callable[[], SparkSession], progress: Progress,
-                 emit: Callable[[], None], *, changelog: bool,
+                 emit: Callable[[], None], *, changelog: bool, writer: str = "merge",
                  maintenance: MaintenancePolicy | None = None) -> None:
         self.tables = tables
         self._spark = spark
         self.progress = progress
         self._emit = emit
         self._changelog = changelog
+        self._writer = writer
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgcdc-apply")
         self.applying: Applying | None = None
         self._rate_window: list[tuple[float, int]] = []
@@ -172,7 +173,8 @@ class Applier:
                     recordings.enter_context(mirrors.recording(
                         mirror.identifier, before=mirror.position, upto=position, held=lambda: mirror.position,
                         whole=not mirror.spec.key_columns))
-                    apply_changes(self._spark(), mirror, changes, lsn=position, changelog=self._changelog)
+                    apply_changes(self._spark(), mirror, changes, lsn=position, changelog=self._changelog,
+                                  writer=self._writer)
                 return
             except Exception as exc:
                 if attempt == COMMIT_ATTEMPTS or not is_commit_conflict(exc):

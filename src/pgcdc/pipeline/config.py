@@ -45,6 +45,7 @@ class PipelineConfig:
     resnapshot: bool = False
     receive_timeout_seconds: float = 60.0
     snapshot_writer: str = "auto"
+    apply_writer: str = "merge"  # "delta": Iceberg row deltas written from Arrow; "merge": a Spark MERGE per batch
     on_conversion_error: str = "stop"  # or "quarantine": changes that cannot be converted go to <table>__rejects
     maintenance: MaintenancePolicy = field(default_factory=MaintenancePolicy)  # compaction, expiry, orphan files
 
@@ -79,6 +80,8 @@ class PipelineConfig:
             problems.append(f"on_conversion_error {self.on_conversion_error!r} must be stop or quarantine")
         if self.snapshot_writer not in ("auto", "arrow", "spark"):
             problems.append(f"snapshot writer {self.snapshot_writer!r} must be auto, arrow or spark")
+        if self.apply_writer not in ("delta", "merge"):
+            problems.append(f"apply writer {self.apply_writer!r} must be delta or merge")
         problems += self.maintenance.problems()
         if problems:
             raise ConfigError("; ".join(problems))

@@ -156,7 +156,8 @@ class Pipeline:
         # stream never waits for a MERGE unless a full batch is ready before the one before it is applied.
         with SourceWatch(config.dsn, config.slot) as watch, \
                 Applier(self._tables, lambda: self.spark, self.progress, self._emit,
-                        changelog=config.changelog, maintenance=config.maintenance) as applier:
+                        changelog=config.changelog, writer=config.apply_writer,
+                        maintenance=config.maintenance) as applier:
             try:
                 for item in items:
                     if isinstance(item, Transaction):

@@ -6,9 +6,18 @@ Input is an Arrow change table (see :mod:`pgcdc.change_table`), not replication 
 2. order by (commit LSN, ordinal); keep only what follows the last TRUNCATE, which empties the mirror;
 3. resolve unchanged TOAST values from earlier changes of the batch (following key changes back),
    leaving for the mirror only what the batch cannot know;
-4. reduce to the last change per key in Spark (Iceberg's MERGE refuses two source rows per key),
-   an UPDATE that changes the key becoming a DELETE of the old key and a write of the new one;
-5. one ``MERGE INTO`` (or, after a TRUNCATE, one overwrite) carrying ``pgcdc.lsn`` in its snapshot summary.
+4. reduce to the last change per key (Iceberg's MERGE refuses two source rows per key), an UPDATE that
+   changes the key becoming a DELETE of the old key and a write of the new one;
+5. one commit carrying ``pgcdc.lsn`` in its snapshot summary, made by one of two writers:
+
+   - ``delta`` (:mod:`pgcdc.spark.delta`): the reduction in Arrow, then a data file of the new rows and an
+     equality-delete file of the keys they replace or remove, committed as one Iceberg row delta (after a
+     TRUNCATE, one overwrite) — no Spark query, except to read the mirror's values of unchanged TOAST
+     columns the batch cannot know;
+   - ``merge``: the reduction in Spark and one ``MERGE INTO`` (after a TRUNCATE, one overwrite).
+
+   A mirror the delta writer cannot write (partitioned, format v1, rows matched on nested columns) is
+   applied by the MERGE writer, with a log line that says why.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from pgcdc.checkpoint import first_unapplied
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import REPLICA_IDENTITY_NOTHING
 from pgcdc.spark.arrow import arrow_to_dataframe, from_plain_rows, from_plain_values, plain_rows, plain_values
+from pgcdc.spark.delta import DeltaTable
 from pgcdc.spark.iceberg import with_commit_properties
 from pgcdc.spark.mirror import ORDINAL_PROPERTY, POSITION_PROPERTY, MirrorTable, quote, sql_string
 
@@ -33,16 +43,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pgcdc.spark.apply")
 
-
+WRITERS = ("delta", "merge")
 
 
 def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *, lsn: Lsn,
-                  changelog: bool = False) -> int:
+                  changelog: bool = False, writer: str = "merge") -> int:
     """Apply ``changes`` to ``mirror`` and record ``lsn`` as its position; returns the changes applied.
 
     ``lsn`` is the commit LSN of the last transaction ``changes`` holds whole. Nothing is committed when
-    every change is already in the mirror.
+    every change is already in the mirror. ``writer``: "delta" or "merge" (see the module).
     """
+    if writer not in WRITERS:
+        raise ValueError(f"apply writer {writer!r} must be one of {', '.join(WRITERS)}")
     ordered = _sorted(changes)
     if changelog:  # first: the change log's own position makes a replay after a crash here harmless
         _append_changelog(spark, mirror, _after_position(ordered, mirror.changelog_position), lsn)
@@ -55,7 +67,10 @@ def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *
     if truncated:
         changes = changes.slice(truncates[-1] + 1)
     spec = mirror.spec
-    if spec.key_columns:
+    target = _delta_target(spark, mirror) if writer == "delta" else None
+    if target is not None:
+        _apply_delta(spark, mirror, target, changes, lsn, truncated)
+    elif spec.key_columns:
         _apply_keyed(spark, mirror, changes, lsn, truncated)
     elif spec.replica_identity == REPLICA_IDENTITY_NOTHING:
         inserts = changes.filter(pc.equal(changes.column(C.OP), "I"))
@@ -249,10 +264,9 @@ def _fill_from_mirror(spark: SparkSession, mirror: MirrorTable, reduced: DataFra
 # -- tables without a key --------------------------------------------------------------------
 
 
-def _apply_keyless(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, lsn: Lsn, truncated: bool) -> None:
-    """REPLICA IDENTITY FULL without a key: rows match on every column. Within the batch a delete first
-    cancels an identical row inserted earlier in it; the rest become one MERGE."""
-    names = _source_names(mirror)
+def _keyless_effect(changes: pa.Table, names: list[str]) -> tuple[list[dict], list[dict]]:
+    """(whole rows to delete from the mirror, rows to insert) of a table without a key: within the batch a
+    delete first cancels an identical row inserted earlier in it."""
     after = plain_rows(changes.select(names))
     before = plain_values(changes.column(C.BEFORE))
     unchanged = changes.column(C.UNCHANGED).to_pylist()
@@ -269,13 +283,19 @@ def _apply_keyless(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, 
             if kept and old is not None:  # the old image (FULL) carries the value an unchanged column kept
                 new = {**new, **{n: old[n] for n in kept}}
             pending.setdefault(repr(tuple(new[n] for n in names)), []).append(new)
-    inserts = [row for rows in pending.values() for row in rows]
+    return list(deletes.values()), [row for rows in pending.values() for row in rows]
+
+
+def _apply_keyless(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, lsn: Lsn, truncated: bool) -> None:
+    """REPLICA IDENTITY FULL without a key: rows match on every column, as one MERGE."""
+    names = _source_names(mirror)
+    deleted, inserts = _keyless_effect(changes, names)
     schema = pa.schema([changes.schema.field(n) for n in names])
     if truncated:
         table = from_plain_rows(inserts, schema)
         _write_rows(spark, mirror, arrow_to_dataframe(spark, table, mirror.spec.spark_schema), lsn, overwrite=True)
         return
-    marked = [{**row, C.OP: "D"} for row in deletes.values()] + [{**row, C.OP: "I"} for row in inserts]
+    marked = [{**row, C.OP: "D"} for row in deleted] + [{**row, C.OP: "I"} for row in inserts]
     table = from_plain_rows(marked, schema.append(pa.field(C.OP, pa.string())))
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -288,6 +308,104 @@ def _apply_keyless(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, 
         f"WHEN NOT MATCHED AND s.{C.OP} = 'I' THEN INSERT ({', '.join(quote(n) for n in names)}) "
         f"VALUES ({', '.join('s.' + quote(n) for n in names)})")
     with_commit_properties(spark, {POSITION_PROPERTY: str(lsn)}, lambda: spark.sql(statement))
+
+
+# -- the row-delta writer --------------------------------------------------------------------
+
+
+def _delta_target(spark: SparkSession, mirror: MirrorTable) -> DeltaTable | None:
+    """The mirror as the row-delta writer writes it in this batch; None (the MERGE writer applies the batch)
+    when it cannot, with the reason logged."""
+    target = DeltaTable(spark, mirror.identifier)
+    matched_on = list(mirror.spec.key_columns) or (
+        [] if mirror.spec.replica_identity == REPLICA_IDENTITY_NOTHING else _source_names(mirror))
+    reason = target.unwritable(matched_on)
+    if reason is not None:
+        log.info("%s: the MERGE writer applies this batch to %s: %s", mirror.spec.source, mirror.identifier, reason)
+        return None
+    return target
+
+
+def _apply_delta(spark: SparkSession, mirror: MirrorTable, target: DeltaTable, changes: pa.Table, lsn: Lsn,
+                 truncated: bool) -> None:
+    """One commit of the batch's new rows and of equality deletes of what they replace or remove."""
+    spec = mirror.spec
+    names = _source_names(mirror)
+    properties = {POSITION_PROPERTY: str(lsn)}
+    if spec.key_columns:
+        keys = list(spec.key_columns)
+        resolved, fill_keys = _resolve_unchanged(changes, keys, names)
+        last = _last_per_key(_with_old_key_deletes(resolved, keys, fill_keys), keys)
+        rows = last.filter(pc.not_equal(last.column(C.OP), "D"))
+        if not truncated:
+            rows = _fill_from_mirror_rows(spark, mirror, rows, keys)
+        # every key the batch touches: an older row under it is replaced or removed; the batch's own new row
+        # shares the commit's sequence number, which equality deletes do not reach
+        target.commit(rows.select(names), None if truncated else last.select(keys), properties,
+                      replace_all=truncated)
+    elif spec.replica_identity == REPLICA_IDENTITY_NOTHING:
+        inserts = changes.filter(pc.equal(changes.column(C.OP), "I"))
+        if inserts.num_rows != changes.num_rows:
+            log.warning("%s has no replica identity: %d updates/deletes cannot be mirrored",
+                        spec.source, changes.num_rows - inserts.num_rows)
+        target.commit(inserts.select(names), None, properties, replace_all=truncated)
+    else:
+        deleted, inserts = _keyless_effect(changes, names)
+        schema = pa.schema([changes.schema.field(n) for n in names])
+        # an equality delete on every column removes every identical older row (NULL matches NULL), as the
+        # MERGE's null-safe match does
+        target.commit(from_plain_rows(inserts, schema), None if truncated else from_plain_rows(deleted, schema),
+                      properties, replace_all=truncated)
+
+
+def _last_per_key(events: pa.Table, keys: list[str]) -> pa.Table:
+    """The last event (highest ``_pgcdc_seq``) of each key, in key order (tighter column bounds per file)."""
+    if events.num_rows == 0:
+        return events
+    last = events.select([*keys, C.SEQ]).group_by(keys, use_threads=False).aggregate([(C.SEQ, "max")])
+    kept = events.filter(pc.is_in(events.column(C.SEQ), value_set=last.column(f"{C.SEQ}_max")))
+    return kept.take(pc.sort_indices(kept, sort_keys=[(k, "ascending") for k in keys]))
+
+
+def _fill_from_mirror_rows(spark: SparkSession, mirror: MirrorTable, rows: pa.Table, keys: list[str]) -> pa.Table:
+    """Unchanged TOAST values the batch cannot know, read from the mirror: under the row's key, or under the key
+    it had before the batch when its key changed in it. One bounded read of just those keys."""
+    unchanged = rows.column(C.UNCHANGED).to_pylist()
+    wanted = [i for i, columns in enumerate(unchanged) if columns]
+    if not wanted:
+        return rows
+    fill = plain_values(rows.column(C.FILL_KEY))
+    own = list(zip(*(plain_values(rows.column(k)) for k in keys), strict=True))
+    lookup = {i: tuple(fill[i][k] for k in keys) if fill[i] is not None else own[i] for i in wanted}
+    key_schema = pa.schema([rows.schema.field(k) for k in keys])
+    key_table = from_plain_rows([dict(zip(keys, key, strict=True)) for key in set(lookup.values())], key_schema)
+    found = _mirror_rows_by_key(spark, mirror, key_table, keys)
+    at = {key: row for row, key in enumerate(zip(*(plain_values(found.column(k)) for k in keys), strict=True))}
+    positions = pa.array([at.get(lookup[i]) if i in lookup else None for i in range(rows.num_rows)], pa.int64())
+    for name in sorted({c for i in wanted for c in unchanged[i]}):
+        keep = pa.array([name in (columns or ()) for columns in unchanged], pa.bool_())
+        index = rows.schema.get_field_index(name)
+        mirrored = found.column(name).take(positions).cast(rows.schema.field(name).type)
+        rows = rows.set_column(index, rows.schema.field(name), pc.if_else(keep, mirrored, rows.column(name)))
+    return rows
+
+
+def _mirror_rows_by_key(spark: SparkSession, mirror: MirrorTable, keys_table: pa.Table, keys: list[str]) -> pa.Table:
+    """The mirror's rows under ``keys_table``'s keys, as Arrow (no trip through Python values: dates and
+    timestamps beyond Python's range come back whole)."""
+    from pyspark.sql.types import StructType
+
+    key_frame = arrow_to_dataframe(spark, keys_table, StructType([mirror.spec.spark_schema[k] for k in keys]))
+    mirror_frame = spark.table(mirror.identifier).alias("t")
+    ranges = _key_ranges(keys_table, keys)
+    if ranges:  # lets Iceberg skip the data files outside the keys' range
+        mirror_frame = mirror_frame.where(" AND ".join(ranges))
+    found = mirror_frame.join(key_frame, on=keys, how="left_semi").select(*_source_names(mirror))
+    batches = found._collect_as_arrow()
+    if not batches:  # none of the keys is in the mirror: every value looked up is NULL
+        return pa.table({name: pa.nulls(0, keys_table.schema.field(name).type if name in keys else pa.null())
+                         for name in _source_names(mirror)})
+    return pa.Table.from_batches(batches)
 
 
 # -- writes ----------------------------------------------------------------------------------

@@ -132,19 +132,33 @@ def parquet_compression(table: Any) -> tuple[str, int | None]:
     return ("none" if codec == "uncompressed" else codec), (int(level) if level is not None else None)
 
 
+def data_file(spark: SparkSession, table: Any, path: str, size: int, *, equality_ids: list[int] | None = None) -> Any:
+    """The Iceberg ``DataFile`` (or, with ``equality_ids``, equality ``DeleteFile`` on those field ids) of the
+    Parquet file at ``path``, its column metrics read from the file's footer."""
+    jvm: Any = spark.sparkContext._jvm
+    iceberg = jvm.org.apache.iceberg
+    metrics = iceberg.parquet.ParquetUtil.fileMetrics(table.io().newInputFile(path),
+                                                      iceberg.MetricsConfig.forTable(table))
+    if equality_ids is None:
+        builder = iceberg.DataFiles.builder(table.spec())
+    else:
+        gateway: Any = spark.sparkContext._gateway
+        ids = gateway.new_array(gateway.jvm.int, len(equality_ids))
+        for index, field_id in enumerate(equality_ids):
+            ids[index] = field_id
+        builder = iceberg.FileMetadata.deleteFileBuilder(table.spec()).ofEqualityDeletes(ids)
+    return (builder.withPath(path).withFormat(iceberg.FileFormat.PARQUET).withFileSizeInBytes(size)
+            .withMetrics(metrics).build())
+
+
 def replace_with_files(spark: SparkSession, table: Any, files: list[tuple[str, int]],
                        properties: Mapping[str, str]) -> None:
     """One commit: every row of ``table`` replaced by the Parquet ``files`` (path, size in bytes), with
     ``properties`` in the snapshot summary. Column metrics come from each file's footer."""
     jvm: Any = spark.sparkContext._jvm
-    iceberg = jvm.org.apache.iceberg
-    metrics_config = iceberg.MetricsConfig.forTable(table)
-    overwrite = table.newOverwrite().overwriteByRowFilter(iceberg.expressions.Expressions.alwaysTrue())
+    overwrite = table.newOverwrite().overwriteByRowFilter(jvm.org.apache.iceberg.expressions.Expressions.alwaysTrue())
     for path, size in files:
-        metrics = iceberg.parquet.ParquetUtil.fileMetrics(table.io().newInputFile(path), metrics_config)
-        data_file = (iceberg.DataFiles.builder(table.spec()).withPath(path).withFormat(iceberg.FileFormat.PARQUET)
-                     .withFileSizeInBytes(size).withMetrics(metrics).build())
-        overwrite = overwrite.addFile(data_file)
+        overwrite = overwrite.addFile(data_file(spark, table, path, size))
     for key, value in properties.items():
         overwrite = overwrite.set(str(key), str(value))
     overwrite.commit()

@@ -1,0 +1,168 @@
+"""Catch-up: a backlog in the slot turned into committed Iceberg rows, beside pg_recvlogical draining a twin slot.
+
+A table of 10 columns gets a backlog of inserts in 1,000-row transactions, then one UPDATE of a fifth of the
+rows (full: 500,000 + 100,000 changes; --quick: 100,000 + 20,000). Slots created before the backlog hold the
+same changes: pg_recvlogical drains one into /dev/null (the slot's own rate, the peer); pgcdc drains one per
+apply writer into empty mirrors (``run --until-caught-up`` in this process, Spark already started: the
+delta writer runs first and pays the JVM's warm-up). Then pgcdc's start-up alone: a ``pgcdc run
+--until-caught-up`` process with nothing to do. CPU per change is counted by program. Last line: JSON figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import psycopg
+
+from pgcdc.embedded import EmbeddedPostgres
+from pgcdc.lsn import Lsn
+from pgcdc.pipeline import Pipeline, PipelineConfig
+from pgcdc.spark.session import spark_session
+
+TABLE = """
+CREATE TABLE events (id bigint PRIMARY KEY, a int, b text, c numeric(12, 2), d timestamptz, e bool, f float8,
+                     g uuid, h jsonb, i date);
+CREATE PUBLICATION pub FOR TABLE events;
+"""
+FILL = """
+INSERT INTO events SELECT i, i %% 1000, 'name ' || i, i * 1.25, now(), i %% 2 = 0, i / 3.0, md5(i::text)::uuid,
+       jsonb_build_object('k', i), date '2024-01-01' + (i %% 365)::int
+FROM generate_series(%s::bigint, %s::bigint) i
+"""
+WRITERS = ("delta", "merge")
+
+
+def cpu_seconds(roots: list[int]) -> Counter[str]:
+    """CPU seconds used so far by the processes under ``roots`` (this bench and its server; ended children count
+    in their parent), by program: other work on the machine is left out."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, str, float]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat_file:
+                stat = stat_file.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        stats[int(entry.name)] = (int(fields[1]), stat[stat.index("(") + 1:stat.rindex(")")],
+                                  sum(int(f) for f in fields[11:15]) / ticks)
+    mine = set(roots)
+    grew = True
+    while grew:
+        grew = False
+        for pid, (parent, _, _) in stats.items():
+            if parent in mine and pid not in mine:
+                mine.add(pid)
+                grew = True
+    totals: Counter[str] = Counter()
+    for pid in mine & stats.keys():
+        _, name, seconds = stats[pid]
+        program = ("pgcdc" if pid == os.getpid() else "postgres" if name.startswith("postgres") else
+                   "jvm" if name == "java" else "python workers" if name.startswith(("python", "pyspark"))
+                   else "other")
+        totals[program] += seconds
+    return totals
+
+
+def cpu_per_change(before: Counter[str], after: Counter[str], changes: int) -> dict[str, float]:
+    used = Counter(after)
+    used.subtract(before)
+    return {program: round(seconds * 1e6 / changes, 2) for program, seconds in sorted(used.items())
+            if seconds > 0}
+
+
+def recvlogical_drain(server: EmbeddedPostgres, slot: str, end: Lsn) -> float:
+    command = [str(server.bin_dir / "pg_recvlogical"), "-d", server.dsn, "--slot", slot, "--start",
+               "-o", "proto_version=1", "-o", "publication_names=pub", "-f", "/dev/null", "-E", str(end),
+               "--no-loop"]
+    started = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, timeout=1800)
+    return time.perf_counter() - started
+
+
+def config_for(server: EmbeddedPostgres, warehouse: str, writer: str) -> PipelineConfig:
+    return PipelineConfig(dsn=server.dsn, publication="pub", slot=f"catchup_{writer}", warehouse=warehouse,
+                          namespace=f"catchup_{writer}", apply_writer=writer)
+
+
+def startup_seconds(config: PipelineConfig) -> float:
+    """A whole ``pgcdc run --until-caught-up`` process on a slot with nothing to do."""
+    command = [sys.executable, "-m", "pgcdc.cli", "run", "--dsn", config.dsn, "--publication", config.publication,
+               "--slot", config.slot, "--warehouse", str(config.warehouse), "--namespace", config.namespace,
+               "--apply", config.apply_writer, "--until-caught-up"]
+    started = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, timeout=600,
+                   env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING"})
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="100,000 inserts and a 20,000-row UPDATE")
+    args = parser.parse_args()
+    inserts = 100_000 if args.quick else 500_000
+    updated = inserts // 5
+    changes = inserts + updated
+    warehouse = tempfile.mkdtemp(prefix="pgcdc-catchup-")
+    figures: dict[str, object] = {"changes": changes}
+    with EmbeddedPostgres(settings={"max_wal_size": "8GB"}) as server:
+        spark = spark_session(warehouse)
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute(TABLE)
+        configs = {writer: config_for(server, warehouse, writer) for writer in WRITERS}
+        for config in configs.values():  # each slot and its empty mirror, before the backlog
+            Pipeline(config, spark=spark).snapshot()
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_create_logical_replication_slot('for_recvlogical', 'pgoutput')")
+            for start in range(0, inserts, 1000):
+                conn.execute(FILL, (start, start + 999))
+            conn.execute("UPDATE events SET a = a + 1, b = b || '!' WHERE id < %s", (updated,))
+            end = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+        roots = [os.getpid()] + ([server.pid] if server.pid else [])
+        cpu = cpu_seconds(roots)
+        theirs = changes / recvlogical_drain(server, "for_recvlogical", end)
+        recvlogical_cpu = cpu_per_change(cpu, cpu_seconds(roots), changes)
+        print(f"backlog of {changes:,} changes ({inserts // 1000} transactions of 1,000 inserts, one UPDATE of "
+              f"{updated:,} rows)")
+        print(f"{'drained by':<40} {'changes/s':>10}  ratio")
+        print(f"{'pg_recvlogical (to /dev/null)':<40} {theirs:>10,.0f}  1.00   CPU µs/change {recvlogical_cpu}",
+              flush=True)
+        figures["pg_recvlogical_changes_per_s"] = round(theirs)
+        for writer, config in configs.items():
+            cpu = cpu_seconds(roots)
+            started = time.perf_counter()
+            progress = Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+            seconds = time.perf_counter() - started
+            used = cpu_per_change(cpu, cpu_seconds(roots), changes)
+            assert progress.rows_applied == changes, (writer, progress.rows_applied, changes)
+            count = spark.sql(f"SELECT count(*) AS n FROM pgcdc.catchup_{writer}.public.events").collect()[0].n
+            assert count == inserts, (writer, count)
+            ours = changes / seconds
+            print(f"{'pgcdc into Iceberg, ' + writer + ' writer':<40} {ours:>10,.0f}  {ours / theirs:.2f}   "
+                  f"CPU µs/change {used}", flush=True)
+            figures[f"{writer}_changes_per_s"] = round(ours)
+            figures[f"{writer}_ratio_vs_pg_recvlogical"] = round(ours / theirs, 2)
+            figures.update({f"{writer}_{program.replace(' ', '_')}_cpu_us_per_change": value
+                            for program, value in used.items()})
+        spark.stop()
+        startup = startup_seconds(configs["delta"])
+        print(f"pgcdc start-up (a run --until-caught-up with nothing to do): {startup:.1f}s")
+        figures["startup_s"] = round(startup, 1)
+    figures["ratio_vs_pg_recvlogical"] = figures["delta_ratio_vs_pg_recvlogical"]
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Row deltas: a batch's rows written as Iceberg data files and equality-delete files by Arrow, committed by
+Iceberg's Java API in one commit that carries ``pgcdc.lsn`` — no Spark query per batch.
+
+:mod:`pgcdc.spark.apply` decides what a batch means (the last change per key, unchanged TOAST values, key
+changes, TRUNCATE); this module makes it durable:
+
+- the new row images go to one Parquet data file, the keys they replace or remove to one Parquet
+  equality-delete file on the key's field ids (Iceberg format v2), both in the mirror's layout (field ids,
+  Iceberg's stored types, codec), at paths the table's location provider gives, through the table's FileIO
+  (Arrow writes a local warehouse's files directly);
+- one ``RowDelta`` adds both. Iceberg applies an equality delete only to data files of a *lower* data sequence
+  number, so a row written in the same commit as the delete of its key survives it, while every older row
+  with that key is gone;
+- a batch that begins by emptying the mirror (TRUNCATE) is one overwrite of every row by the new file.
+
+A commit that loses a race with another writer (a maintenance commit) is retried by Iceberg on the new
+table state with the same files; the position is in the same commit, so it lands once or not at all. The
+files of a commit that failed for sure are deleted; when the outcome is unknown they are left (they may be
+part of the table).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from pgcdc.faults import injection_point
+from pgcdc.spark.iceberg import data_file, load_table, parquet_compression, parquet_layout
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("pgcdc.spark.delta")
+
+
+class DeltaTable:
+    """One mirror as the row-delta writer sees it for one batch: the Iceberg table as loaded now (its schema
+    and field ids read fresh, so a schema change between batches is followed), and its Parquet layout."""
+
+    def __init__(self, spark: SparkSession, identifier: str) -> None:
+        self.spark = spark
+        self.table = load_table(spark, identifier)
+        self.start_snapshot = self.table.currentSnapshot()
+        self.layout_problem: str | None = None
+        try:
+            layout = parquet_layout(self.table)
+        except NotImplementedError as exc:
+            self.layout_problem, layout = str(exc), []
+        self.schema = pa.schema([pa.field(name, arrow_type, metadata={b"PARQUET:field_id": str(field_id).encode()})
+                                 for name, (field_id, arrow_type) in layout])
+        self.compression = parquet_compression(self.table)
+
+    def unwritable(self, key_columns: list[str]) -> str | None:
+        """Why the row-delta writer cannot write this mirror (the MERGE writer does), or None when it can.
+        ``key_columns``: the columns its equality deletes name (every column of a table without a key)."""
+        if self.table.spec().isPartitioned():
+            return "it is partitioned"
+        if int(self.table.operations().current().formatVersion()) < 2:
+            return "it is an Iceberg format-version 1 table, which has no delete files"
+        if self.layout_problem is not None:
+            return self.layout_problem
+        nested = [name for name in key_columns if pa.types.is_nested(self.schema.field(name).type)]
+        if nested:
+            return f"rows are matched on {', '.join(nested)}, which equality deletes cannot name (nested types)"
+        return None
+
+    def field_ids(self, names: list[str]) -> list[int]:
+        return [int(self.schema.field(name).metadata[b"PARQUET:field_id"]) for name in names]
+
+    def commit(self, rows: pa.Table | None, deleted_keys: pa.Table | None, properties: Mapping[str, str], *,
+               replace_all: bool = False) -> None:
+        """One commit: ``rows`` added, every older row equal to a row of ``deleted_keys`` (on its columns)
+        removed — or, with ``replace_all``, every row of the table replaced by ``rows`` — and ``properties`` in
+        its snapshot summary."""
+        jvm: Any = self.spark.sparkContext._jvm
+        iceberg = jvm.org.apache.iceberg
+        written: list[str] = []
+        try:
+            injection_point("apply.delta-write")
+            data = None
+            if rows is not None and rows.num_rows:
+                data = self._write(rows, self.schema, written)
+                data = data_file(self.spark, self.table, *data)
+            injection_point("apply.delta-deletes")
+            deletes = None
+            if not replace_all and deleted_keys is not None and deleted_keys.num_rows:
+                names = deleted_keys.column_names
+                key_schema = pa.schema([self.schema.field(name) for name in names])
+                path_size = self._write(deleted_keys, key_schema, written)
+                deletes = data_file(self.spark, self.table, *path_size, equality_ids=self.field_ids(names))
+            injection_point("apply.delta-commit")
+            if replace_all:
+                operation = self.table.newOverwrite().overwriteByRowFilter(iceberg.expressions.Expressions.alwaysTrue())
+                if data is not None:
+                    operation = operation.addFile(data)
+            else:
+                operation = self.table.newRowDelta()
+                if self.start_snapshot is not None:
+                    # conflicts are checked from the state the batch was built on; equality deletes need no
+                    # data file of it to survive, so a compaction committed meanwhile is no conflict
+                    operation = operation.validateFromSnapshot(self.start_snapshot.snapshotId())
+                if data is not None:
+                    operation = operation.addRows(data)
+                if deletes is not None:
+                    operation = operation.addDeletes(deletes)
+            for key, value in properties.items():
+                operation = operation.set(str(key), str(value))
+            operation.commit()
+        except Exception as exc:
+            if _outcome_unknown(exc):
+                log.error("the commit's outcome is unknown; its files are kept: %s", ", ".join(written))
+            else:
+                self._remove(written)
+            raise
+
+    def _write(self, rows: pa.Table, schema: pa.Schema, written: list[str]) -> tuple[str, int]:
+        """``rows`` as one Parquet file in ``schema`` (field ids, Iceberg's types) at a new location of the
+        table; returns its path and size."""
+        import pyarrow.parquet as pq
+
+        path = str(self.table.locationProvider().newDataLocation(f"{uuid.uuid4()}.parquet"))
+        written.append(path)
+        laid_out = in_layout(rows, schema)
+        codec, level = self.compression
+        local = local_path(path)
+        if local is not None:
+            import os
+
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            pq.write_table(laid_out, local, compression=codec, compression_level=level,
+                           use_compliant_nested_type=True, row_group_size=1 << 30)
+            return path, os.path.getsize(local)
+        sink = pa.BufferOutputStream()
+        pq.write_table(laid_out, sink, compression=codec, compression_level=level, use_compliant_nested_type=True,
+                       row_group_size=1 << 30)
+        content = sink.getvalue().to_pybytes()
+        stream = self.table.io().newOutputFile(path).create()
+        try:
+            stream.write(bytearray(content))
+        finally:
+            stream.close()
+        return path, len(content)
+
+    def _remove(self, paths: list[str]) -> None:
+        for path in paths:
+            try:
+                self.table.io().deleteFile(path)
+            except Exception as exc:
+                log.warning("could not remove %s of a failed commit: %s", path, exc)
+
+
+def _outcome_unknown(exc: Exception) -> bool:
+    return "CommitStateUnknownException" in str(exc)
+
+
+def in_layout(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``rows`` by name in ``schema``'s order and types (Iceberg's: e.g. smallint stored as int, nested field
+    ids attached); a column the rows lack is NULL."""
+    return pa.Table.from_arrays(
+        [rows.column(field.name).cast(field.type) if field.name in rows.column_names
+         else pa.nulls(rows.num_rows, field.type) for field in schema], schema=schema)
+
+
+def local_path(location: str) -> str | None:
+    """A ``file:`` location (``file:/x``, ``file:///x``) or a plain absolute path as a path of this machine;
+    None for any other scheme (object stores, HDFS), which only the table's FileIO reaches."""
+    if location.startswith("file://"):
+        return location[len("file://"):]
+    if location.startswith("file:"):
+        return location[len("file:"):]
+    return location if location.startswith("/") else None
