@@ -60,11 +60,12 @@ def _size(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-def mirror_status(warehouse: str, catalog: str, namespace: str, conf: Mapping[str, str]) -> list[dict[str, Any]]:
+def mirror_status(warehouse: str, catalog: str, namespace: str, conf: Mapping[str, str], *,
+                  catalog_type: str | None = None, catalog_uri: str | None = None) -> list[dict[str, Any]]:
     """Each mirror in the warehouse: its source table, ``pgcdc.lsn`` and row count."""
     from pgcdc.spark.mirror import MirrorCatalog
     from pgcdc.spark.session import spark_session
 
-    spark = spark_session(warehouse, catalog, conf=conf)
+    spark = spark_session(warehouse, catalog, conf=conf, catalog_type=catalog_type, catalog_uri=catalog_uri)
     mirrors = MirrorCatalog(spark, catalog=catalog, namespace=namespace)
     return mirrors.describe()
