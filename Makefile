@@ -9,6 +9,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.pgcdc-installed
+TEST_STAMP := $(VENV)/.pgcdc-test-parts-installed
 PYTEST_ARGS ?=
 
 .PHONY: install test soak demo bench lint clean
@@ -34,11 +35,25 @@ $(STAMP): pyproject.toml Makefile
 	fi
 	@touch $@
 
+# The object storage tests' parts, for the test path only (make demo stays lean): a local S3 server, Hadoop's
+# s3a client jars (hadoop-aws 3.3.1 and aws-java-sdk-bundle 1.11.901, shipped in sagemaker-pyspark's archive;
+# --no-deps: it pins an old pyspark) and the PostgreSQL JDBC driver for Iceberg's JDBC catalog.
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q 'moto[server]==5.2.5'
+	$(PY) -m pip install -q --no-deps 'sagemaker-pyspark==1.4.5'
+	@if [ ! -f /usr/share/java/postgresql.jar ]; then \
+	  echo "installing the PostgreSQL JDBC driver (libpostgresql-jdbc-java) with apt-get"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q libpostgresql-jdbc-java; \
+	  else sudo apt-get update -q && sudo apt-get install -y -q libpostgresql-jdbc-java; fi; \
+	fi
+	@command -v javac >/dev/null || echo "no javac: the REST catalog tests will be skipped (apt-get install openjdk-17-jdk-headless)"
+	@touch $@
+
 # --durations: the 15 slowest tests, printed at the end, so that a slow newcomer shows up in every run
-test: $(STAMP)
+test: $(STAMP) $(TEST_STAMP)
 	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
 
-soak: $(STAMP)
+soak: $(STAMP) $(TEST_STAMP)
 	$(PY) -m pytest -m soak $(PYTEST_ARGS)
 	$(PY) bench/fuzz.py
 

@@ -210,11 +210,14 @@ def pg_factory(pg_server: TestServer) -> Iterator:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory):
-    """One local Spark with Iceberg for the session (start-up costs seconds)."""
+    """One local Spark with Iceberg for the session (start-up costs seconds); with the object storage jars
+    when they are installed, so that the S3 tests attach their catalogs to it instead of starting another."""
+    from objectstore_support import object_store_jars
     from pgcdc.spark.session import spark_session
 
     warehouse = tmp_path_factory.mktemp("warehouse")
-    session = spark_session(warehouse=warehouse)
+    jars = object_store_jars()
+    session = spark_session(warehouse=warehouse, conf={"spark.jars": ",".join(jars)} if jars else None)
     yield session
     session.stop()
 

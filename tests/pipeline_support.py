@@ -162,9 +162,21 @@ class Workload:
                                  (rng.randrange(1, 300),))
 
 
+def catalog_arguments(config: PipelineConfig) -> list[str]:
+    """The flags that name ``config``'s catalog and warehouse, with its Spark settings as ``--conf``."""
+    arguments = ["--warehouse", config.warehouse or "warehouse", "--catalog", config.catalog]
+    if config.catalog_type:
+        arguments += ["--catalog-type", config.catalog_type]
+    if config.catalog_uri:
+        arguments += ["--catalog-uri", config.catalog_uri]
+    for key, value in config.spark_conf.items():
+        arguments += ["--conf", f"{key}={value}"]
+    return arguments
+
+
 def run_cli(config: PipelineConfig, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     command = [sys.executable, "-m", "pgcdc.cli", "run", "--dsn", config.dsn, "--publication", config.publication,
-               "--slot", config.slot, "--warehouse", config.warehouse, "--namespace", config.namespace,
+               "--slot", config.slot, *catalog_arguments(config), "--namespace", config.namespace,
                "--batch-seconds", str(config.batch_max_seconds), "--apply", config.apply_writer, *args]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
@@ -254,3 +266,78 @@ def assert_mirrors_equal(config: PipelineConfig, spark, dsn: str, tables: set[st
 
 
 SHOP_TABLES = {"shop.customers", "shop.orders", "shop.events", "shop.audit", "shop.kinds"}
+
+
+def mirror_mixed_workload(pg, spark, **overrides) -> Pipeline:
+    """The initial copy, then the demo's mixed workload streamed on top of it (inserts, updates, deletes,
+    large streamed and prepared transactions, truncates) into mirrors with a changelog; every mirror is then
+    compared row for row, and a second run with nothing new must change nothing."""
+    from pgcdc.demo import workload
+    from pgcdc.lsn import Lsn
+
+    pg.server.require(16, "streaming 'parallel' and two-phase decoding")
+    prepare_source(pg, rows=300)
+    config = pipeline_config(pg, spark, changelog=True, **overrides)
+    pipeline = Pipeline(config, spark=spark)
+    copied = pipeline.snapshot()
+    assert copied["shop.customers"] == 300
+    with pg.connect() as conn:
+        workload(conn, rows=300, large_rows=3000)
+    progress = pipeline.run(until_caught_up=True, handle_signals=False)
+    assert progress.rows_applied > 3000
+    assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
+
+    # the slot's confirmed position never passes what the mirrors hold, and reached the end of the workload
+    positions = pipeline.mirrors.positions()
+    confirmed = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                           (config.slot,))
+    assert Lsn.parse(confirmed[0][0]) >= max(positions.values())
+
+    # a second run with nothing new applies nothing and changes no mirror
+    again = Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+    assert again.rows_applied == 0
+    assert pipeline.mirrors.positions() == positions
+
+    changes = spark.sql(f"SELECT count(*) AS n FROM {pipeline.mirrors.changelog_identifier_for('shop', 'audit')}")
+    assert changes.collect()[0].n > 0
+    return pipeline
+
+
+def crash_loop(pg, spark, rounds: list[str | None], seed: int, *, aim_timeout: float = 60,
+               **overrides) -> list[str]:
+    """SIGKILL ``pgcdc run`` at each of ``rounds`` (an injection point spec, or None for a random instant) under
+    a steady mixed workload, restart it each time, and prove that every mirror equals its source row for row;
+    returns every run's output. An aimed kill not fired within ``aim_timeout`` seconds is sent at random."""
+    pg.server.require(15, "two-phase decoding")
+    prepare_source(pg, rows=300)
+    config = pipeline_config(pg, spark, **overrides)
+    rng = random.Random(seed)
+    fired: dict[str, int] = {}
+    outputs = []
+    with Workload(pg.dsn, seed=seed) as workload:
+        wait_for_transactions(workload, 30)  # the first kill lands with changes already in flight
+        for spec in rounds:
+            env = {"PGCDC_INJECT": spec} if spec else {}
+            process = run_cli(config, env=env)
+            try:
+                # an aimed kill fires by itself; a random one (or an aim the run never reached) is sent here
+                process.wait(timeout=aim_timeout if spec else rng.uniform(4, 14))
+            except Exception:
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+                spec = f"random instant ({spec or 'unaimed'})"
+            output = process.stdout.read() if process.stdout else ""
+            outputs.append(output)
+            assert process.returncode == -signal.SIGKILL, f"{spec}: exited {process.returncode}\n{output}"
+            fired[spec or "random"] = fired.get(spec or "random", 0) + 1
+        assert not workload.errors, workload.errors
+        transactions = workload.transactions
+    # The last restart only catches up before the comparison: the session's Spark, not one more cold JVM.
+    catch_up_in_process(config, spark)
+    figures = assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
+    print(f"kills survived: {sum(fired.values())} {fired}; workload transactions: {transactions}; {figures}")
+    assert figures["rows_lost"] == 0 and figures["rows_extra"] == 0
+    # kills, not distinct aims: the soak run repeats each aim (a repeated snapshot aim finds the copy done)
+    aimed_kills = sum(count for spec, count in fired.items() if not spec.startswith("random"))
+    assert aimed_kills >= len([r for r in rounds if r]) // 2, f"most aimed kills must fire: {fired}"
+    return outputs

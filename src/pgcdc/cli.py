@@ -33,7 +33,7 @@ from rich.table import Table
 
 from pgcdc.errors import ConfigError, PgcdcError
 from pgcdc.observability import configure_logging, redact, redact_dsn
-from pgcdc.secrets import parse_dsn
+from pgcdc.secrets import parse_dsn, register_conf_secrets
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -74,7 +74,14 @@ Publication = Annotated[str, typer.Option("--publication", "-p", envvar="PGCDC_P
 SlotName = Annotated[str, typer.Option("--slot", envvar="PGCDC_SLOT", show_envvar=True,
                                        help="Logical replication slot pgcdc owns.")]
 Warehouse = Annotated[str, typer.Option("--warehouse", envvar="PGCDC_WAREHOUSE", show_envvar=True,
-                                        help="Iceberg warehouse directory or URI (Hadoop catalog).")]
+                                        help="Where the mirrors' files go: a directory, or a URI such as "
+                                             "s3a://bucket/prefix (see docs/pipeline.md for its jars and settings).")]
+CatalogType = Annotated[str | None, typer.Option(
+    "--catalog-type", envvar="PGCDC_CATALOG_TYPE", show_envvar=True,
+    help="Iceberg catalog: hadoop (default: the warehouse itself), jdbc or rest (both need --catalog-uri).")]
+CatalogUri = Annotated[str | None, typer.Option(
+    "--catalog-uri", envvar="PGCDC_CATALOG_URI", show_envvar=True,
+    help="The catalog's address: jdbc:postgresql://host/db for jdbc, https://host/path for rest.")]
 Catalog = Annotated[str, typer.Option("--catalog", envvar="PGCDC_CATALOG", show_envvar=True,
                                       help="Spark catalog name for the mirrors.")]
 Namespace = Annotated[str, typer.Option("--namespace", envvar="PGCDC_NAMESPACE", show_envvar=True,
@@ -163,6 +170,7 @@ def _key_values(pairs: list[str] | None) -> dict[str, str]:
         if not sep or not key.strip():
             raise ConfigError(f"{pair!r} must look like KEY=VALUE")
         conf[key.strip()] = value
+    register_conf_secrets(conf)  # before anything can fail and quote them
     return conf
 
 
@@ -183,6 +191,8 @@ def run(
     slot: SlotName = "pgcdc",
     warehouse: Warehouse = "warehouse",
     catalog: Catalog = "pgcdc",
+    catalog_type: CatalogType = None,
+    catalog_uri: CatalogUri = None,
     namespace: Namespace = "mirror",
     master: Master = None,
     conf: SparkConf = None,
@@ -249,6 +259,7 @@ def run(
 
     config = _pipeline_config(
         dsn=dsn, publication=publication, slot=slot, warehouse=warehouse, catalog=catalog, namespace=namespace,
+        catalog_type=catalog_type, catalog_uri=catalog_uri,
         spark_master=master, spark_conf=_key_values(conf), batch_max_rows=batch_rows,
         batch_max_seconds=batch_seconds, changelog=changelog, snapshot=not no_snapshot, binary=binary,
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
@@ -283,6 +294,8 @@ def snapshot(
     slot: SlotName = "pgcdc",
     warehouse: Warehouse = "warehouse",
     catalog: Catalog = "pgcdc",
+    catalog_type: CatalogType = None,
+    catalog_uri: CatalogUri = None,
     namespace: Namespace = "mirror",
     master: Master = None,
     conf: SparkConf = None,
@@ -295,6 +308,7 @@ def snapshot(
 
     config = _pipeline_config(dsn=dsn, publication=publication, slot=slot, warehouse=warehouse,
                               catalog=catalog, namespace=namespace, spark_master=master,
+                              catalog_type=catalog_type, catalog_uri=catalog_uri,
                               spark_conf=_key_values(conf), resnapshot=resnapshot,
                               snapshot_writer=snapshot_writer)
     with SnapshotProgress(console) as bars:
@@ -380,6 +394,8 @@ def status(
     warehouse: Annotated[str | None, typer.Option(
         "--warehouse", envvar="PGCDC_WAREHOUSE", help="Also show the mirrors in this warehouse.")] = None,
     catalog: Catalog = "pgcdc",
+    catalog_type: CatalogType = None,
+    catalog_uri: CatalogUri = None,
     namespace: Namespace = "mirror",
     conf: SparkConf = None,
     as_json: JsonFlag = False,
@@ -393,7 +409,8 @@ def status(
         require_existing_warehouse(warehouse)
     slots = slot_status(dsn, slot)
     warnings = idle_slot_warnings(slots)
-    mirrors = mirror_status(warehouse, catalog, namespace, _key_values(conf)) if warehouse else []
+    mirrors = mirror_status(warehouse, catalog, namespace, _key_values(conf), catalog_type=catalog_type,
+                            catalog_uri=catalog_uri) if warehouse else []
     if as_json:
         out.print_json(json.dumps({"slots": slots, "mirrors": mirrors, "warnings": warnings}, default=str))
         return
@@ -424,13 +441,30 @@ def _print_warnings(warnings: list[dict[str, str]]) -> None:
 
 
 @app.command()
-def check(dsn: Dsn, publication: Publication, slot: SlotName = "pgcdc", as_json: JsonFlag = False) -> None:
-    """Verify wal_level, privileges, free slots and WAL senders, the publication and replica identities; say how
-    to fix each problem. Inactive slots that hold WAL are warned about (they do not make the source unready)."""
+def check(
+    dsn: Dsn,
+    publication: Publication,
+    slot: SlotName = "pgcdc",
+    warehouse: Annotated[str | None, typer.Option(
+        "--warehouse", envvar="PGCDC_WAREHOUSE",
+        help="Also check the destination: the warehouse's storage takes a file, the catalog answers.")] = None,
+    catalog: Catalog = "pgcdc",
+    catalog_type: CatalogType = None,
+    catalog_uri: CatalogUri = None,
+    namespace: Namespace = "mirror",
+    conf: SparkConf = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Verify wal_level, privileges, free slots and WAL senders, the publication and replica identities, and with
+    --warehouse that the storage and catalog are reachable and writable; say how to fix each problem. Inactive
+    slots that hold WAL are warned about (they do not make the source unready)."""
     from pgcdc.replication import check_source
     from pgcdc.status import idle_slot_warnings, slot_status
 
-    problems = check_source(dsn, publication=publication, slot=slot)
+    problems: list[Any] = list(check_source(dsn, publication=publication, slot=slot))
+    if warehouse:
+        problems += _destination_problems(warehouse, catalog, catalog_type, catalog_uri, namespace,
+                                          _key_values(conf))
     warnings = idle_slot_warnings(slot_status(dsn, None))
     if as_json:
         out.print_json(json.dumps([{"problem": p.what, "fix": p.fix, "severity": "error"} for p in problems]
@@ -441,9 +475,25 @@ def check(dsn: Dsn, publication: Publication, slot: SlotName = "pgcdc", as_json:
             out.print(f"[red]problem[/red]: {problem.what}\n  [yellow]fix[/yellow]: {problem.fix}")
         _print_warnings(warnings)
         if not problems:
-            out.print(f"[green]ready[/green]: {redact_dsn(dsn)} can stream publication {publication!r}")
+            out.print(f"[green]ready[/green]: {redact_dsn(dsn)} can stream publication {publication!r}"
+                      + (f" into {warehouse}" if warehouse else ""))
     if problems:
         raise typer.Exit(EXIT_SOURCE_NOT_READY)
+
+
+def _destination_problems(warehouse: str, catalog: str, catalog_type: str | None, catalog_uri: str | None,
+                          namespace: str, conf: dict[str, str]) -> list[Any]:
+    from pgcdc.spark.destination import FAST_FAILURE_SETTINGS, check_destination
+    from pgcdc.spark.session import spark_session
+    from pgcdc.warehouse import require_writable_warehouse
+
+    require_writable_warehouse(warehouse)
+    spark = spark_session(warehouse, catalog, conf={**FAST_FAILURE_SETTINGS, **conf}, catalog_type=catalog_type,
+                          catalog_uri=catalog_uri)
+    try:
+        return list(check_destination(spark, warehouse, catalog, namespace))
+    finally:
+        spark.stop()
 
 
 @app.command()
@@ -467,6 +517,8 @@ def decode(
         "--warehouse", envvar="PGCDC_WAREHOUSE", help="With --consume: the warehouse whose mirrors must not lose "
                                                       "what the slot holds (default: ./warehouse if it exists).")] = None,
     catalog: Catalog = "pgcdc",
+    catalog_type: CatalogType = None,
+    catalog_uri: CatalogUri = None,
     namespace: Namespace = "mirror",
     conf: SparkConf = None,
     limit: Annotated[int | None, typer.Option("--limit", "-n", help="Print at most this many messages.")] = None,
@@ -486,7 +538,8 @@ def decode(
         if not dsn or not publication or slot is None:
             raise ConfigError("--slot needs --dsn and --publication")
         if consume:
-            _refuse_consuming_a_mirror_slot(slot, warehouse, catalog, namespace, _key_values(conf), force=force)
+            _refuse_consuming_a_mirror_slot(slot, warehouse, catalog, namespace, _key_values(conf), force=force,
+                                            catalog_type=catalog_type, catalog_uri=catalog_uri)
         messages = decode_slot(dsn, slot, publication=publication, proto_version=proto_version, binary=binary,
                                streaming=streaming, limit=limit)
     printer = MessagePrinter(as_json=as_json)
@@ -506,7 +559,8 @@ def decode(
 
 
 def _refuse_consuming_a_mirror_slot(slot: str, warehouse: str | None, catalog: str, namespace: str,
-                                    conf: dict[str, str], *, force: bool) -> None:
+                                    conf: dict[str, str], *, force: bool, catalog_type: str | None,
+                                    catalog_uri: str | None) -> None:
     """A slot backs mirrors when it is pgcdc's own (the default name, PGCDC_SLOT, the config file's ``slot``) or
     when a warehouse's mirrors record it (``pgcdc.slot``): whatever --consume skips, they never receive. Such a
     slot is consumed only with --force, and then with a warning naming the mirrors."""
@@ -517,7 +571,8 @@ def _refuse_consuming_a_mirror_slot(slot: str, warehouse: str | None, catalog: s
         warehouse = "warehouse"  # where pgcdc run keeps its mirrors by default
     if warehouse is not None:
         require_existing_warehouse(warehouse)
-    mirrors = mirrors_streaming_from(slot, warehouse, catalog, namespace, conf) if warehouse is not None else []
+    mirrors = (mirrors_streaming_from(slot, warehouse, catalog, namespace, conf, catalog_type=catalog_type,
+                                      catalog_uri=catalog_uri) if warehouse is not None else [])
     own = slot in {"pgcdc", os.environ.get("PGCDC_SLOT"), _state.get("config_slot")}
     if not mirrors and not own:
         return

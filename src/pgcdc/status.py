@@ -60,21 +60,22 @@ def _size(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-def mirrors_streaming_from(slot: str, warehouse: str, catalog: str, namespace: str,
-                           conf: Mapping[str, str]) -> list[tuple[str, Any]]:
+def mirrors_streaming_from(slot: str, warehouse: str, catalog: str, namespace: str, conf: Mapping[str, str], *,
+                           catalog_type: str | None = None, catalog_uri: str | None = None) -> list[tuple[str, Any]]:
     """(mirror, position) of each mirror in the warehouse that streams from ``slot`` (its ``pgcdc.slot``)."""
     from pgcdc.spark.mirror import MirrorCatalog
     from pgcdc.spark.session import spark_session
 
-    spark = spark_session(warehouse, catalog, conf=conf)
+    spark = spark_session(warehouse, catalog, conf=conf, catalog_type=catalog_type, catalog_uri=catalog_uri)
     return MirrorCatalog(spark, catalog=catalog, namespace=namespace).streaming_from(slot)
 
 
-def mirror_status(warehouse: str, catalog: str, namespace: str, conf: Mapping[str, str]) -> list[dict[str, Any]]:
+def mirror_status(warehouse: str, catalog: str, namespace: str, conf: Mapping[str, str], *,
+                  catalog_type: str | None = None, catalog_uri: str | None = None) -> list[dict[str, Any]]:
     """Each mirror in the warehouse: its source table, ``pgcdc.lsn`` and row count."""
     from pgcdc.spark.mirror import MirrorCatalog
     from pgcdc.spark.session import spark_session
 
-    spark = spark_session(warehouse, catalog, conf=conf)
+    spark = spark_session(warehouse, catalog, conf=conf, catalog_type=catalog_type, catalog_uri=catalog_uri)
     mirrors = MirrorCatalog(spark, catalog=catalog, namespace=namespace)
     return mirrors.describe()

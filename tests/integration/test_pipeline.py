@@ -14,6 +14,7 @@ from pgcdc.verify import compare_publication
 from pipeline_support import (
     SHOP_TABLES,
     assert_mirrors_equal,
+    mirror_mixed_workload,
     pipeline_config,
     prepare_source,
     run_cli_while_changing,
@@ -29,32 +30,7 @@ def _assert_mirrors_equal(pipeline, dsn):
 @pytest.mark.parametrize(("binary", "writer"), [(False, "merge"), (True, "merge"), (False, "delta"), (True, "delta")],
                          ids=["text-merge", "binary-merge", "text-delta", "binary-delta"])
 def test_mixed_workload_mirrors_equal_source(pg, spark, binary, writer):
-    pg.server.require(16, "streaming 'parallel' and two-phase decoding")
-    prepare_source(pg, rows=300)
-    config = pipeline_config(pg, spark, binary=binary, changelog=True, apply_writer=writer)
-    pipeline = Pipeline(config, spark=spark)
-    copied = pipeline.snapshot()
-    assert copied["shop.customers"] == 300
-    with pg.connect() as conn:
-        workload(conn, rows=300, large_rows=3000)
-    progress = pipeline.run(until_caught_up=True, handle_signals=False)
-    assert progress.rows_applied > 3000
-    _assert_mirrors_equal(pipeline, pg.dsn)
-
-    # the slot's confirmed position never passes what the mirrors hold, and reached the end of the workload
-    positions = pipeline.mirrors.positions()
-    confirmed = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'pgcdc_test'")
-    from pgcdc.lsn import Lsn
-
-    assert Lsn.parse(confirmed[0][0]) >= max(positions.values())
-
-    # a second run with nothing new applies nothing and changes no mirror
-    again = Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
-    assert again.rows_applied == 0
-    assert pipeline.mirrors.positions() == positions
-
-    changes = spark.sql(f"SELECT count(*) AS n FROM {pipeline.mirrors.changelog_identifier_for('shop', 'audit')}")
-    assert changes.collect()[0].n > 0
+    mirror_mixed_workload(pg, spark, binary=binary, apply_writer=writer)
 
 
 @pytest.mark.parametrize("writer", ["arrow", "spark"])

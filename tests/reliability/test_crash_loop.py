@@ -8,22 +8,11 @@ prepared transaction is held between PREPARE and COMMIT PREPARED."""
 
 from __future__ import annotations
 
-import random
-import signal
 import time
 
 import pytest
 
-from pipeline_support import (
-    SHOP_TABLES,
-    Workload,
-    assert_mirrors_equal,
-    catch_up_in_process,
-    pipeline_config,
-    prepare_source,
-    run_cli,
-    wait_for_transactions,
-)
+from pipeline_support import crash_loop
 
 pytestmark = pytest.mark.slow
 
@@ -54,45 +43,12 @@ DELTA_ROUNDS = [
 ]
 
 
-def crash_loop(pg, spark, rounds: list[str | None], seed: int, writer: str = "merge") -> None:
-    pg.server.require(15, "two-phase decoding")
-    prepare_source(pg, rows=300)
-    config = pipeline_config(pg, spark, apply_writer=writer)
-    rng = random.Random(seed)
-    fired: dict[str, int] = {}
-    with Workload(pg.dsn, seed=seed) as workload:
-        wait_for_transactions(workload, 30)  # the first kill lands with changes already in flight
-        for spec in rounds:
-            env = {"PGCDC_INJECT": spec} if spec else {}
-            process = run_cli(config, env=env)
-            try:
-                # an aimed kill fires by itself; a random one (or an aim the run never reached) is sent here
-                process.wait(timeout=60 if spec else rng.uniform(4, 14))
-            except Exception:
-                process.send_signal(signal.SIGKILL)
-                process.wait()
-                spec = f"random instant ({spec or 'unaimed'})"
-            output = process.stdout.read() if process.stdout else ""
-            assert process.returncode == -signal.SIGKILL, f"{spec}: exited {process.returncode}\n{output}"
-            fired[spec or "random"] = fired.get(spec or "random", 0) + 1
-        assert not workload.errors, workload.errors
-        transactions = workload.transactions
-    # The last restart only catches up before the comparison: the session's Spark, not one more cold JVM.
-    catch_up_in_process(config, spark)
-    figures = assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
-    print(f"kills survived: {sum(fired.values())} {fired}; workload transactions: {transactions}; {figures}")
-    assert figures["rows_lost"] == 0 and figures["rows_extra"] == 0
-    # kills, not distinct aims: the soak run repeats each aim (a repeated snapshot aim finds the copy done)
-    aimed_kills = sum(count for spec, count in fired.items() if not spec.startswith("random"))
-    assert aimed_kills >= len([r for r in rounds if r]) // 2, f"most aimed kills must fire: {fired}"
-
-
 def test_killed_at_aimed_and_random_instants_loses_and_duplicates_nothing(pg, spark):
     crash_loop(pg, spark, ROUNDS, seed=20261122)
 
 
 def test_killed_inside_the_row_delta_commit_loses_and_duplicates_nothing(pg, spark):
-    crash_loop(pg, spark, DELTA_ROUNDS, seed=20261125, writer="delta")
+    crash_loop(pg, spark, DELTA_ROUNDS, seed=20261125, apply_writer="delta")
 
 
 @pytest.mark.soak

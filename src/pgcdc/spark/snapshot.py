@@ -6,11 +6,11 @@ directly) inside the snapshot the slot exported (``SET TRANSACTION SNAPSHOT``), 
 converted with the same typed-values converter as the stream (columns of types without a binary
 decoder are copied as their text form).
 
-Where the mirror's data location is a directory of this machine (a local or mounted warehouse), each
-task writes its rows as a Parquet data file in the table's layout (Iceberg field ids, Iceberg's types
-and codec) and the driver commits all files at once with their column metrics: the rows never pass
-one by one through the JVM. Elsewhere (object stores, HDFS) the tasks' Arrow batches go through
-Spark's Iceberg writer. Either way all rows land in one atomic overwrite carrying the slot's
+Where the mirror's data location is a directory of this machine (a local or mounted warehouse) or on S3
+(``s3a://``, reached with the table's own Hadoop settings), each task writes its rows as a Parquet data
+file in the table's layout (Iceberg field ids, Iceberg's types and codec) and the driver commits all files
+at once with their column metrics: the rows never pass one by one through the JVM. Elsewhere (HDFS,
+partitioned mirrors) the tasks' Arrow batches go through Spark's Iceberg writer. Either way all rows land in one atomic overwrite carrying the slot's
 consistent point as ``pgcdc.lsn``: an interrupted copy commits nothing, and a new copy replaces
 whatever an earlier one left."""
 
@@ -35,11 +35,13 @@ from psycopg import sql
 from pgcdc.errors import ConfigError, SourceChangedError
 from pgcdc.lsn import Lsn
 from pgcdc.spark.iceberg import (
+    data_directory,
     load_table,
     local_data_directory,
     parquet_compression,
     parquet_layout,
     replace_with_files,
+    s3_options,
 )
 from pgcdc.spark.mirror import POSITION_PROPERTY
 from pgcdc.types.copy_binary import split_copy_binary
@@ -191,22 +193,23 @@ _ROW_GROUP_BYTES = 96 << 20  # Arrow bytes buffered per Parquet row group (Icebe
 
 
 def _write_range(batches: Iterable[pa.RecordBatch], path: str, layout: list[tuple[str, Any]],
-                 compression: tuple[str, int | None]) -> int:
-    """``batches`` as one Parquet data file at ``path`` in the Iceberg table's layout (field ids on every
-    column, Iceberg's types: e.g. smallint stored as int); returns the rows written. A file is written
-    whole or removed."""
+                 compression: tuple[str, int | None], filesystem: Any = None) -> int:
+    """``batches`` as one Parquet data file at ``path`` (of ``filesystem``, default this machine's) in the
+    Iceberg table's layout (field ids on every column, Iceberg's types: e.g. smallint stored as int); returns
+    the rows written. A file is written whole or removed."""
     import pyarrow.parquet as pq
 
     schema = pa.schema([pa.field(name, arrow_type, metadata={b"PARQUET:field_id": str(field_id).encode()})
                         for name, (field_id, arrow_type) in layout])
     codec, level = compression
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if filesystem is None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
     rows = 0
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
     try:
         with pq.ParquetWriter(path, schema, compression=codec, compression_level=level,
-                              use_compliant_nested_type=True) as writer:
+                              use_compliant_nested_type=True, filesystem=filesystem) as writer:
             for batch in batches:
                 pending.append(batch)
                 pending_bytes += batch.nbytes
@@ -218,9 +221,16 @@ def _write_range(batches: Iterable[pa.RecordBatch], path: str, layout: list[tupl
                 writer.write_table(_in_layout(pending, schema), row_group_size=1 << 30)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            _remove(path, filesystem)
         raise
     return rows
+
+
+def _remove(path: str, filesystem: Any) -> None:
+    if filesystem is None:
+        os.unlink(path)
+    else:
+        filesystem.delete_file(path)
 
 
 def _in_layout(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
@@ -264,7 +274,7 @@ def copy_table(
             yield rows
 
     table = load_table(spark, target_identifier)
-    directory = local_data_directory(table) if writer in ("auto", "arrow") else None
+    directory, s3 = _arrow_destination(table) if writer in ("auto", "arrow") else (None, None)
     layout = None
     if directory is not None:
         try:
@@ -272,9 +282,10 @@ def copy_table(
         except NotImplementedError as exc:
             log.info("%s: Spark writes the copy (%s)", label, exc)
     if writer == "arrow" and layout is None:
-        raise ConfigError(f"the arrow snapshot writer cannot write {target_identifier}: its data location is not "
-                          "a directory of this machine, it is partitioned, or it has a type without a Parquet "
-                          "layout; use --snapshot-writer spark (or auto)")
+        raise ConfigError(f"the arrow snapshot writer cannot write {target_identifier}: its data location is "
+                          "neither a directory of this machine nor S3 reached through Hadoop's FileIO with keys, "
+                          "the environment or instance credentials, it is partitioned, or it has a type without a "
+                          "Parquet layout; use --snapshot-writer spark (or auto)")
 
     done = threading.Event()
 
@@ -297,15 +308,22 @@ def copy_table(
 
                 task_context = TaskContext.get()
                 attempt = task_context.taskAttemptId() if task_context is not None else 0
+                filesystem = None
+                if s3 is not None:
+                    from pyarrow.fs import S3FileSystem
+
+                    filesystem = S3FileSystem(**s3)
                 for task, page_range in numbered:
                     # a file per attempt: a retried or speculative attempt never writes over another's file;
                     # only the files of the attempts Spark returns are committed
                     path = f"{prefix}-{task:05d}-{attempt}.parquet"
-                    rows = _write_range(read(page_range), _local_path(path), layout, compression)
+                    target = _local_path(path) if filesystem is None else _object_path(path)
+                    rows = _write_range(read(page_range), target, layout, compression, filesystem)
                     if not rows:  # an empty page range: no data file
-                        os.unlink(_local_path(path))
+                        _remove(target, filesystem)
                         continue
-                    yield path, os.path.getsize(_local_path(path))
+                    size = os.path.getsize(target) if filesystem is None else filesystem.get_file_info(target).size
+                    yield path, int(size)
 
             # plain Python tasks (an RDD, one range each): no SQL plan, shuffle or code generation to pay for
             written = context.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(write_ranges).collect()
@@ -340,6 +358,22 @@ def copy_table(
         progress(CopyProgress(label, rows, rows, seconds))
     log.info("snapshot of %s: %d rows in %d tasks, %.1fs", label, rows, len(ranges), seconds)
     return CopyResult(rows=rows, seconds=seconds, tasks=len(ranges))
+
+
+def _arrow_destination(table: Any) -> tuple[str | None, dict[str, Any] | None]:
+    """Where the tasks write the copy's Parquet files themselves: (the data directory, None) on this machine,
+    (the data directory, pyarrow's S3 options) on S3; (None, None) where only Spark's writer can."""
+    local = local_data_directory(table)
+    if local is not None:
+        return local, None
+    directory = data_directory(table)
+    options = s3_options(table, directory) if directory is not None else None
+    return (directory, options) if options is not None else (None, None)
+
+
+def _object_path(location: str) -> str:
+    """An object store location (``s3a://bucket/key``) as pyarrow's file systems name it (``bucket/key``)."""
+    return location.split("://", 1)[1]
 
 
 def _local_path(location: str) -> str:

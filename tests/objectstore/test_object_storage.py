@@ -1,0 +1,110 @@
+"""Mirrors on object storage behind real Iceberg catalogs: S3 (a local S3 server, Hadoop's s3a client) with
+Iceberg's JDBC catalog and with a REST catalog. The mixed workload and a crash loop run against each, every
+mirror compared row for row; the initial copy's tasks write their Parquet files to S3 themselves; no secret
+(the S3 secret key, the catalog's password or token) shows in any output."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from objectstore_support import jdbc_catalog, rest_catalog, s3_server
+from pipeline_support import catalog_arguments, crash_loop, mirror_mixed_workload, pipeline_config
+
+pytestmark = pytest.mark.slow
+
+BUCKET = "pgcdc-mirrors"
+# a lean crash loop: the local-directory suite aims at every window; here each kill restarts a JVM on S3
+CRASH_ROUNDS = ["snapshot.copy:2:0.3", "apply.merge:1:0.6", "apply.before-confirm:1"]
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with s3_server() as server:
+        server.create_bucket(BUCKET)
+        yield server
+
+
+@pytest.fixture(scope="module", params=["jdbc", "rest"])
+def store(request, pg_server, s3):
+    """One catalog per parameter, on the module's S3 server; both hold their tables in its bucket."""
+    make = jdbc_catalog if request.param == "jdbc" else rest_catalog
+    with make(pg_server, s3, BUCKET) as setup:
+        yield setup
+
+
+def secrets_of(setup, s3) -> list[str]:
+    return [s3.secret_key] + [value for key, value in setup.spark_conf.items()
+                              if key.endswith((".password", ".token"))]
+
+
+def test_mixed_workload_mirrors_equal_source_on_s3(pg, spark, s3, store):
+    import pyarrow.parquet as pq
+    from pyarrow.fs import S3FileSystem
+
+    pipeline = mirror_mixed_workload(pg, spark, **store.config_overrides())
+    customers = pipeline.mirrors.identifier_for("shop", "customers")
+    first = spark.sql(f"SELECT snapshot_id FROM {customers}.snapshots ORDER BY committed_at LIMIT 1").collect()
+    files = spark.sql(f"SELECT file_path FROM {customers}.files VERSION AS OF {first[0].snapshot_id}").collect()
+    assert files and all(f.file_path.startswith(f"s3a://{BUCKET}/") for f in files), files
+    # the copy's data files were written by the tasks (Arrow's Parquet writer), not by Spark's writer
+    filesystem = S3FileSystem(access_key=s3.access_key, secret_key=s3.secret_key, region="us-east-1",
+                              endpoint_override=s3.endpoint.removeprefix("http://"), scheme="http")
+    created_by = {pq.ParquetFile(f.file_path.split("://", 1)[1], filesystem=filesystem).metadata.created_by
+                  for f in files}
+    assert all("parquet-cpp-arrow" in c for c in created_by), created_by
+
+
+def test_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store):
+    # a run reaches its aim later than on a local directory: a JVM start, then S3 round trips for every commit
+    outputs = crash_loop(pg, spark, CRASH_ROUNDS, seed=20261125, aim_timeout=240, **store.config_overrides())
+    for secret in secrets_of(store, s3):
+        assert all(secret not in output for output in outputs)
+
+    # status reads the mirrors back through the same catalog; with --debug nothing secret shows either
+    config = pipeline_config(pg, spark, **store.config_overrides())
+    status = subprocess.run([sys.executable, "-m", "pgcdc.cli", "--debug", "status", "--dsn", config.dsn,
+                             *catalog_arguments(config), "--namespace", config.namespace, "--json"],
+                            capture_output=True, text=True, timeout=600)
+    assert status.returncode == 0, status.stderr[-3000:]
+    assert '"shop.customers"' in status.stdout
+    for secret in secrets_of(store, s3):
+        assert secret not in status.stdout + status.stderr
+
+
+def test_check_names_what_is_wrong_with_the_destination(spark, s3, store):
+    """Each broken part of a destination is its own problem, found by writing before any slot exists."""
+    from objectstore_support import free_port
+    from pgcdc.spark.destination import FAST_FAILURE_SETTINGS, check_destination
+    from pgcdc.spark.session import attach_catalog
+
+    def problems(name: str, warehouse: str, conf: dict[str, str], **catalog) -> list:
+        attach_catalog(spark, warehouse, name, {**FAST_FAILURE_SETTINGS, **conf}, **catalog)
+        return check_destination(spark, warehouse, name, "checked")
+
+    good_s3 = s3.hadoop_settings("spark.hadoop.")
+    kind = {"catalog_type": store.catalog_type, "catalog_uri": store.catalog_uri}
+    catalog_conf = {k.replace(f".{store.catalog}.", f".{store.catalog}_ok."): v for k, v in store.spark_conf.items()}
+    assert problems(f"{store.catalog}_ok", store.warehouse, catalog_conf, **kind) == []
+
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    found = problems(f"{store.catalog}_endpoint", store.warehouse,
+                     {**good_s3, "spark.hadoop.fs.s3a.endpoint": nowhere}, **kind)
+    assert len(found) == 1 and "nothing answers" in found[0].what and nowhere in found[0].what, found
+
+    found = problems(f"{store.catalog}_bucket", "s3a://no-such-bucket/mirrors", good_s3, catalog_type="hadoop")
+    assert len(found) == 1 and "'no-such-bucket'" in found[0].what and "does not exist" in found[0].what, found
+
+    if store.catalog_type == "jdbc":
+        closed = f"jdbc:postgresql://127.0.0.1:{free_port()}/iceberg"
+        found = problems(f"{store.catalog}_down", store.warehouse, good_s3, catalog_type="jdbc", catalog_uri=closed)
+        assert len(found) == 1 and "cannot be reached" in found[0].what and closed in found[0].what, found
+    else:  # the REST server wants its token: a wrong one is refused credentials
+        wrong = {**good_s3, f"spark.sql.catalog.{store.catalog}_token.token": "not-the-token"}
+        found = problems(f"{store.catalog}_token", store.warehouse, wrong, **kind)
+        assert len(found) == 1 and "refused pgcdc's credentials" in found[0].what, found
+    for problem in found:
+        for secret in secrets_of(store, s3):
+            assert secret not in problem.what + problem.fix

@@ -1,0 +1,101 @@
+"""How a destination is told: catalog types and their addresses, extra jars, and secret settings that never show.
+None of these start Spark."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pgcdc import ConfigError
+from pgcdc.pipeline import PipelineConfig
+from pgcdc.secrets import is_secret_setting, redact, register_conf_secrets
+from pgcdc.spark.session import catalog_settings, iceberg_runtime_jar, spark_settings
+
+PREFIX = "spark.sql.catalog.pgcdc"
+
+
+def test_each_catalog_type_gets_its_settings():
+    hadoop = catalog_settings("s3a://bucket/mirrors")
+    assert hadoop[f"{PREFIX}.type"] == "hadoop" and hadoop[f"{PREFIX}.warehouse"] == "s3a://bucket/mirrors"
+
+    jdbc = catalog_settings("s3a://bucket/mirrors", catalog_type="jdbc", catalog_uri="jdbc:postgresql://db/iceberg")
+    assert jdbc[f"{PREFIX}.type"] == "jdbc" and jdbc[f"{PREFIX}.uri"] == "jdbc:postgresql://db/iceberg"
+    assert jdbc[f"{PREFIX}.io-impl"] == "org.apache.iceberg.hadoop.HadoopFileIO"  # no AWS SDK v2 for S3FileIO
+    assert jdbc[f"{PREFIX}.jdbc.schema-version"] == "V1"
+
+    rest = catalog_settings(None, catalog_type="rest", catalog_uri="https://catalog.example/api")
+    assert rest[f"{PREFIX}.type"] == "rest" and f"{PREFIX}.warehouse" not in rest  # the catalog knows its own
+    assert rest[f"{PREFIX}.io-impl"] == "org.apache.iceberg.hadoop.HadoopFileIO"
+
+    # the --conf route names the type itself; a catalog-impl (Glue, Nessie) is left to choose its own
+    by_conf = catalog_settings("s3a://b/m", conf={f"{PREFIX}.type": "rest", f"{PREFIX}.uri": "http://c:8181"})
+    assert by_conf[f"{PREFIX}.type"] == "rest" and by_conf[f"{PREFIX}.uri"] == "http://c:8181"
+    custom = catalog_settings("s3a://b/m", conf={f"{PREFIX}.catalog-impl": "org.example.Catalog"})
+    assert f"{PREFIX}.type" not in custom
+
+    local = catalog_settings("relative/dir")
+    assert local[f"{PREFIX}.warehouse"] == f"file://{os.path.abspath('relative/dir')}"
+
+
+@pytest.mark.parametrize(("kind", "uri", "said"), [
+    ("jdbc", None, "needs its address: --catalog-uri jdbc:postgresql://"),
+    ("rest", None, "needs its address: --catalog-uri https://"),
+    ("jdbc", "http://db/iceberg", "is not the address of a jdbc catalog"),
+    ("rest", "jdbc:postgresql://db/x", "is not the address of a rest catalog"),
+    ("glue", None, "must be one of hadoop, jdbc, rest; other catalogs"),
+])
+def test_a_catalog_without_a_usable_address_is_refused_before_anything_starts(kind, uri, said):
+    with pytest.raises(ConfigError, match=said.replace("(", r"\(")):
+        PipelineConfig(dsn="dbname=shop", publication="shop", warehouse="s3a://b/m", catalog_type=kind,
+                       catalog_uri=uri)
+
+
+def test_extra_jars_join_the_iceberg_runtime():
+    settings = spark_settings("s3a://b/m", conf={"spark.jars": "/jars/hadoop-aws.jar, /jars/sdk.jar"})
+    assert settings["spark.jars"].split(",") == [str(iceberg_runtime_jar()), "/jars/hadoop-aws.jar", "/jars/sdk.jar"]
+
+
+def test_secret_settings_are_recognised_by_name_and_removed_from_any_text():
+    assert all(is_secret_setting(key) for key in (
+        "spark.hadoop.fs.s3a.secret.key", "spark.hadoop.fs.s3a.session.token", "spark.sql.catalog.c.jdbc.password",
+        "spark.sql.catalog.c.token", "spark.sql.catalog.c.credential", "spark.hadoop.fs.s3a.encryption.key"))
+    assert not any(is_secret_setting(key) for key in (
+        "spark.hadoop.fs.s3a.access.key", "spark.hadoop.fs.s3a.aws.credentials.provider", "spark.sql.catalog.c.uri"))
+    text = ("--conf spark.hadoop.fs.s3a.secret.key=abc/def+123 {'spark.sql.catalog.c.jdbc.password': 'p w', "
+            "'spark.sql.catalog.c.token': \"t0k\"} AWS_SECRET_ACCESS_KEY=zz9")
+    shown = redact(text)
+    assert not any(secret in shown for secret in ("abc/def+123", "p w", "t0k", "zz9")), shown
+    assert "spark.hadoop.fs.s3a.secret.key=***" in shown
+
+    register_conf_secrets({"spark.sql.catalog.c.jdbc.password": "registered-secret-42"})
+    assert redact("FATAL: password authentication failed (registered-secret-42)") == \
+        "FATAL: password authentication failed (***)"
+
+
+def test_secrets_never_shown_through_the_command_line_even_with_debug(tmp_path):
+    secret, password = "s3-secret-never-shown-1", "catalog-password-never-shown-2"
+    # refused before Spark starts (no catalog address): the error and --debug's traceback hold no secret
+    result = subprocess.run(
+        [sys.executable, "-m", "pgcdc.cli", "--debug", "--log-level", "debug", "run", "--dsn", "dbname=x",
+         "-p", "pub", "--warehouse", "s3a://bucket/m", "--catalog-type", "jdbc",
+         "--conf", f"spark.hadoop.fs.s3a.secret.key={secret}",
+         "--conf", f"spark.sql.catalog.pgcdc.jdbc.password={password}"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    text = result.stdout + result.stderr
+    assert result.returncode == 2 and "needs its address: --catalog-uri" in text, text
+    assert secret not in text and password not in text
+
+    # the same through a config file's [spark] table and the environment
+    config = tmp_path / "pgcdc.toml"
+    config.write_text(f'warehouse = "s3a://bucket/m"\ncatalog_type = "rest"\n[spark]\n'
+                      f'"spark.sql.catalog.pgcdc.token" = "{secret}"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "pgcdc.cli", "--debug", "--config", str(config), "snapshot", "--dsn", "dbname=x",
+         "-p", "pub"], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "COLUMNS": "200", "PGCDC_CATALOG_URI": "jdbc:postgresql://h/iceberg"})
+    text = result.stdout + result.stderr
+    assert result.returncode == 2 and "is not the address of a rest catalog" in text, text
+    assert secret not in text
