@@ -91,6 +91,10 @@ SnapshotWriter = Annotated[str, typer.Option(
     "--snapshot-writer", envvar="PGCDC_SNAPSHOT_WRITER", show_envvar=True,
     help="How the initial copy is written: arrow (tasks write Parquet data files, one commit; needs a local or "
          "mounted warehouse), spark (Spark's Iceberg writer: any storage), auto (arrow where it can).")]
+SnapshotRowsPerTask = Annotated[int, typer.Option(
+    "--snapshot-rows-per-task", envvar="PGCDC_SNAPSHOT_ROWS_PER_TASK", show_envvar=True, min=1,
+    help="Rows per task of the initial copy (a range of the table's pages, read by one COPY): the copy of a "
+         "table runs in as many tasks at once as the cluster has executor cores.")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 
 
@@ -199,6 +203,7 @@ def run(
         help="When idle, emit a logical message this often so a quiet slot keeps advancing.")] = None,
     resnapshot: Resnapshot = False,
     snapshot_writer: SnapshotWriter = "auto",
+    snapshot_rows_per_task: SnapshotRowsPerTask = 250_000,
     spill_dir: Annotated[str | None, typer.Option(
         "--spill-dir", envvar="PGCDC_SPILL_DIR", help="Where transactions larger than --memory-limit spill "
                                                       "(default: the system temporary directory).")] = None,
@@ -222,7 +227,7 @@ def run(
         batch_max_seconds=batch_seconds, changelog=changelog, snapshot=not no_snapshot, binary=binary,
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
-        snapshot_writer=snapshot_writer,
+        snapshot_writer=snapshot_writer, snapshot_rows_per_task=snapshot_rows_per_task,
         memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout,
         on_conversion_error=on_conversion_error)
     from pgcdc.observability import MetricsServer, StatusLine
@@ -253,6 +258,7 @@ def snapshot(
     conf: SparkConf = None,
     resnapshot: Resnapshot = False,
     snapshot_writer: SnapshotWriter = "auto",
+    snapshot_rows_per_task: SnapshotRowsPerTask = 250_000,
 ) -> None:
     """Create the slot and copy the published tables into Iceberg, consistent with the slot's start."""
     from pgcdc.observability import SnapshotProgress
@@ -261,7 +267,7 @@ def snapshot(
     config = _pipeline_config(dsn=dsn, publication=publication, slot=slot, warehouse=warehouse,
                               catalog=catalog, namespace=namespace, spark_master=master,
                               spark_conf=_key_values(conf), resnapshot=resnapshot,
-                              snapshot_writer=snapshot_writer)
+                              snapshot_writer=snapshot_writer, snapshot_rows_per_task=snapshot_rows_per_task)
     with SnapshotProgress(console) as bars:
         copied = Pipeline(config, on_progress=bars.update).snapshot()
     if not copied:

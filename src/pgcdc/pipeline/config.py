@@ -44,6 +44,7 @@ class PipelineConfig:
     resnapshot: bool = False
     receive_timeout_seconds: float = 60.0
     snapshot_writer: str = "auto"
+    snapshot_rows_per_task: int = 250_000  # rows of a copy task (a page range); more tasks than executors
     on_conversion_error: str = "stop"  # or "quarantine": changes that cannot be converted go to <table>__rejects
 
     def __post_init__(self) -> None:
@@ -77,6 +78,8 @@ class PipelineConfig:
             problems.append(f"on_conversion_error {self.on_conversion_error!r} must be stop or quarantine")
         if self.snapshot_writer not in ("auto", "arrow", "spark"):
             problems.append(f"snapshot writer {self.snapshot_writer!r} must be auto, arrow or spark")
+        if self.snapshot_rows_per_task < 1:
+            problems.append(f"snapshot rows per task {self.snapshot_rows_per_task} must be at least 1")
         if problems:
             raise ConfigError("; ".join(problems))
 

@@ -308,9 +308,15 @@ def copy_table(
                     yield path, os.path.getsize(_local_path(path))
 
             # plain Python tasks (an RDD, one range each): no SQL plan, shuffle or code generation to pay for
-            written = context.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(write_ranges).collect()
-            replace_with_files(spark, table, written,
-                               {POSITION_PROPERTY: str(consistent_lsn)})
+            try:
+                written = context.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(
+                    write_ranges).collect()
+            except BaseException:
+                _remove_uncommitted_attempts(prefix, set())
+                raise
+            # a commit that fails may still have landed (its state unknown): its files are left alone then
+            replace_with_files(spark, table, written, {POSITION_PROPERTY: str(consistent_lsn)})
+            _remove_uncommitted_attempts(prefix, {path for path, _ in written})
         else:
             def copy_partition(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
                 for batch in batches:
@@ -340,6 +346,28 @@ def copy_table(
         progress(CopyProgress(label, rows, rows, seconds))
     log.info("snapshot of %s: %d rows in %d tasks, %.1fs", label, rows, len(ranges), seconds)
     return CopyResult(rows=rows, seconds=seconds, tasks=len(ranges))
+
+
+def _remove_uncommitted_attempts(prefix: str, committed: set[str]) -> None:
+    """Remove this copy's data files that its commit does not hold: those of task attempts that failed (an
+    executor lost in the middle of writing leaves its file behind: no ``finally`` runs in a killed process) or
+    that Spark superseded, and all of them when the copy failed. Only this copy's own files (its unique
+    prefix) are touched: other writers of the warehouse, and other copies, are left alone."""
+    import glob
+
+    local_prefix = _local_path(prefix)
+    kept = {_local_path(path) for path in committed}
+    removed = 0
+    for path in glob.glob(glob.escape(local_prefix) + "-*.parquet"):
+        if path in kept:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed += 1
+        with contextlib.suppress(FileNotFoundError):  # Hadoop's checksum beside it, if any
+            os.unlink(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc"))
+    if removed:
+        log.info("removed %d data files of failed or superseded copy attempts", removed)
 
 
 def _local_path(location: str) -> str:
