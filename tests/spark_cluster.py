@@ -87,6 +87,8 @@ class StandaloneCluster:
                          for path in sorted(self.log_dir.glob("*.log")))
 
     def stop(self) -> None:
+        # PySpark's daemons make process groups of their own: every descendant is also stopped by its id
+        descendants = [pid for process in [*self.workers, self.master] for pid in _descendants(process.pid)]
         for process in [*self.workers, self.master]:
             if process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -99,6 +101,9 @@ class StandaloneCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+        for pid in descendants:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager

@@ -81,10 +81,11 @@ class PageRange:
 
 
 def plan_table_ranges(conn: psycopg.Connection, schema: str, table: str, *, target_rows_per_task: int = 250_000,
-                      target_bytes_per_task: int = 64 << 20, max_tasks: int = 4096) -> tuple[list[PageRange], int]:
+                      target_bytes_per_task: int = 64 << 20, max_tasks: int = 65_536) -> tuple[list[PageRange], int]:
     """Split a table into page ranges of about ``target_rows_per_task`` rows and at most about
     ``target_bytes_per_task`` bytes of table and TOAST (a task holds its range's COPY output in memory);
-    returns (ranges, row estimate). Every page is covered exactly once; the last range is open-ended."""
+    returns (ranges, row estimate). Every page is covered exactly once; the last range is open-ended.
+    ``max_tasks`` keeps the byte bound up to 4 TB a table (65,536 x 64 MB); past it, ranges grow."""
     row = conn.execute(
         "SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint, GREATEST(c.reltuples, 0)::bigint, "
         "c.relpages, pg_relation_size(c.oid) + CASE WHEN c.reltoastrelid = 0 THEN 0 "
