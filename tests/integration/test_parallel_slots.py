@@ -43,36 +43,21 @@ def confirmed(conn: psycopg.Connection, slot: str) -> Lsn:
     return Lsn.parse(row[0]) if row and row[0] else Lsn(0)
 
 
-def test_a_second_publication_starts_beside_mirrors_of_the_first_in_one_namespace(pg, spark):
-    """The first run of a second slot is not refused for the first slot's mirror positions (they are not its
-    own); a slot lost for the tables of its own publication still is."""
-    split_source(pg, rows=50)
-    first = pipeline_config(pg, spark, publication="first_half", slot="first_slot")
-    second = replace(first, publication="second_half", slot="second_slot")
-    assert set(Pipeline(first, spark=spark).snapshot()) == FIRST_TABLES
-    assert set(Pipeline(second, spark=spark).snapshot()) == SECOND_TABLES
-    assert set(Pipeline(first, spark=spark).mirrors.positions()) == {
-        tuple(name.split(".")) for name in FIRST_TABLES | SECOND_TABLES}
-
-    pg.execute("SELECT pg_drop_replication_slot('second_slot')")
-    with pytest.raises(ConfigError, match=r"'second_slot' does not exist, but 3 mirrors"):
-        Pipeline(second, spark=spark).snapshot()
-
-
 def test_two_runs_copy_and_stream_into_one_warehouse_at_once(pg, spark):
-    """Both halves copied, then changed by transactions that span both; two ``pgcdc run --until-caught-up``
-    processes started together stream them, their commits interleaving in one warehouse and namespace; each
-    ends equal to its own publication's tables."""
+    """Both halves copied into one namespace (the second slot's first run is not refused for the first slot's
+    mirror positions: they are not its own), then changed by transactions that span both; two ``pgcdc run
+    --until-caught-up`` processes started together stream them, their commits interleaving in one warehouse;
+    each ends equal to its own publication's tables. A slot lost for its own publication's mirrors is still
+    refused."""
     pg.server.require(16, "streaming 'parallel' and two-phase decoding")
     split_source(pg, rows=200)
     first = pipeline_config(pg, spark, publication="first_half", slot="first_slot")
     second = replace(first, publication="second_half", slot="second_slot")
-    for config in (first, second):
-        Pipeline(config, spark=spark).snapshot()
+    assert set(Pipeline(first, spark=spark).snapshot()) == FIRST_TABLES
+    assert set(Pipeline(second, spark=spark).snapshot()) == SECOND_TABLES
     with pg.connect() as conn:
-        workload(conn, rows=200, large_rows=1000)  # transactions over both halves
-    runs = [run_cli(config, "--master", "local[1]", "--until-caught-up")
-            for config in (first, second)]
+        workload(conn, rows=200, large_rows=1000)
+    runs = [run_cli(config, "--master", "local[1]", "--until-caught-up") for config in (first, second)]
     try:
         for process in runs:
             output, _ = process.communicate(timeout=300)
@@ -84,6 +69,10 @@ def test_two_runs_copy_and_stream_into_one_warehouse_at_once(pg, spark):
                 process.wait()
     assert_mirrors_equal(first, spark, pg.dsn, FIRST_TABLES)
     assert_mirrors_equal(second, spark, pg.dsn, SECOND_TABLES)
+
+    pg.execute("SELECT pg_drop_replication_slot('second_slot')")
+    with pytest.raises(ConfigError, match=r"'second_slot' does not exist, but 3 mirrors"):
+        Pipeline(second, spark=spark).snapshot()
 
 
 @pytest.mark.soak

@@ -87,12 +87,12 @@ def test_copy_and_stream_on_a_standalone_cluster_survive_lost_executors(pg, spar
     their place. The copy commits only the attempts that finished (a killed attempt's file is removed, never
     committed), and every mirror ends equal to its source."""
     pg.server.require(16, "streaming 'parallel' and two-phase decoding")
-    prepare_source(pg, rows=20000)
+    prepare_source(pg, rows=10000)
     config = pipeline_config(pg, spark)
     mirrors = namespace_directory(spark, config.namespace)
     # started by hand, not by start_streaming: the first kill lands before it streams
     # several tasks per table, so that both executors hold a task when they are lost
-    process = run_cli(config, *cluster_options(cluster), "--snapshot-rows-per-task", "10000",
+    process = run_cli(config, *cluster_options(cluster), "--snapshot-rows-per-task", "5000",
                       "--snapshot-writer", "arrow", env={"PGCDC_LOG_LEVEL": "INFO"})
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(process.stdout or ()), daemon=True)
