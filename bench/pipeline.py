@@ -99,10 +99,11 @@ def raw_copy_rate(dsn: str, rows: int) -> float:
         return rows / (time.perf_counter() - started)
 
 
-def pgcdc_snapshot_rate(dsn: str, spark, rows: int, table: str = "big") -> float:
+def pgcdc_snapshot_rate(dsn: str, spark, rows: int, table: str = "big", rows_per_task: int | None = None) -> float:
     publication = "snap" if table == "big" else table
+    tasks = {"snapshot_rows_per_task": rows_per_task} if rows_per_task else {}
     pipeline = Pipeline(PipelineConfig(dsn=dsn, publication=publication, slot=f"bench_{publication}",
-                                       namespace=f"bench_{publication}"), spark=spark)
+                                       namespace=f"bench_{publication}", **tasks), spark=spark)
     started = time.perf_counter()
     copied = pipeline.snapshot()
     seconds = time.perf_counter() - started
@@ -223,12 +224,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="300,000-row snapshot, 15-second load phases")
     parser.add_argument("--only", choices=("snapshot", "apply"), help="measure one part only")
+    parser.add_argument("--master", help="a Spark master to run on (e.g. spark://127.0.0.1:7077 of a standalone "
+                                         "cluster); default local[*]")
+    parser.add_argument("--executors", type=int, help="with a cluster --master: executors of one core to use")
+    parser.add_argument("--rows-per-task", type=int, help="rows per snapshot task (default: pgcdc's)")
     args = parser.parse_args()
+    cluster_conf = {"spark.executor.cores": "1", "spark.cores.max": str(args.executors),
+                    "spark.executor.memory": "768m"} if args.executors else {}
     rows = 300_000 if args.quick else 5_000_000
     warm_rows = 100_000 if args.quick else 1_000_000
     phase_seconds = 15.0 if args.quick else 60.0
     notes: dict[str, str] = {}
-    figures: dict[str, object] = {"snapshot_rows": rows, "snapshot_rows_per_s": None, "copy_rows_per_s": None,
+    figures: dict[str, object] = {"master": args.master or "local[*]", "executors": args.executors,
+                                  "snapshot_rows": rows, "snapshot_rows_per_s": None, "copy_rows_per_s": None,
                                   "jdbc_rows_per_s": None, "snapshot_ratio_vs_copy": None,
                                   "snapshot_ratio_vs_jdbc": None, "apply_rows_per_s": None, "lag_p50_s": None,
                                   "lag_p99_s": None, "lag_p50_s_at_50pct": None, "lag_p99_s_at_50pct": None}
@@ -236,7 +244,7 @@ def main() -> None:
     warehouse = tempfile.mkdtemp(prefix="pgcdc-bench-")
     jars = [str(iceberg_runtime_jar())] + ([str(JDBC_JAR)] if JDBC_JAR.exists() else [])
     with EmbeddedPostgres(settings={"max_wal_size": "8GB"}) as server:
-        spark = spark_session(warehouse, conf={"spark.jars": ",".join(jars)})
+        spark = spark_session(warehouse, master=args.master, conf={"spark.jars": ",".join(jars), **cluster_conf})
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute(TABLE)
         if args.only != "apply":
@@ -257,7 +265,7 @@ def main() -> None:
             copy_rate = raw_copy_rate(server.dsn, rows)
             copy_cpu = cpu_per_row(cpu, rows)
             cpu = cpu_seconds_by_program()
-            snapshot_rate = pgcdc_snapshot_rate(server.dsn, spark, rows)
+            snapshot_rate = pgcdc_snapshot_rate(server.dsn, spark, rows, rows_per_task=args.rows_per_task)
             snapshot_cpu = cpu_per_row(cpu, rows)
             figures.update(snapshot_rows_per_s=round(snapshot_rate), copy_rows_per_s=round(copy_rate),
                            snapshot_ratio_vs_copy=round(snapshot_rate / copy_rate, 2))

@@ -143,7 +143,9 @@ def refuse_lost_slot(slot: str, namespace: str, positions: Mapping[tuple[str, st
         f"{namespace!r} hold positions (up to {newest}). The slot was dropped, or lost in a "
         "failover to a server it was not synchronized to; the changes made since those positions are no "
         "longer in any slot, and recreating it would skip them silently. Copy every table again at a fresh "
-        "consistent point with --resnapshot (pgcdc run --resnapshot), or point pgcdc at the right server/slot")
+        "consistent point with --resnapshot (pgcdc run --resnapshot), or point pgcdc at the right server/slot. "
+        "If another pgcdc run (its own publication and slot) mirrors these tables into this namespace, take them "
+        "out of this publication: each table belongs to one run")
 
 
 def refuse_positions_ahead(positions: Mapping[tuple[str, str], Lsn], server_lsn: Lsn) -> None:

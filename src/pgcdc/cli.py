@@ -102,6 +102,10 @@ ApplyWriter = Annotated[str, typer.Option(
     "--apply", envvar="PGCDC_APPLY", show_envvar=True,
     help="How batches reach the mirrors: delta (a Parquet data file and an equality-delete file per mirror, one "
          "Iceberg row-delta commit, no Spark query) or merge (a Spark MERGE INTO per mirror).")]
+SnapshotRowsPerTask = Annotated[int, typer.Option(
+    "--snapshot-rows-per-task", envvar="PGCDC_SNAPSHOT_ROWS_PER_TASK", show_envvar=True, min=1,
+    help="Rows per task of the initial copy (a range of the table's pages, read by one COPY): the copy of a "
+         "table runs in as many tasks at once as the cluster has executor cores.")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 SnapshotRetention = Annotated[float, typer.Option(
     "--snapshot-retention-minutes", envvar="PGCDC_SNAPSHOT_RETENTION_MINUTES", min=0,
@@ -223,6 +227,7 @@ def run(
     resnapshot: Resnapshot = False,
     snapshot_writer: SnapshotWriter = "auto",
     apply: ApplyWriter = "merge",
+    snapshot_rows_per_task: SnapshotRowsPerTask = 250_000,
     spill_dir: Annotated[str | None, typer.Option(
         "--spill-dir", envvar="PGCDC_SPILL_DIR", help="Where transactions larger than --memory-limit spill "
                                                       "(default: the system temporary directory).")] = None,
@@ -264,7 +269,7 @@ def run(
         batch_max_seconds=batch_seconds, changelog=changelog, snapshot=not no_snapshot, binary=binary,
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
-        snapshot_writer=snapshot_writer, apply_writer=apply,
+        snapshot_writer=snapshot_writer, apply_writer=apply, snapshot_rows_per_task=snapshot_rows_per_task,
         memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout,
         on_conversion_error=on_conversion_error,
         maintenance=MaintenancePolicy(
@@ -301,6 +306,7 @@ def snapshot(
     conf: SparkConf = None,
     resnapshot: Resnapshot = False,
     snapshot_writer: SnapshotWriter = "auto",
+    snapshot_rows_per_task: SnapshotRowsPerTask = 250_000,
 ) -> None:
     """Create the slot and copy the published tables into Iceberg, consistent with the slot's start."""
     from pgcdc.observability import SnapshotProgress
@@ -310,7 +316,7 @@ def snapshot(
                               catalog=catalog, namespace=namespace, spark_master=master,
                               catalog_type=catalog_type, catalog_uri=catalog_uri,
                               spark_conf=_key_values(conf), resnapshot=resnapshot,
-                              snapshot_writer=snapshot_writer)
+                              snapshot_writer=snapshot_writer, snapshot_rows_per_task=snapshot_rows_per_task)
     with SnapshotProgress(console) as bars:
         copied = Pipeline(config, on_progress=bars.update).snapshot()
     if not copied:

@@ -52,6 +52,7 @@ class PipelineConfig:
     receive_timeout_seconds: float = 60.0
     snapshot_writer: str = "auto"
     apply_writer: str = "merge"  # "delta": Iceberg row deltas written from Arrow; "merge": a Spark MERGE per batch
+    snapshot_rows_per_task: int = 250_000  # rows of a copy task (a page range); more tasks than executors
     on_conversion_error: str = "stop"  # or "quarantine": changes that cannot be converted go to <table>__rejects
     maintenance: MaintenancePolicy = field(default_factory=MaintenancePolicy)  # compaction, expiry, orphan files
 
@@ -94,6 +95,8 @@ class PipelineConfig:
             problems.append(f"snapshot writer {self.snapshot_writer!r} must be auto, arrow or spark")
         if self.apply_writer not in ("delta", "merge"):
             problems.append(f"apply writer {self.apply_writer!r} must be delta or merge")
+        if self.snapshot_rows_per_task < 1:
+            problems.append(f"snapshot rows per task {self.snapshot_rows_per_task} must be at least 1")
         problems += self.maintenance.problems()
         if problems:
             raise ConfigError("; ".join(problems))

@@ -54,7 +54,11 @@ class Snapshotter:
             existing = None
         if existing is None:
             if not config.resnapshot:
-                refuse_lost_slot(config.slot, config.namespace, self.tables.mirrors.positions())
+                # only this publication's mirrors: a namespace may also hold the mirrors of other pgcdc runs
+                # (other publications, other slots) writing the same warehouse
+                published = {(t.schema, t.name) for t in tables}
+                refuse_lost_slot(config.slot, config.namespace, {
+                    name: lsn for name, lsn in self.tables.mirrors.positions().items() if name in published})
             self._set_phase("snapshot")
             copied: dict[str, int] = {}  # committed copies: the JVM may be past asking after an interrupt
             with slots.dropped_on_failure(config.slot, backs_mirrors=lambda: bool(copied)), \
@@ -63,11 +67,14 @@ class Snapshotter:
         return self.copy_missing(tables)
 
     def check_positions(self) -> None:
-        """Before streaming: no mirror may hold a position beyond the server's WAL."""
+        """Before streaming: no mirror of this publication's tables may hold a position beyond the server's WAL
+        (the namespace may hold other runs' mirrors too, of other sources)."""
         positions = self.tables.mirrors.positions()
         if positions:
             with source_connection(self.config.dsn, 120.0) as conn:
-                refuse_positions_ahead(positions, server_lsn(conn))
+                published = {(t.schema, t.name) for t in published_tables(conn, self.config.publication)}
+                refuse_positions_ahead({name: lsn for name, lsn in positions.items() if name in published},
+                                       server_lsn(conn))
 
     def copy_missing(self, tables: list[PublishedTable]) -> dict[str, int]:
         """Copy published tables that have no mirror position yet at a fresh consistent point of a temporary
@@ -138,6 +145,7 @@ class Snapshotter:
                     spark_schema=spark_schema(converter.arrow_schema), target_identifier=mirror.identifier,
                     snapshot_name=snapshot_name, consistent_lsn=consistent_lsn,
                     session_settings=dict(SESSION_SETTINGS), progress=report, writer=self.config.snapshot_writer,
+                    target_rows_per_task=self.config.snapshot_rows_per_task,
                 )
             copied[label] = result.rows
             mirror.position = consistent_lsn

@@ -83,10 +83,11 @@ class PageRange:
 
 
 def plan_table_ranges(conn: psycopg.Connection, schema: str, table: str, *, target_rows_per_task: int = 250_000,
-                      target_bytes_per_task: int = 64 << 20, max_tasks: int = 4096) -> tuple[list[PageRange], int]:
+                      target_bytes_per_task: int = 64 << 20, max_tasks: int = 65_536) -> tuple[list[PageRange], int]:
     """Split a table into page ranges of about ``target_rows_per_task`` rows and at most about
     ``target_bytes_per_task`` bytes of table and TOAST (a task holds its range's COPY output in memory);
-    returns (ranges, row estimate). Every page is covered exactly once; the last range is open-ended."""
+    returns (ranges, row estimate). Every page is covered exactly once; the last range is open-ended.
+    ``max_tasks`` keeps the byte bound up to 4 TB a table (65,536 x 64 MB); past it, ranges grow."""
     row = conn.execute(
         "SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint, GREATEST(c.reltuples, 0)::bigint, "
         "c.relpages, pg_relation_size(c.oid) + CASE WHEN c.reltoastrelid = 0 THEN 0 "
@@ -326,9 +327,15 @@ def copy_table(
                     yield path, int(size)
 
             # plain Python tasks (an RDD, one range each): no SQL plan, shuffle or code generation to pay for
-            written = context.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(write_ranges).collect()
-            replace_with_files(spark, table, written,
-                               {POSITION_PROPERTY: str(consistent_lsn)})
+            try:
+                written = context.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(
+                    write_ranges).collect()
+            except BaseException:
+                _remove_uncommitted_attempts(prefix, set(), s3)
+                raise
+            # a commit that fails may still have landed (its state unknown): its files are left alone then
+            replace_with_files(spark, table, written, {POSITION_PROPERTY: str(consistent_lsn)})
+            _remove_uncommitted_attempts(prefix, {path for path, _ in written}, s3)
         else:
             def copy_partition(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
                 for batch in batches:
@@ -374,6 +381,41 @@ def _arrow_destination(table: Any) -> tuple[str | None, dict[str, Any] | None]:
 def _object_path(location: str) -> str:
     """An object store location (``s3a://bucket/key``) as pyarrow's file systems name it (``bucket/key``)."""
     return location.split("://", 1)[1]
+
+
+def _remove_uncommitted_attempts(prefix: str, committed: set[str], s3: dict[str, Any] | None) -> None:
+    """Remove this copy's data files that its commit does not hold: those of task attempts that failed (an
+    executor lost in the middle of writing leaves its file behind: no ``finally`` runs in a killed process) or
+    that Spark superseded, and all of them when the copy failed. Only this copy's own files (its unique
+    prefix) are touched: other writers of the warehouse, and other copies, are left alone. ``s3``: pyarrow's
+    options for an object store prefix (None: a directory of this machine)."""
+    removed = 0
+    if s3 is None:
+        import glob
+
+        kept = {_local_path(path) for path in committed}
+        for path in glob.glob(glob.escape(_local_path(prefix)) + "-*.parquet"):
+            if path in kept:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed += 1
+            with contextlib.suppress(FileNotFoundError):  # Hadoop's checksum beside it, if any
+                os.unlink(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc"))
+    else:
+        from pyarrow.fs import FileSelector, S3FileSystem
+
+        filesystem = S3FileSystem(**s3)
+        kept = {_object_path(path) for path in committed}
+        object_prefix = _object_path(prefix)
+        listed = filesystem.get_file_info(FileSelector(object_prefix.rsplit("/", 1)[0], allow_not_found=True))
+        for info in listed:
+            if info.path.startswith(object_prefix + "-") and info.path.endswith(".parquet") and info.path not in kept:
+                with contextlib.suppress(FileNotFoundError):
+                    filesystem.delete_file(info.path)
+                    removed += 1
+    if removed:
+        log.info("removed %d data files of failed or superseded copy attempts", removed)
 
 
 def _local_path(location: str) -> str:
