@@ -156,6 +156,9 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
 
     started = time.monotonic()
     jvm: Any = spark.sparkContext._jvm
+    # the actions' worker threads find the catalogs through the active session they inherit from this thread,
+    # which has none when Spark did not start it (the pipeline's apply thread)
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
     actions = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
     table = load_table(spark, identifier)
     table.refresh()
@@ -172,15 +175,24 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
     for step in wanted:
         injection_point(f"maintain.{step}")
         if step == "compact-data" and before.data_files > 1:
+            # every data file a delete applies to is rewritten without the deleted rows; the new files take a new
+            # sequence number, so that every delete file before them is left without a row to apply to
             action = (actions.rewriteDataFiles(table).option("min-input-files", "2")
-                      .option("delete-file-threshold", "1").option("partial-progress.enabled", "false"))
+                      .option("delete-file-threshold", "1").option("partial-progress.enabled", "false")
+                      .option("use-starting-sequence-number", "false").option("remove-dangling-deletes", "true"))
             if policy.target_file_bytes:
                 action = action.option("target-file-size-bytes", str(policy.target_file_bytes))
             outcome = carrying(action).execute()
             result.steps[step] = int(outcome.rewrittenDataFilesCount())
         elif step == "compact-deletes" and _health(spark, table).delete_files > 0:
-            outcome = carrying(actions.rewritePositionDeletes(table).option("rewrite-all", "true")).execute()
-            result.steps[step] = int(outcome.rewrittenDeleteFilesCount())
+            if _has_lists_or_maps(table):
+                # Iceberg 1.10's position-delete reader fails on such schemas ("Invalid partition field parent"):
+                # drop the delete files compaction left without a live row, a commit of metadata only
+                outcome = carrying(actions.removeDanglingDeleteFiles(table)).execute()
+                result.steps[step] = len(list(outcome.removedDeleteFiles()))
+            else:
+                outcome = carrying(actions.rewritePositionDeletes(table).option("rewrite-all", "true")).execute()
+                result.steps[step] = int(outcome.rewrittenDeleteFilesCount())
         elif step == "rewrite-manifests" and _health(spark, table).manifests > 1:
             outcome = carrying(actions.rewriteManifests(table)).execute()
             result.steps[step] = len(list(outcome.rewrittenManifests()))
@@ -204,6 +216,11 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
              result.after.snapshots, result.after.data_files, result.after.delete_files,
              extra={"event": "maintenance", "table": identifier, "steps": result.steps})
     return result
+
+
+def _has_lists_or_maps(table: Any) -> bool:
+    return any(field.type().isListType() or field.type().isMapType() or "list<" in str(field.type())
+               or "map<" in str(field.type()) for field in table.schema().columns())
 
 
 def _start_orphan_clock(spark: SparkSession, identifier: str) -> None:

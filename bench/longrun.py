@@ -1,0 +1,184 @@
+"""A long day of small batches into one mirror, maintained as the pipeline maintains it.
+
+Streams many small batches (inserts, updates, deletes; 10,000 batches, or 150 with --quick) into one keyed
+mirror through pgcdc's own apply (the apply thread's commit, with its position recording and conflict
+retries) and its maintenance schedule (one turn between two batches when a table is due), with generated
+change tables instead of a replication slot: what is measured is the table, not the source.
+
+At intervals and at the end it reports what the mirror has become: snapshots retained, data files, delete
+files, metadata bytes, and the time of a full-table ``SELECT count(*)`` and of a key lookup — beside the
+same figures for the same rows freshly written in one commit. Goal: read time at most 1.5x the fresh
+table's, counts bounded by the retention settings (not growing with the batches).
+Last line: one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import pyarrow as pa
+
+from pgcdc.change_table import C, change_schema
+from pgcdc.lsn import Lsn
+from pgcdc.pipeline import PipelineConfig, Progress
+from pgcdc.pipeline.applier import Applier
+from pgcdc.pipeline.tables import SourceTables
+from pgcdc.spark.iceberg import load_table
+from pgcdc.spark.maintenance import MaintenancePolicy, table_health
+from pgcdc.spark.mirror import TableSpec
+from pgcdc.spark.schema import spark_schema
+from pgcdc.spark.session import spark_session
+
+SOURCE = pa.schema([pa.field("id", pa.int64()), pa.field("n", pa.int64()), pa.field("note", pa.string())])
+
+
+def batch(rng: random.Random, lsn: int, next_id: int, live: list[int], changes: int) -> tuple[pa.Table, int]:
+    """One batch of one transaction: about half updates, a third inserts, the rest deletes."""
+    ids, ns, notes, ops = [], [], [], []
+    for _ in range(changes):
+        roll = rng.random()
+        if roll < 0.35 or len(live) < 100:
+            ids.append(next_id)
+            live.append(next_id)
+            next_id += 1
+            ops.append("I")
+        elif roll < 0.85:
+            ids.append(rng.choice(live))
+            ops.append("U")
+        else:
+            index = rng.randrange(len(live))
+            live[index], live[-1] = live[-1], live[index]
+            ids.append(live.pop())
+            ops.append("D")
+        ns.append(rng.randrange(10**6))
+        notes.append(f"note {rng.randrange(10**9)}")
+    count = len(ids)
+    schema = change_schema(SOURCE, ["id"])
+    table = pa.table({
+        "id": ids, "n": ns, "note": notes, C.OP: ops, C.LSN: [lsn] * count, C.ORDINAL: list(range(count)),
+        C.UNCHANGED: [[] for _ in range(count)], C.OLD_KEY: pa.nulls(count, schema.field(C.OLD_KEY).type),
+        C.XID: [lsn] * count, C.COMMIT_TS: pa.nulls(count, pa.timestamp("us", tz="UTC")),
+        C.ORIGIN: pa.nulls(count, pa.string()), C.BEFORE: pa.nulls(count, schema.field(C.BEFORE).type),
+    }, schema=schema)
+    return table, next_id
+
+
+def metadata_bytes(spark, identifier: str) -> int:
+    location = urlparse(str(load_table(spark, identifier).location()))
+    metadata = Path(unquote(location.path)) / "metadata"
+    return sum(f.stat().st_size for f in metadata.iterdir() if f.is_file())
+
+
+def read_times(spark, identifier: str, key: int, repeats: int = 3) -> tuple[float, float]:
+    """Best of ``repeats``: a full-table count, a key lookup."""
+    spark.catalog.clearCache()
+    counts, lookups = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        spark.sql(f"SELECT count(*) FROM {identifier}").collect()
+        counts.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        spark.sql(f"SELECT * FROM {identifier} WHERE id = {key}").collect()
+        lookups.append(time.perf_counter() - started)
+    return min(counts), min(lookups)
+
+
+def measure(spark, mirror: str, fresh: str, key: int) -> dict:
+    spark.sql(f"DROP TABLE IF EXISTS {fresh}")
+    spark.table(mirror).writeTo(fresh).using("iceberg").tableProperty("format-version", "2").create()
+    figures = {}
+    for name, identifier in (("mirror", mirror), ("fresh", fresh)):
+        health = table_health(spark, identifier)
+        count_s, lookup_s = read_times(spark, identifier, key)
+        figures[name] = {"snapshots": health.snapshots, "data_files": health.data_files,
+                         "delete_files": health.delete_files, "metadata_mb": metadata_bytes(spark, identifier) / 1e6,
+                         "count_s": count_s, "lookup_s": lookup_s}
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="150 batches (under 2 minutes)")
+    parser.add_argument("--batches", type=int, help="batches to stream (default 10,000; 150 with --quick)")
+    parser.add_argument("--changes", type=int, default=50, help="changes per batch")
+    args = parser.parse_args()
+    batches = args.batches or (150 if args.quick else 10_000)
+    reports = 3 if args.quick else 10
+    warehouse = Path(tempfile.mkdtemp(prefix="pgcdc-longrun-"))
+    # retention scaled to the run: a day keeps an hour of snapshots; this run keeps its last few seconds
+    policy = MaintenancePolicy(interval_seconds=5.0 if args.quick else 30.0, data_files=16, delete_files=8,
+                               snapshots=50, snapshot_max_age_seconds=5.0 if args.quick else 60.0,
+                               snapshots_kept=5, check_seconds=0.0)
+    spark = spark_session(warehouse, conf={"spark.sql.shuffle.partitions": "2"})
+    try:
+        config = PipelineConfig(dsn="dbname=longrun", publication="longrun", warehouse=str(warehouse),
+                                maintenance=policy)
+        tables = SourceTables(config, lambda: spark)
+        mirror = tables.mirrors.ensure(TableSpec("bench", "events", spark_schema(SOURCE), ("id",)))
+        fresh = tables.mirrors.identifier_for("bench", "events_fresh")
+        applier = Applier(tables, lambda: spark, Progress(), lambda: None, changelog=False, maintenance=policy)
+        rng = random.Random(16)
+        live: list[int] = []
+        next_id, lsn = 1, 0x1000000
+        started = time.monotonic()
+        apply_s = maintain_s = 0.0
+        turns = 0
+        rows = []
+        print(f"{'batches':>8} {'snapshots':>9} {'data':>6} {'deletes':>7} {'meta MB':>8} {'count s':>8} "
+              f"{'lookup s':>8} | fresh: {'count s':>8} {'lookup s':>8}")
+        with applier:
+            for number in range(1, batches + 1):
+                lsn += 1000
+                changes, next_id = batch(rng, lsn, next_id, live, args.changes)
+                t0 = time.perf_counter()
+                applier._apply_segment(mirror, changes, Lsn(lsn))  # the apply thread's own call
+                t1 = time.perf_counter()
+                apply_s += t1 - t0
+                if applier.maintainer.ready() and applier.maintainer.turn() is not None:
+                    turns += 1
+                maintain_s += time.perf_counter() - t1
+                if number % max(1, batches // reports) == 0 or number == batches:
+                    figures = measure(spark, mirror.identifier, fresh, rng.choice(live))
+                    m, f = figures["mirror"], figures["fresh"]
+                    rows.append((number, figures))
+                    print(f"{number:>8} {m['snapshots']:>9} {m['data_files']:>6} {m['delete_files']:>7} "
+                          f"{m['metadata_mb']:>8.2f} {m['count_s']:>8.3f} {m['lookup_s']:>8.3f} | fresh: "
+                          f"{f['count_s']:>8.3f} {f['lookup_s']:>8.3f}", flush=True)
+        m, f = rows[-1][1]["mirror"], rows[-1][1]["fresh"]
+        read_ratio = (m["count_s"] + m["lookup_s"]) / (f["count_s"] + f["lookup_s"])
+        position = tables.mirrors.read_position(mirror.identifier)
+        assert position == Lsn(lsn), f"the mirror holds {position}, not the last batch's {Lsn(lsn)}"
+        result = {
+            "batches": batches, "changes_per_batch": args.changes, "rows": len(live),
+            "seconds": round(time.monotonic() - started, 1), "apply_s_per_batch": round(apply_s / batches, 4),
+            "maintenance_turns": turns, "maintenance_s_total": round(maintain_s, 1),
+            "snapshots": m["snapshots"], "data_files": m["data_files"], "delete_files": m["delete_files"],
+            "metadata_mb": round(m["metadata_mb"], 3),
+            "count_s": round(m["count_s"], 4), "lookup_s": round(m["lookup_s"], 4),
+            "fresh_count_s": round(f["count_s"], 4), "fresh_lookup_s": round(f["lookup_s"], 4),
+            "fresh_metadata_mb": round(f["metadata_mb"], 3),
+            "read_time_ratio_vs_fresh": round(read_ratio, 3),
+            "max_snapshots_seen": max(r[1]["mirror"]["snapshots"] for r in rows),
+            "max_data_files_seen": max(r[1]["mirror"]["data_files"] for r in rows),
+            "max_delete_files_seen": max(r[1]["mirror"]["delete_files"] for r in rows),
+            "retention": {"snapshots_kept": policy.snapshots_kept, "snapshot_max_age_s": policy.snapshot_max_age_seconds,
+                          "compact_at_data_files": policy.data_files, "compact_at_delete_files": policy.delete_files},
+        }
+    finally:
+        spark.stop()
+        shutil.rmtree(warehouse, ignore_errors=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
