@@ -327,13 +327,9 @@ def copy_table(
                     yield path, int(size)
 
             # plain Python tasks (an RDD, one range each): no SQL plan, shuffle or code generation to pay for
-            try:
-                written = context.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(
-                    write_ranges).collect()
-            except BaseException:
-                _remove_uncommitted_attempts(prefix, set(), s3)
-                raise
-            # a commit that fails may still have landed (its state unknown): its files are left alone then
+            # a copy that fails leaves its files to the next copy of the table (spark/orphans.py): tasks being
+            # cancelled may still write, and a commit that fails may still have landed (its state unknown)
+            written = context.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(write_ranges).collect()
             replace_with_files(spark, table, written, {POSITION_PROPERTY: str(consistent_lsn)})
             _remove_uncommitted_attempts(prefix, {path for path, _ in written}, s3)
         else:
@@ -384,11 +380,11 @@ def _object_path(location: str) -> str:
 
 
 def _remove_uncommitted_attempts(prefix: str, committed: set[str], s3: dict[str, Any] | None) -> None:
-    """Remove this copy's data files that its commit does not hold: those of task attempts that failed (an
-    executor lost in the middle of writing leaves its file behind: no ``finally`` runs in a killed process) or
-    that Spark superseded, and all of them when the copy failed. Only this copy's own files (its unique
-    prefix) are touched: other writers of the warehouse, and other copies, are left alone. ``s3``: pyarrow's
-    options for an object store prefix (None: a directory of this machine)."""
+    """After the commit: remove this copy's data files that the commit does not hold, those of task attempts
+    that failed (an executor lost in the middle of writing leaves its file behind: no ``finally`` runs in a
+    killed process) or that Spark superseded. Only this copy's own files (its unique prefix) are touched:
+    other writers of the warehouse, and other copies, are left alone. ``s3``: pyarrow's options for an object
+    store prefix (None: a directory of this machine)."""
     removed = 0
     if s3 is None:
         import glob
