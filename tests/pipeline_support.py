@@ -304,17 +304,18 @@ def mirror_mixed_workload(pg, spark, **overrides) -> Pipeline:
 
 
 def crash_loop(pg, spark, rounds: list[str | None], seed: int, *, aim_timeout: float = 60,
-               **overrides) -> list[str]:
+               workload_pause: float = 0.005, **overrides) -> list[str]:
     """SIGKILL ``pgcdc run`` at each of ``rounds`` (an injection point spec, or None for a random instant) under
     a steady mixed workload, restart it each time, and prove that every mirror equals its source row for row;
-    returns every run's output. An aimed kill not fired within ``aim_timeout`` seconds is sent at random."""
+    returns every run's output. An aimed kill not fired within ``aim_timeout`` seconds is sent at random; the
+    workload rests ``workload_pause`` seconds between its transactions."""
     pg.server.require(15, "two-phase decoding")
     prepare_source(pg, rows=300)
     config = pipeline_config(pg, spark, **overrides)
     rng = random.Random(seed)
     fired: dict[str, int] = {}
     outputs = []
-    with Workload(pg.dsn, seed=seed) as workload:
+    with Workload(pg.dsn, seed=seed, pause=workload_pause) as workload:
         wait_for_transactions(workload, 30)  # the first kill lands with changes already in flight
         for spec in rounds:
             env = {"PGCDC_INJECT": spec} if spec else {}

@@ -57,21 +57,35 @@ def test_mixed_workload_mirrors_equal_source_on_s3(pg, spark, s3, store):
     assert all("parquet-cpp-arrow" in c for c in created_by), created_by
 
 
+@pytest.mark.timeout(1800)  # restarts of a JVM that reaches S3: longer than the suite's per-test limit on a busy machine
 def test_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store):
-    # a run reaches its aim later than on a local directory: a JVM start, then S3 round trips for every commit
-    outputs = crash_loop(pg, spark, CRASH_ROUNDS, seed=20261125, aim_timeout=240, **store.config_overrides())
+    # a run reaches its aim later than on a local directory (a JVM start, then S3 round trips for every commit):
+    # a longer wait for it, and a calmer workload, whose changes are all compared at the end
+    namespace = f"crash_{store.catalog_type}"
+    outputs = crash_loop(pg, spark, CRASH_ROUNDS, seed=20261125, aim_timeout=240, workload_pause=0.05,
+                         namespace=namespace, **store.config_overrides())
     for secret in secrets_of(store, s3):
         assert all(secret not in output for output in outputs)
 
     # status reads the mirrors back through the same catalog; with --debug nothing secret shows either
-    config = pipeline_config(pg, spark, **store.config_overrides())
+    config = pipeline_config(pg, spark, namespace=namespace, **store.config_overrides())
     status = subprocess.run([sys.executable, "-m", "pgcdc.cli", "--debug", "status", "--dsn", config.dsn,
                              *catalog_arguments(config), "--namespace", config.namespace, "--json"],
                             capture_output=True, text=True, timeout=600)
     assert status.returncode == 0, status.stderr[-3000:]
     assert '"shop.customers"' in status.stdout
+
+    # check finds the source ready and the destination wanting: a bucket that does not exist
+    arguments = catalog_arguments(config)
+    arguments[arguments.index("--warehouse") + 1] = "s3a://no-such-bucket/mirrors"
+    check = subprocess.run([sys.executable, "-m", "pgcdc.cli", "--debug", "check", "--dsn", config.dsn, "-p",
+                            config.publication, "--slot", config.slot, *arguments], capture_output=True, text=True,
+                           timeout=600)
+    assert check.returncode == 3, check.stdout + check.stderr[-3000:]
+    said = " ".join(check.stdout.split())  # as one line, however the terminal wrapped it
+    assert "the bucket 'no-such-bucket' of --warehouse s3a://no-such-bucket/mirrors does not exist" in said, said
     for secret in secrets_of(store, s3):
-        assert secret not in status.stdout + status.stderr
+        assert secret not in status.stdout + status.stderr + check.stdout + check.stderr
 
 
 def test_check_names_what_is_wrong_with_the_destination(spark, s3, store):
