@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
