@@ -48,3 +48,16 @@ def test_unsafe_settings_are_refused_with_the_fix(settings, message):
 def test_maintenance_is_on_by_default_and_can_be_turned_off():
     assert PipelineConfig(dsn="dbname=x", publication="p").maintenance.enabled
     assert not MaintenancePolicy(enabled=False).enabled
+
+
+@pytest.mark.parametrize("text, retried", [
+    ("org.apache.iceberg.exceptions.ValidationException: Found conflicting files that can contain records", True),
+    ("org.apache.iceberg.exceptions.CommitFailedException: Version 7 already exists", True),
+    ("org.apache.iceberg.exceptions.CommitFailedException: ... CommitStateUnknownException: timed out", False),
+    ("org.apache.iceberg.exceptions.CommitStateUnknownException: the commit may have landed", False),
+    ("AnalysisException: Table or view not found", False),
+])
+def test_only_commits_that_lost_to_a_concurrent_one_are_applied_again(text, retried):
+    from pgcdc.spark.iceberg import is_commit_conflict
+
+    assert is_commit_conflict(RuntimeError(text)) is retried
