@@ -1,6 +1,6 @@
 """A long day of small batches into one mirror, maintained as the pipeline maintains it.
 
-Streams many small batches (inserts, updates, deletes; 10,000 batches, or 150 with --quick) into one keyed
+Streams many small batches (inserts, updates, deletes; 10,000 batches, or 60 with --quick) into one keyed
 mirror through pgcdc's own apply (the apply thread's commit, with its position recording and conflict
 retries) and its maintenance schedule (one turn between two batches when a table is due), with generated
 change tables instead of a replication slot: what is measured is the table, not the source.
@@ -108,11 +108,11 @@ def measure(spark, mirror: str, fresh: str, key: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="150 batches (under 2 minutes)")
-    parser.add_argument("--batches", type=int, help="batches to stream (default 10,000; 150 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="60 batches (under 2 minutes on an idle machine)")
+    parser.add_argument("--batches", type=int, help="batches to stream (default 10,000; 60 with --quick)")
     parser.add_argument("--changes", type=int, default=50, help="changes per batch")
     args = parser.parse_args()
-    batches = args.batches or (150 if args.quick else 10_000)
+    batches = args.batches or (60 if args.quick else 10_000)
     reports = 3 if args.quick else 10
     warehouse = Path(tempfile.mkdtemp(prefix="pgcdc-longrun-"))
     # retention scaled to the run: a day keeps an hour of snapshots; this run keeps its last few seconds

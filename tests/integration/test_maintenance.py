@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -209,17 +208,20 @@ def test_a_concurrent_compaction_job_conflicts_are_retried(pg, spark, caplog):
                 rewrites["done"] += 1
             except Exception:  # lost to pgcdc's commit: the job's own problem, as for any writer
                 rewrites["failed"] += 1
+            stop.wait(0.5)  # a job that runs again and again, leaving Spark's scheduler to the stream between
 
     with caplog.at_level(logging.WARNING, logger="pgcdc.pipeline"), Workload(pg.dsn, seed=3, pause=0.01):
         runner, failures = run_in_background(pipeline)
         compactor = threading.Thread(target=compact, daemon=True)
         compactor.start()
-        time.sleep(25)
-        stop.set()
-        compactor.join(timeout=120)
-    wait_for(lambda: pipeline.progress.batches_applied > 0, 60, "batches applied")
+        try:
+            wait_for(lambda: (pipeline.progress.batches_applied >= 6 and rewrites["done"] >= 2) or bool(failures),
+                     400, "batches applied beside the compaction job")
+        finally:
+            stop.set()
+            compactor.join(timeout=300)
     pipeline.stop()
-    runner.join(timeout=120)
+    runner.join(timeout=300)
     assert not failures, failures
     retried = caplog.text.count("conflicted with a concurrent one")
     catch_up_in_process(config, spark)

@@ -1,0 +1,63 @@
+"""When a mirror is due for maintenance, and which settings are refused (no Spark needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgcdc.errors import ConfigError
+from pgcdc.pipeline import PipelineConfig
+from pgcdc.spark.maintenance import MaintenancePolicy, TableHealth, due_steps
+
+POLICY = MaintenancePolicy(data_files=10, delete_files=4, snapshots=50, snapshots_kept=5,
+                           orphan_interval_seconds=3600)
+
+
+def health(snapshots=3, data_files=1, delete_files=0, orphans_removed_at=1000.0) -> TableHealth:
+    return TableHealth(snapshots, data_files, delete_files, manifests=1, orphans_removed_at=orphans_removed_at)
+
+
+def test_a_healthy_table_is_left_alone():
+    assert due_steps(health(), POLICY, now=2000.0) == []
+
+
+@pytest.mark.parametrize("table", [health(data_files=10), health(delete_files=4)], ids=["data", "deletes"])
+def test_many_files_compact_and_expire_what_compaction_replaced(table):
+    assert due_steps(table, POLICY, now=2000.0) == ["compact-data", "compact-deletes", "rewrite-manifests"]
+    assert due_steps(health(snapshots=6, data_files=10), POLICY, now=2000.0)[-1] == "expire"
+
+
+def test_many_snapshots_expire_alone():
+    assert due_steps(health(snapshots=50), POLICY, now=2000.0) == ["expire"]
+
+
+def test_orphans_are_looked_for_once_per_interval_and_not_before_the_clock_starts():
+    assert due_steps(health(orphans_removed_at=None), POLICY, now=10**9) == []
+    assert due_steps(health(orphans_removed_at=1000.0), POLICY, now=1000.0 + 3600) == ["remove-orphans"]
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"orphan_age_seconds": 600}, "at least an hour"),
+    ({"snapshots_kept": 0}, "snapshots_kept"),
+    ({"data_files": 0}, "data_files"),
+])
+def test_unsafe_settings_are_refused_with_the_fix(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        PipelineConfig(dsn="dbname=x", publication="p", maintenance=MaintenancePolicy(**settings))
+
+
+def test_maintenance_is_on_by_default_and_can_be_turned_off():
+    assert PipelineConfig(dsn="dbname=x", publication="p").maintenance.enabled
+    assert not MaintenancePolicy(enabled=False).enabled
+
+
+@pytest.mark.parametrize("text, retried", [
+    ("org.apache.iceberg.exceptions.ValidationException: Found conflicting files that can contain records", True),
+    ("org.apache.iceberg.exceptions.CommitFailedException: Version 7 already exists", True),
+    ("org.apache.iceberg.exceptions.CommitFailedException: ... CommitStateUnknownException: timed out", False),
+    ("org.apache.iceberg.exceptions.CommitStateUnknownException: the commit may have landed", False),
+    ("AnalysisException: Table or view not found", False),
+])
+def test_only_commits_that_lost_to_a_concurrent_one_are_applied_again(text, retried):
+    from pgcdc.spark.iceberg import is_commit_conflict
+
+    assert is_commit_conflict(RuntimeError(text)) is retried
