@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from pgcdc.pipeline import Pipeline
 from pipeline_support import (
     SHOP_TABLES,
     Workload,
@@ -54,10 +55,13 @@ DELTA_ROUNDS = [
 ]
 
 
-def crash_loop(pg, spark, rounds: list[str | None], seed: int, writer: str = "merge") -> None:
+def crash_loop(pg, spark, rounds: list[str | None], seed: int, writer: str = "merge", *,
+               copied_first: bool = False) -> None:
     pg.server.require(15, "two-phase decoding")
     prepare_source(pg, rows=300)
     config = pipeline_config(pg, spark, apply_writer=writer)
+    if copied_first:  # every kill lands in the stream's applies, whatever the copy costs on a busy machine
+        Pipeline(config, spark=spark).snapshot()
     rng = random.Random(seed)
     fired: dict[str, int] = {}
     with Workload(pg.dsn, seed=seed) as workload:
@@ -66,8 +70,9 @@ def crash_loop(pg, spark, rounds: list[str | None], seed: int, writer: str = "me
             env = {"PGCDC_INJECT": spec} if spec else {}
             process = run_cli(config, env=env)
             try:
-                # an aimed kill fires by itself; a random one (or an aim the run never reached) is sent here
-                process.wait(timeout=60 if spec else rng.uniform(4, 14))
+                # an aimed kill fires by itself (given time for a JVM start on a busy machine); a random one (or an
+                # aim the run never reached) is sent here
+                process.wait(timeout=150 if spec else rng.uniform(4, 14))
             except Exception:
                 process.send_signal(signal.SIGKILL)
                 process.wait()
@@ -92,7 +97,7 @@ def test_killed_at_aimed_and_random_instants_loses_and_duplicates_nothing(pg, sp
 
 
 def test_killed_inside_the_row_delta_commit_loses_and_duplicates_nothing(pg, spark):
-    crash_loop(pg, spark, DELTA_ROUNDS, seed=20261125, writer="delta")
+    crash_loop(pg, spark, DELTA_ROUNDS, seed=20261125, writer="delta", copied_first=True)
 
 
 @pytest.mark.soak
