@@ -304,14 +304,17 @@ def mirror_mixed_workload(pg, spark, **overrides) -> Pipeline:
 
 
 def crash_loop(pg, spark, rounds: list[str | None], seed: int, *, aim_timeout: float = 60,
-               workload_pause: float = 0.005, **overrides) -> list[str]:
+               workload_pause: float = 0.005, copied_first: bool = False, **overrides) -> list[str]:
     """SIGKILL ``pgcdc run`` at each of ``rounds`` (an injection point spec, or None for a random instant) under
     a steady mixed workload, restart it each time, and prove that every mirror equals its source row for row;
     returns every run's output. An aimed kill not fired within ``aim_timeout`` seconds is sent at random; the
-    workload rests ``workload_pause`` seconds between its transactions."""
+    workload rests ``workload_pause`` seconds between its transactions. ``copied_first``: the initial copy is
+    made before, so that every kill lands in the stream's applies."""
     pg.server.require(15, "two-phase decoding")
     prepare_source(pg, rows=300)
     config = pipeline_config(pg, spark, **overrides)
+    if copied_first:
+        Pipeline(config, spark=spark).snapshot()
     rng = random.Random(seed)
     fired: dict[str, int] = {}
     outputs = []
