@@ -27,8 +27,8 @@ def _assert_mirrors_equal(pipeline, dsn):
     assert_mirrors_equal(pipeline.config, pipeline.spark, dsn, SHOP_TABLES)
 
 
-@pytest.mark.parametrize(("binary", "writer"), [(False, "merge"), (True, "merge"), (False, "delta"), (True, "delta")],
-                         ids=["text-merge", "binary-merge", "text-delta", "binary-delta"])
+# each writer once, each value format once: the other pairs differ in nothing the writers or the formats share
+@pytest.mark.parametrize(("binary", "writer"), [(False, "merge"), (True, "delta")], ids=["text-merge", "binary-delta"])
 def test_mixed_workload_mirrors_equal_source(pg, spark, binary, writer):
     mirror_mixed_workload(pg, spark, binary=binary, apply_writer=writer)
 

@@ -57,7 +57,8 @@ def test_mixed_workload_mirrors_equal_source_on_s3(pg, spark, s3, store):
     assert all("parquet-cpp-arrow" in c for c in created_by), created_by
 
 
-@pytest.mark.timeout(1800)  # restarts of a JVM that reaches S3: longer than the suite's per-test limit on a busy machine
+@pytest.mark.soak  # restarts of a JVM that reaches S3, each minutes long: make soak
+@pytest.mark.timeout(1800)  # longer than the suite's per-test limit on a busy machine
 def test_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store):
     # a run reaches its aim later than on a local directory (a JVM start, then S3 round trips for every commit):
     # a longer wait for it, and a calmer workload, whose changes are all compared at the end

@@ -123,7 +123,7 @@ def test_an_unwritable_spill_directory_stops_with_what_to_do(big_transaction, tm
 
 def test_a_corrupt_stored_position_stops_the_pipeline(pg, spark):
     from pgcdc.pipeline import Pipeline, PipelineConfig
-    from pgcdc.spark.iceberg import with_commit_properties
+    from pgcdc.spark.iceberg import load_table, with_commit_properties
 
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pg.execute("INSERT INTO t VALUES (1, 'a')")
@@ -137,10 +137,16 @@ def test_a_corrupt_stored_position_stops_the_pipeline(pg, spark):
     assert pipeline.mirrors.read_position(mirror) is not None
 
     # a commit carrying a damaged position, then one without (a maintenance commit)
+    table = load_table(spark, mirror)
+    sound = table.currentSnapshot().snapshotId()
     with_commit_properties(spark, {"pgcdc.lsn": "not-an-lsn"}, lambda: spark.sql(f"INSERT INTO {mirror} VALUES (-1, 'x')"))
     spark.sql(f"DELETE FROM {mirror} WHERE id = -1")
-    with pytest.raises(PositionCorruptError, match=r"not an LSN.*cannot be trusted"):
+    with pytest.raises(PositionCorruptError, match=r"not an LSN.*cannot be trusted.*rollback_to_snapshot"):
         Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+    # the way out the error names: back to the snapshot before the damage
+    table.refresh()
+    table.manageSnapshots().rollbackTo(sound).commit()
+    Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
 
     # a position from another server's history (beyond this server's WAL) is refused too
     with_commit_properties(spark, {"pgcdc.lsn": str(Lsn(0xFFFF_0000_0000_0000))},
