@@ -23,22 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import psycopg
+from capture import FILL, TABLE  # the same table and rows as the capture bench
 
 from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline import Pipeline, PipelineConfig
 from pgcdc.spark.session import spark_session
 
-TABLE = """
-CREATE TABLE events (id bigint PRIMARY KEY, a int, b text, c numeric(12, 2), d timestamptz, e bool, f float8,
-                     g uuid, h jsonb, i date);
-CREATE PUBLICATION pub FOR TABLE events;
-"""
-FILL = """
-INSERT INTO events SELECT i, i %% 1000, 'name ' || i, i * 1.25, now(), i %% 2 = 0, i / 3.0, md5(i::text)::uuid,
-       jsonb_build_object('k', i), date '2024-01-01' + (i %% 365)::int
-FROM generate_series(%s::bigint, %s::bigint) i
-"""
 WRITERS = ("delta", "merge")
 
 
