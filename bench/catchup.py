@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import psycopg
-from capture import FILL, TABLE  # the same table and rows as the capture bench
+from capture import FILL, TABLE, recvlogical_drain  # the capture bench's table, rows and peer
 
 from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.lsn import Lsn
@@ -72,15 +72,6 @@ def cpu_per_change(before: Counter[str], after: Counter[str], changes: int) -> d
     used.subtract(before)
     return {program: round(seconds * 1e6 / changes, 2) for program, seconds in sorted(used.items())
             if seconds > 0}
-
-
-def recvlogical_drain(server: EmbeddedPostgres, slot: str, end: Lsn) -> float:
-    command = [str(server.bin_dir / "pg_recvlogical"), "-d", server.dsn, "--slot", slot, "--start",
-               "-o", "proto_version=1", "-o", "publication_names=pub", "-f", "/dev/null", "-E", str(end),
-               "--no-loop"]
-    started = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, timeout=1800)
-    return time.perf_counter() - started
 
 
 def config_for(server: EmbeddedPostgres, warehouse: str, writer: str) -> PipelineConfig:
