@@ -28,6 +28,11 @@ from pgcdc.embedded import EmbeddedPostgres
 
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 
+# The suite starts dozens of JVMs that live for seconds (each `pgcdc` it runs, each cold Spark): HotSpot's
+# optimizing compiler costs them more CPU than it saves (a cold session's first queries take twice as long with
+# it on a busy 2-core machine). What they compute does not depend on the compiler.
+os.environ.setdefault("PGCDC_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+
 # Real servers make examples slow and uneven: no per-example deadline, and a bounded example count.
 settings.register_profile("default", deadline=None, max_examples=100,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -58,6 +58,24 @@ def test_extra_jars_join_the_iceberg_runtime():
     assert settings["spark.jars"].split(",") == [str(iceberg_runtime_jar()), "/jars/hadoop-aws.jar", "/jars/sdk.jar"]
 
 
+def test_jvm_options_come_from_the_environment_and_short_lived_commands(monkeypatch):
+    from pgcdc.spark.session import SHORT_LIVED_JVM
+
+    monkeypatch.delenv("PGCDC_JAVA_OPTIONS", raising=False)
+    plain = spark_settings("/w")
+    assert "-Dlog4j.configurationFile=" in plain["spark.driver.extraJavaOptions"]
+    assert SHORT_LIVED_JVM not in plain["spark.driver.extraJavaOptions"]
+    quick = spark_settings("/w", short_lived=True)
+    assert SHORT_LIVED_JVM in quick["spark.driver.extraJavaOptions"]
+    monkeypatch.setenv("PGCDC_JAVA_OPTIONS", " -Xss4m -Dhttps.proxyHost=proxy ")
+    both = spark_settings("/w")
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        assert both[key].split()[1:] == ["-Xss4m", "-Dhttps.proxyHost=proxy"], both[key]
+    # options given as Spark settings are the user's whole say
+    mine = spark_settings("/w", conf={"spark.driver.extraJavaOptions": "-Xmx3g"})
+    assert mine["spark.driver.extraJavaOptions"] == "-Xmx3g"
+
+
 def test_secret_settings_are_recognised_by_name_and_removed_from_any_text():
     assert all(is_secret_setting(key) for key in (
         "spark.hadoop.fs.s3a.secret.key", "spark.hadoop.fs.s3a.session.token", "spark.sql.catalog.c.jdbc.password",

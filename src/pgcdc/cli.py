@@ -226,7 +226,7 @@ def run(
         help="When idle, emit a logical message this often so a quiet slot keeps advancing.")] = None,
     resnapshot: Resnapshot = False,
     snapshot_writer: SnapshotWriter = "auto",
-    apply: ApplyWriter = "merge",
+    apply: ApplyWriter = "delta",
     snapshot_rows_per_task: SnapshotRowsPerTask = 250_000,
     spill_dir: Annotated[str | None, typer.Option(
         "--spill-dir", envvar="PGCDC_SPILL_DIR", help="Where transactions larger than --memory-limit spill "
@@ -495,7 +495,7 @@ def _destination_problems(warehouse: str, catalog: str, catalog_type: str | None
 
     require_writable_warehouse(warehouse)
     spark = spark_session(warehouse, catalog, conf={**FAST_FAILURE_SETTINGS, **conf}, catalog_type=catalog_type,
-                          catalog_uri=catalog_uri)
+                          catalog_uri=catalog_uri, short_lived=True)
     try:
         return list(check_destination(spark, warehouse, catalog, namespace))
     finally:

@@ -66,7 +66,8 @@ def mirrors_streaming_from(slot: str, warehouse: str, catalog: str, namespace: s
     from pgcdc.spark.mirror import MirrorCatalog
     from pgcdc.spark.session import spark_session
 
-    spark = spark_session(warehouse, catalog, conf=conf, catalog_type=catalog_type, catalog_uri=catalog_uri)
+    spark = spark_session(warehouse, catalog, conf=conf, catalog_type=catalog_type, catalog_uri=catalog_uri,
+                          short_lived=True)
     return MirrorCatalog(spark, catalog=catalog, namespace=namespace).streaming_from(slot)
 
 
@@ -76,6 +77,7 @@ def mirror_status(warehouse: str, catalog: str, namespace: str, conf: Mapping[st
     from pgcdc.spark.mirror import MirrorCatalog
     from pgcdc.spark.session import spark_session
 
-    spark = spark_session(warehouse, catalog, conf=conf, catalog_type=catalog_type, catalog_uri=catalog_uri)
+    spark = spark_session(warehouse, catalog, conf=conf, catalog_type=catalog_type, catalog_uri=catalog_uri,
+                          short_lived=True)
     mirrors = MirrorCatalog(spark, catalog=catalog, namespace=namespace)
     return mirrors.describe()

@@ -2,8 +2,8 @@
 and prove at the end that every mirror equals its source row for row (nothing lost, nothing twice).
 
 Random instants rarely hit the narrow windows, so most kills are aimed with injection points
-(``PGCDC_INJECT``, see :mod:`pgcdc.faults`): during the initial copy, during a MERGE, between the
-commits of two mirrors of one batch, after the commits but before the slot is told, and while a
+(``PGCDC_INJECT``, see :mod:`pgcdc.faults`): during the initial copy, inside each writer's commit, between
+the commits of two mirrors of one batch, after the commits but before the slot is told, and while a
 prepared transaction is held between PREPARE and COMMIT PREPARED."""
 
 from __future__ import annotations
@@ -16,44 +16,42 @@ from pipeline_support import crash_loop
 
 pytestmark = pytest.mark.slow
 
-# (injection point spec or None for a random instant) — one round each
+# (injection point spec or None for a random instant) — one round each, with the default (row-delta) writer:
+# the initial copy, the writer's own windows (before its files, between its data and delete files, after both
+# but before the commit), between two mirrors' commits, a prepared transaction held, after every commit but
+# before the slot is told, and random instants
 ROUNDS = [
     "snapshot.copy:2:0.3",        # the initial copy: one table copied, the next mid-copy
-    "apply.merge:1:0.6",          # inside a MERGE
+    "apply.delta-write:1",        # before the batch's files
+    "apply.delta-deletes:2",      # the data file written, the delete file not
     "apply.between-mirrors:1",    # one mirror of a batch committed, the next not
     "assembler.prepared:1",       # PREPARE received and held, COMMIT PREPARED not yet
+    "apply.delta-commit:3",       # both files written, the commit not made
     "apply.before-confirm:1",     # all mirrors committed, the slot not yet told
-    "apply.merge:3:1.5",
-    None,
-    "apply.between-mirrors:2",
     None,
 ]
 
-
-# the row-delta writer's own windows: before its files, between its data and delete files, after both but
-# before the commit, and after the commit (the next mirror, the slot)
-DELTA_ROUNDS = [
-    "apply.delta-write:1",
-    "apply.delta-deletes:2",
-    "apply.delta-commit:3",
-    "apply.between-mirrors:1",
+# the MERGE writer's windows
+MERGE_ROUNDS = [
+    "apply.merge:1:0.6",          # inside a MERGE
+    "apply.between-mirrors:2",
     None,
-    "apply.delta-commit:1",
+    "apply.merge:3:1.5",
     "apply.before-confirm:1",
 ]
 
 
 def test_killed_at_aimed_and_random_instants_loses_and_duplicates_nothing(pg, spark):
-    crash_loop(pg, spark, ROUNDS, seed=20261122)
+    crash_loop(pg, spark, ROUNDS, seed=20261122, aim_timeout=120)
 
 
-@pytest.mark.soak  # the row-delta writer is not the default yet: its crash loop runs in make soak
-def test_killed_inside_the_row_delta_commit_loses_and_duplicates_nothing(pg, spark):
-    # the copy made first: every kill lands in the applies; aims wait for a JVM start on a busy machine
-    crash_loop(pg, spark, DELTA_ROUNDS, seed=20261125, aim_timeout=150, copied_first=True, apply_writer="delta")
+@pytest.mark.soak
+def test_killed_inside_the_merge_writer_loses_and_duplicates_nothing(pg, spark):
+    # the copy made first: every kill lands in the applies
+    crash_loop(pg, spark, MERGE_ROUNDS, seed=20261125, aim_timeout=150, copied_first=True, apply_writer="merge")
 
 
 @pytest.mark.soak
 @pytest.mark.timeout(3600)  # 27 restarts, each starting a JVM: longer than the suite's per-test limit
 def test_soak_crash_loop_of_many_kills(pg, spark):
-    crash_loop(pg, spark, ROUNDS * 3, seed=int(time.time()))
+    crash_loop(pg, spark, ROUNDS * 3 + MERGE_ROUNDS, seed=int(time.time()))

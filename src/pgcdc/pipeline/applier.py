@@ -48,7 +48,7 @@ class Applier:
     """``with Applier(...) as applier``: :meth:`start` a batch, :meth:`collect` it (waiting if need be)."""
 
     def __init__(self, tables: SourceTables, spark: Callable[[], SparkSession], progress: Progress,
-                 emit: Callable[[], None], *, changelog: bool, writer: str = "merge",
+                 emit: Callable[[], None], *, changelog: bool, writer: str = "delta",
                  maintenance: MaintenancePolicy | None = None) -> None:
         self.tables = tables
         self._spark = spark
@@ -170,11 +170,11 @@ class Applier:
                         recordings.enter_context(mirrors.recording(
                             mirror.changelog_identifier, before=mirror.changelog_position, upto=position,
                             held=lambda: mirror.changelog_position, whole=True))
-                    recordings.enter_context(mirrors.recording(
+                    recording = recordings.enter_context(mirrors.recording(
                         mirror.identifier, before=mirror.position, upto=position, held=lambda: mirror.position,
-                        whole=not mirror.spec.key_columns))
+                        whole=not mirror.spec.key_columns, deferred=True))
                     apply_changes(self._spark(), mirror, changes, lsn=position, changelog=self._changelog,
-                                  writer=self._writer)
+                                  writer=self._writer, before_merge=recording.mark_pending)
                 return
             except Exception as exc:
                 if attempt == COMMIT_ATTEMPTS or not is_commit_conflict(exc):

@@ -51,7 +51,7 @@ class PipelineConfig:
     resnapshot: bool = False
     receive_timeout_seconds: float = 60.0
     snapshot_writer: str = "auto"
-    apply_writer: str = "merge"  # "delta": Iceberg row deltas written from Arrow; "merge": a Spark MERGE per batch
+    apply_writer: str = "delta"  # "delta": Iceberg row deltas written from Arrow; "merge": a Spark MERGE per batch
     snapshot_rows_per_task: int = 250_000  # rows of a copy task (a page range); more tasks than executors
     on_conversion_error: str = "stop"  # or "quarantine": changes that cannot be converted go to <table>__rejects
     maintenance: MaintenancePolicy = field(default_factory=MaintenancePolicy)  # compaction, expiry, orphan files

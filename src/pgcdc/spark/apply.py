@@ -35,9 +35,19 @@ from pgcdc.pgoutput.messages import REPLICA_IDENTITY_NOTHING
 from pgcdc.spark.arrow import arrow_to_dataframe, from_plain_rows, from_plain_values, plain_rows, plain_values
 from pgcdc.spark.delta import DeltaTable
 from pgcdc.spark.iceberg import with_commit_properties
-from pgcdc.spark.mirror import ORDINAL_PROPERTY, POSITION_PROPERTY, MirrorTable, quote, sql_string
+from pgcdc.spark.mirror import (
+    ORDINAL_PROPERTY,
+    POSITION_PROPERTY,
+    RECORD_PROPERTY,
+    MirrorTable,
+    position_record,
+    quote,
+    sql_string,
+)
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
@@ -47,11 +57,14 @@ WRITERS = ("delta", "merge")
 
 
 def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *, lsn: Lsn,
-                  changelog: bool = False, writer: str = "merge") -> int:
+                  changelog: bool = False, writer: str = "delta",
+                  before_merge: Callable[[], None] | None = None) -> int:
     """Apply ``changes`` to ``mirror`` and record ``lsn`` as its position; returns the changes applied.
 
     ``lsn`` is the commit LSN of the last transaction ``changes`` holds whole. Nothing is committed when
-    every change is already in the mirror. ``writer``: "delta" or "merge" (see the module).
+    every change is already in the mirror. ``writer``: "delta" or "merge" (see the module). The row-delta
+    writer sets the mirror's ``pgcdc.position`` property in its commit; ``before_merge`` is called before a
+    commit of the MERGE writer, which cannot.
     """
     if writer not in WRITERS:
         raise ValueError(f"apply writer {writer!r} must be one of {', '.join(WRITERS)}")
@@ -68,6 +81,8 @@ def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *
         changes = changes.slice(truncates[-1] + 1)
     spec = mirror.spec
     target = _delta_target(spark, mirror) if writer == "delta" else None
+    if target is None and before_merge is not None:
+        before_merge()
     if target is not None:
         _apply_delta(spark, mirror, target, changes, lsn, truncated)
     elif spec.key_columns:
@@ -332,6 +347,7 @@ def _apply_delta(spark: SparkSession, mirror: MirrorTable, target: DeltaTable, c
     spec = mirror.spec
     names = _source_names(mirror)
     properties = {POSITION_PROPERTY: str(lsn)}
+    recorded = {RECORD_PROPERTY: position_record(lsn)}
     if spec.key_columns:
         keys = list(spec.key_columns)
         resolved, fill_keys = _resolve_unchanged(changes, keys, names)
@@ -342,20 +358,20 @@ def _apply_delta(spark: SparkSession, mirror: MirrorTable, target: DeltaTable, c
         # every key the batch touches: an older row under it is replaced or removed; the batch's own new row
         # shares the commit's sequence number, which equality deletes do not reach
         target.commit(rows.select(names), None if truncated else last.select(keys), properties,
-                      replace_all=truncated)
+                      table_properties=recorded, replace_all=truncated)
     elif spec.replica_identity == REPLICA_IDENTITY_NOTHING:
         inserts = changes.filter(pc.equal(changes.column(C.OP), "I"))
         if inserts.num_rows != changes.num_rows:
             log.warning("%s has no replica identity: %d updates/deletes cannot be mirrored",
                         spec.source, changes.num_rows - inserts.num_rows)
-        target.commit(inserts.select(names), None, properties, replace_all=truncated)
+        target.commit(inserts.select(names), None, properties, table_properties=recorded, replace_all=truncated)
     else:
         deleted, inserts = _keyless_effect(changes, names)
         schema = pa.schema([changes.schema.field(n) for n in names])
         # an equality delete on every column removes every identical older row (NULL matches NULL), as the
         # MERGE's null-safe match does
         target.commit(from_plain_rows(inserts, schema), None if truncated else from_plain_rows(deleted, schema),
-                      properties, replace_all=truncated)
+                      properties, table_properties=recorded, replace_all=truncated)
 
 
 def _last_per_key(events: pa.Table, keys: list[str]) -> pa.Table:

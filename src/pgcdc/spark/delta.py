@@ -73,10 +73,10 @@ class DeltaTable:
         return [int(self.schema.field(name).metadata[b"PARQUET:field_id"]) for name in names]
 
     def commit(self, rows: pa.Table | None, deleted_keys: pa.Table | None, properties: Mapping[str, str], *,
-               replace_all: bool = False) -> None:
+               table_properties: Mapping[str, str] | None = None, replace_all: bool = False) -> None:
         """One commit: ``rows`` added, every older row equal to a row of ``deleted_keys`` (on its columns)
-        removed — or, with ``replace_all``, every row of the table replaced by ``rows`` — and ``properties`` in
-        its snapshot summary."""
+        removed — or, with ``replace_all``, every row of the table replaced by ``rows`` — ``properties`` in
+        its snapshot summary and ``table_properties`` set on the table, all in one metadata commit."""
         jvm: Any = self.spark.sparkContext._jvm
         iceberg = jvm.org.apache.iceberg
         written: list[str] = []
@@ -94,12 +94,14 @@ class DeltaTable:
                 path_size = self._write(deleted_keys, key_schema, written)
                 deletes = data_file(self.spark, self.table, *path_size, equality_ids=self.field_ids(names))
             injection_point("apply.delta-commit")
+            # one transaction: the snapshot and the table properties land in one metadata file, or neither
+            transaction = self.table.newTransaction()
             if replace_all:
-                operation = self.table.newOverwrite().overwriteByRowFilter(iceberg.expressions.Expressions.alwaysTrue())
+                operation = transaction.newOverwrite().overwriteByRowFilter(iceberg.expressions.Expressions.alwaysTrue())
                 if data is not None:
                     operation = operation.addFile(data)
             else:
-                operation = self.table.newRowDelta()
+                operation = transaction.newRowDelta()
                 if self.start_snapshot is not None:
                     # conflicts are checked from the state the batch was built on; equality deletes need no
                     # data file of it to survive, so a compaction committed meanwhile is no conflict
@@ -111,6 +113,12 @@ class DeltaTable:
             for key, value in properties.items():
                 operation = operation.set(str(key), str(value))
             operation.commit()
+            if table_properties:
+                update = transaction.updateProperties()
+                for key, value in table_properties.items():
+                    update = update.set(str(key), str(value))
+                update.commit()
+            transaction.commitTransaction()
         except Exception as exc:
             if _outcome_unknown(exc):
                 log.error("the commit's outcome is unknown; its files are kept: %s", ", ".join(written))

@@ -414,13 +414,15 @@ class MirrorCatalog:
             f"{identifier} in Spark (and its {CHANGELOG_SUFFIX}/{REJECTS_SUFFIX} tables), then run pgcdc")
 
     def recording(self, identifier: str, *, before: Lsn | None, upto: Lsn, held: Callable[[], Lsn | None],
-                  whole: bool) -> _PositionRecording:
+                  whole: bool, deferred: bool = False) -> _PositionRecording:
         """``with mirrors.recording(...):`` around a commit that moves a table from ``before`` to ``upto`` and
         carries ``upto`` in its snapshot summary: afterwards the ``pgcdc.position`` property records ``held()``
-        (what the table holds then) too, where snapshot expiry cannot remove it. With ``whole`` (tables without
-        a key, change logs: a replay from a lower bound would double rows) the commit is first marked pending,
-        so that a record left behind by a crash between the commit and the record is known for what it is."""
-        return _PositionRecording(self, identifier, before, upto, held, whole)
+        (what the table holds then) too, where snapshot expiry cannot remove it (nothing to write when the
+        commit set it itself). With ``whole`` (tables without a key, change logs: a replay from a lower bound
+        would double rows) the commit is first marked pending, so that a record left behind by a crash between
+        the commit and the record is known for what it is — on entering, or with ``deferred`` when the caller
+        calls ``mark_pending()``: a commit that writes the property in its own metadata commit needs no mark."""
+        return _PositionRecording(self, identifier, before, upto, held, whole, deferred)
 
     def record_position(self, identifier: str, position: Lsn | None, *, pending: Lsn | None = None) -> None:
         """Write the ``pgcdc.position`` property (one metadata commit; nothing when it already says this)."""
@@ -428,10 +430,7 @@ class MirrorCatalog:
             return
         from pgcdc.spark.iceberg import load_table
 
-        record: dict[str, str] = {"lsn": str(position)}
-        if pending is not None:
-            record["pending"] = str(pending)
-        value = json.dumps(record, sort_keys=True)
+        value = position_record(position, pending=pending)
         table = load_table(self.spark, identifier)
         table.refresh()
         if table.properties().get(RECORD_PROPERTY) != value:
@@ -579,19 +578,35 @@ def ddl_type(data_type: DataType) -> str:
     return data_type.simpleString()
 
 
+def position_record(position: Lsn, *, pending: Lsn | None = None) -> str:
+    """The ``pgcdc.position`` property's value for a table holding ``position`` (and maybe, ``pending``, being
+    written up to there)."""
+    record: dict[str, str] = {"lsn": str(position)}
+    if pending is not None:
+        record["pending"] = str(pending)
+    return json.dumps(record, sort_keys=True)
+
+
 class _PositionRecording:
     """The context manager of :meth:`MirrorCatalog.recording`."""
 
     def __init__(self, mirrors: MirrorCatalog, identifier: str, before: Lsn | None, upto: Lsn,
-                 held: Callable[[], Lsn | None], whole: bool) -> None:
+                 held: Callable[[], Lsn | None], whole: bool, deferred: bool) -> None:
         self._mirrors, self._identifier = mirrors, identifier
         self._before, self._upto, self._held, self._whole = before, upto, held, whole
+        self._deferred = deferred
 
     def __enter__(self) -> _PositionRecording:
+        if not self._deferred:
+            self.mark_pending()
+        return self
+
+    def mark_pending(self) -> None:
+        """Mark the commit pending (for a table with ``whole``): called before a commit that does not write the
+        ``pgcdc.position`` property itself."""
         if self._whole and self._before is not None and self._before < self._upto \
                 and self._mirrors._exists(self._identifier):
             self._mirrors.record_position(self._identifier, self._before, pending=self._upto)
-        return self
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         if exc_type is not None:
