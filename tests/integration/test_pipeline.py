@@ -65,12 +65,13 @@ def test_both_snapshot_writers_copy_every_type_exactly(pg, spark, writer):
     _assert_mirrors_equal(pipeline, pg.dsn)
 
 
+@pytest.mark.soak  # make test runs a standalone cluster's executors (test_standalone_cluster.py)
 def test_on_a_local_cluster_executors_share_no_driver_state(pg, spark):
-    """The same workload with separate executor processes (local-cluster): conversion, reduce and MERGE run
-    in Spark tasks, so nothing may rely on state in the driver."""
+    """The same workload with separate executor processes (local-cluster): the copy, and the MERGE writer's
+    conversion, reduce and MERGE run in Spark tasks, so nothing may rely on state in the driver."""
     pg.server.require(16, "streaming 'parallel' and two-phase decoding")
     prepare_source(pg, rows=100)
-    config = pipeline_config(pg, spark)
+    config = pipeline_config(pg, spark, apply_writer="merge")
     # one run (its three JVMs start once): the copy, then the workload streamed on top of it
     run_cli_while_changing(config, lambda conn: workload(conn, rows=100, large_rows=2000),
                            "--master", "local-cluster[2,1,1024]")

@@ -88,7 +88,8 @@ def test_copy_and_stream_on_a_standalone_cluster_survive_lost_executors(pg, spar
     committed), and every mirror ends equal to its source."""
     pg.server.require(16, "streaming 'parallel' and two-phase decoding")
     prepare_source(pg, rows=10000)
-    config = pipeline_config(pg, spark)
+    # the MERGE writer, whose applies run in executors' tasks (the row-delta writer's run in the driver)
+    config = pipeline_config(pg, spark, apply_writer="merge")
     mirrors = namespace_directory(spark, config.namespace)
     # started by hand, not by start_streaming: the first kill lands before it streams
     # several tasks per table, so that both executors hold a task when they are lost

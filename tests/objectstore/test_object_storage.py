@@ -16,8 +16,10 @@ from pipeline_support import catalog_arguments, crash_loop, mirror_mixed_workloa
 pytestmark = pytest.mark.slow
 
 BUCKET = "pgcdc-mirrors"
-# a lean crash loop: the local-directory suite aims at every window; here each kill restarts a JVM on S3
-CRASH_ROUNDS = ["snapshot.copy:2:0.3", "apply.merge:1:0.6", "apply.before-confirm:1"]
+# a lean crash loop: the local-directory suite aims at every window; here each kill restarts a JVM on S3:
+# in the middle of the copy's task writes to S3, and with a batch's files on S3 but not committed
+CRASH_ROUNDS = ["snapshot.copy:2:0.3", "apply.delta-commit:2"]
+SOAK_CRASH_ROUNDS = [*CRASH_ROUNDS, "apply.between-mirrors:1", "apply.before-confirm:1", None]
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +59,21 @@ def test_mixed_workload_mirrors_equal_source_on_s3(pg, spark, s3, store):
     assert all("parquet-cpp-arrow" in c for c in created_by), created_by
 
 
-@pytest.mark.soak  # restarts of a JVM that reaches S3, each minutes long: make soak
-@pytest.mark.timeout(1800)  # longer than the suite's per-test limit on a busy machine
 def test_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store):
+    crash_loop_on_s3(pg, spark, s3, store, CRASH_ROUNDS, "crash")
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1800)  # longer than the suite's per-test limit on a busy machine
+def test_soak_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store):
+    crash_loop_on_s3(pg, spark, s3, store, SOAK_CRASH_ROUNDS, "soak")
+
+
+def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) -> None:
     # a run reaches its aim later than on a local directory (a JVM start, then S3 round trips for every commit):
     # a longer wait for it, and a calmer workload, whose changes are all compared at the end
-    namespace = f"crash_{store.catalog_type}"
-    outputs = crash_loop(pg, spark, CRASH_ROUNDS, seed=20261125, aim_timeout=240, workload_pause=0.05,
+    namespace = f"{name}_{store.catalog_type}"
+    outputs = crash_loop(pg, spark, rounds, seed=20261125, aim_timeout=240, workload_pause=0.05,
                          namespace=namespace, **store.config_overrides())
     for secret in secrets_of(store, s3):
         assert all(secret not in output for output in outputs)
