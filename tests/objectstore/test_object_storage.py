@@ -91,7 +91,7 @@ def test_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store):
 
 def test_check_names_what_is_wrong_with_the_destination(spark, s3, store):
     """Each broken part of a destination is its own problem, found by writing before any slot exists."""
-    from objectstore_support import free_port
+    from pgcdc.embedded import free_port
     from pgcdc.spark.destination import FAST_FAILURE_SETTINGS, check_destination
     from pgcdc.spark.session import attach_catalog
 
