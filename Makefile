@@ -1,6 +1,7 @@
 # pgcdc — everything a fresh machine needs comes from here.
 #   make test    install into .venv, then run the whole suite (ends with its 15 slowest tests)
 #   make demo    install into .venv, then mirror a live PostgreSQL into Iceberg
+#   make demo-object-store   the same with the mirrors on a local S3 server behind a JDBC catalog
 #   make bench   run the benchmarks (bench/*.py; QUICK=1 for the short versions)
 #   make soak    the long fault runs (crash loops of many kills, 1,000,000 fuzzed messages)
 #   make lint    ruff + mypy on src/
@@ -12,7 +13,7 @@ STAMP  := $(VENV)/.pgcdc-installed
 TEST_STAMP := $(VENV)/.pgcdc-test-parts-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test soak demo bench lint clean
+.PHONY: install test soak demo demo-object-store bench lint clean
 
 install: $(STAMP)
 
@@ -35,9 +36,10 @@ $(STAMP): pyproject.toml Makefile
 	fi
 	@touch $@
 
-# The object storage tests' parts, for the test path only (make demo stays lean): a local S3 server, Hadoop's
-# s3a client jars (hadoop-aws 3.3.1 and aws-java-sdk-bundle 1.11.901, shipped in sagemaker-pyspark's archive;
-# --no-deps: it pins an old pyspark) and the PostgreSQL JDBC driver for Iceberg's JDBC catalog.
+# The object storage parts, for the test path and make demo-object-store only (make demo stays lean): a local S3
+# server, Hadoop's s3a client jars (hadoop-aws 3.3.1 and aws-java-sdk-bundle 1.11.901, shipped in
+# sagemaker-pyspark's archive; --no-deps: it pins an old pyspark) and the PostgreSQL JDBC driver for Iceberg's
+# JDBC catalog.
 $(TEST_STAMP): $(STAMP)
 	$(PY) -m pip install -q 'moto[server]==5.2.5'
 	$(PY) -m pip install -q --no-deps 'sagemaker-pyspark==1.4.5'
@@ -59,6 +61,10 @@ soak: $(STAMP) $(TEST_STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/pgcdc demo
+
+# the same demo with its mirrors on a local S3 server behind a JDBC catalog: needs the object storage parts
+demo-object-store: $(STAMP) $(TEST_STAMP)
+	$(VENV)/bin/pgcdc demo --object-store
 
 bench: $(STAMP)
 	@for script in bench/*.py; do \

@@ -6,16 +6,22 @@
    1,000,000-row table of the same shape (100,000 with --quick), so that neither pays the one-off
    start-up (JVM compilation, Python workers) in its figure; those first copies are printed too. Each
    copy also prints the CPU it took per row, by program (PostgreSQL, the JVM, Python workers).
-2. Apply: a writer commits transactions of 100 rows (inserts and updates) as fast as it can while the
-   pipeline streams them into Iceberg: rows/s from commit to Iceberg commit. Then the writer is paced at
-   50% and 90% of that rate and the lag from each source commit to the mirror commit holding it is
-   measured (p50, p99).
+2. Apply, once per apply writer (``--apply delta,merge``), each on a fresh slot and its own mirror: a writer
+   commits transactions of 100 rows (inserts and updates) as fast as it can while the pipeline streams them
+   into Iceberg: rows/s from commit to Iceberg commit, and the CPU per applied row by program. Then the
+   writer is paced at 50% and 90% of that rate and the lag from each source commit to the mirror commit
+   holding it is measured (p50, p99).
+CPU counts only this bench's processes (itself, its PostgreSQL, Spark's JVM and Python workers, the S3 server:
+"other"), not the rest of the machine. ``--store s3-jdbc`` runs it all (pgcdc's snapshot, the JDBC reader's
+Iceberg table, the apply) with the warehouse on a local S3 server behind Iceberg's JDBC catalog
+(:mod:`pgcdc.local_object_store`); raw COPY stays the peer.
 Last line: one JSON object of the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -25,17 +31,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import psycopg
+from catchup import cpu_per_change, cpu_seconds  # CPU of this bench's process tree, by program
 
 from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline import Pipeline, PipelineConfig
+from pgcdc.spark.apply import WRITERS
 from pgcdc.spark.session import iceberg_runtime_jar, spark_session
 
 TABLE = """
@@ -55,39 +62,13 @@ FROM generate_series(%s::bigint, %s::bigint) i
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 
 
-def cpu_seconds_by_program() -> Counter[str]:
-    """CPU seconds used so far by each program of this machine (children that ended count in their parent:
-    PostgreSQL's backends in the postmaster, Python workers in PySpark's daemon)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    totals: Counter[str] = Counter()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as stat_file:
-                stat = stat_file.read()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        seconds = sum(int(f) for f in fields[11:15]) / ticks  # utime, stime, cutime, cstime
-        if int(entry.name) == os.getpid():
-            totals["driver"] += seconds
-        elif name.startswith("postgres"):
-            totals["postgres"] += seconds
-        elif name == "java":
-            totals["jvm"] += seconds
-        elif name.startswith("python"):
-            totals["python workers"] += seconds
-    return totals
+BUCKET = "pgcdc-bench"
+DRIVER = {"pgcdc": "driver"}  # catchup's name for this process: here the writer thread and pgcdc's driver
 
 
-def cpu_per_row(before: Counter[str], rows: int) -> str:
-    used = cpu_seconds_by_program()
-    used.subtract(before)
-    parts = [f"{program} {used[program] * 1e6 / rows:.2f}" for program in ("postgres", "jvm", "python workers",
-                                                                           "driver") if used[program] > 0]
-    return f"CPU µs/row: {', '.join(parts)} (total {sum(used.values()) * 1e6 / rows:.2f})"
+def cpu_text(used: dict[str, float]) -> str:
+    return f"CPU µs/row: {', '.join(f'{program} {value:.2f}' for program, value in used.items())} " \
+           f"(total {sum(used.values()):.2f})"
 
 
 def raw_copy_rate(dsn: str, rows: int) -> float:
@@ -99,11 +80,12 @@ def raw_copy_rate(dsn: str, rows: int) -> float:
         return rows / (time.perf_counter() - started)
 
 
-def pgcdc_snapshot_rate(dsn: str, spark, rows: int, table: str = "big", rows_per_task: int | None = None) -> float:
+def pgcdc_snapshot_rate(dsn: str, spark, store: dict, rows: int, table: str = "big",
+                        rows_per_task: int | None = None) -> float:
     publication = "snap" if table == "big" else table
     tasks = {"snapshot_rows_per_task": rows_per_task} if rows_per_task else {}
     pipeline = Pipeline(PipelineConfig(dsn=dsn, publication=publication, slot=f"bench_{publication}",
-                                       namespace=f"bench_{publication}", **tasks), spark=spark)
+                                       namespace=f"bench_{publication}", **tasks, **store), spark=spark)
     started = time.perf_counter()
     copied = pipeline.snapshot()
     seconds = time.perf_counter() - started
@@ -123,12 +105,13 @@ def ensure_jdbc_driver() -> str | None:
     return None
 
 
-def jdbc_rate(server: EmbeddedPostgres, spark, rows: int, table: str = "big") -> float:
+def jdbc_rate(server: EmbeddedPostgres, spark, catalog: str, rows: int, table: str = "big") -> float:
     url = f"jdbc:postgresql://{server.host}:{server.port}/postgres"
     frame = spark.read.jdbc(url, table, column="id", lowerBound=0, upperBound=rows, numPartitions=2,
                             properties={"user": "postgres", "driver": "org.postgresql.Driver", "fetchsize": "10000"})
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {catalog}.bench_jdbc")
     started = time.perf_counter()
-    frame.writeTo(f"pgcdc.bench_jdbc.{table}").using("iceberg").createOrReplace()
+    frame.writeTo(f"{catalog}.bench_jdbc.{table}").using("iceberg").createOrReplace()
     return rows / (time.perf_counter() - started)
 
 
@@ -172,16 +155,18 @@ class Phase:
     written_per_s: float  # what the writer committed while it ran
 
 
-def streaming_phase(dsn: str, spark, seconds: float, rate: float | None, first_id: int) -> Phase:
-    """Run the writer and the pipeline together."""
+def streaming_phase(dsn: str, spark, store: dict, writer_kind: str, seconds: float, rate: float | None,
+                    first_id: int) -> Phase:
+    """Run the writer and the pipeline (with apply writer ``writer_kind``, on its slot) together."""
     applied: list[tuple[float, Lsn]] = []
 
     def on_progress(progress) -> None:
         if progress.applied_lsn is not None and (not applied or applied[-1][1] != progress.applied_lsn):
             applied.append((time.monotonic(), progress.applied_lsn))
 
-    config = PipelineConfig(dsn=dsn, publication="flow", slot="bench_flow", namespace="bench_flow",
-                            batch_max_seconds=1.0, snapshot=False)
+    config = PipelineConfig(dsn=dsn, publication="flow", slot=f"bench_flow_{writer_kind}",
+                            namespace=f"bench_flow_{writer_kind}", batch_max_seconds=1.0, snapshot=False,
+                            apply_writer=writer_kind, **store)
     pipeline = Pipeline(config, spark=spark, on_progress=on_progress)
     failures: list[BaseException] = []
 
@@ -220,31 +205,103 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+def drop_slot(dsn: str, slot: str) -> None:
+    """Drop a slot once its walsender has gone (a stopped pipeline's ends a moment later)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(100):
+            active = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+            if active is None:
+                return
+            if not active[0]:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                return
+            time.sleep(0.1)
+
+
+def apply_phases(server: EmbeddedPostgres, spark, store: dict, writer_kind: str, seconds: float, first_id: int,
+                 roots: list[int], figures: dict[str, object]) -> int:
+    """The unpaced phase, then 50% and 90% of its rate, for one apply writer on a fresh slot; returns the
+    next free id."""
+    slot = f"bench_flow_{writer_kind}"
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    cpu = cpu_seconds(roots)
+    unpaced = streaming_phase(server.dsn, spark, store, writer_kind, seconds, None, first_id)
+    used = cpu_per_change(cpu, cpu_seconds(roots), unpaced.rows)
+    apply_rate, next_id = unpaced.rows_per_s, unpaced.next_id
+    figures[f"apply_rows_per_s_{writer_kind}"] = round(apply_rate)
+    figures[f"written_rows_per_s_{writer_kind}"] = round(unpaced.written_per_s)
+    figures.update({f"{DRIVER.get(program, program).replace(' ', '_')}_us_per_row_{writer_kind}": value
+                    for program, value in used.items()})
+    print(f"{writer_kind} writer: apply under an unpaced writer: {apply_rate:,.0f} rows/s from source commit to "
+          f"Iceberg commit (the writer committed {unpaced.written_per_s:,.0f} rows/s)", flush=True)
+    print(f"  {cpu_text(used)} (pgcdc: this process, the writer and pgcdc's driver"
+          f"{'; other: the S3 server' if 'other' in used else ''})", flush=True)
+    for share in (0.5, 0.9):
+        paced = streaming_phase(server.dsn, spark, store, writer_kind, seconds, apply_rate * share, next_id)
+        lags, next_id = paced.lags, paced.next_id
+        p50, p99 = percentile(lags, 0.5), percentile(lags, 0.99)
+        suffix = "" if share == 0.9 else "_at_50pct"
+        figures.update({f"lag_p50_s{suffix}_{writer_kind}": round(p50, 2),
+                        f"lag_p99_s{suffix}_{writer_kind}": round(p99, 2)})
+        print(f"  lag at {share:.0%} of that rate: p50 {p50:.1f}s, p99 {p99:.1f}s, "
+              f"mean {statistics.mean(lags):.1f}s", flush=True)
+    drop_slot(server.dsn, slot)
+    return next_id
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="300,000-row snapshot, 15-second load phases")
     parser.add_argument("--only", choices=("snapshot", "apply"), help="measure one part only")
+    parser.add_argument("--store", choices=("local", "s3-jdbc"), default="local",
+                        help="where the Iceberg warehouse lives: a local directory (default), or a local S3 server "
+                             "behind Iceberg's JDBC catalog on the bench's PostgreSQL")
+    parser.add_argument("--apply", default=",".join(WRITERS),
+                        help=f"the apply writers to measure, one after the other (default {','.join(WRITERS)})")
     parser.add_argument("--master", help="a Spark master to run on (e.g. spark://127.0.0.1:7077 of a standalone "
                                          "cluster); default local[*]")
     parser.add_argument("--executors", type=int, help="with a cluster --master: executors of one core to use")
     parser.add_argument("--rows-per-task", type=int, help="rows per snapshot task (default: pgcdc's)")
     args = parser.parse_args()
+    writers = [w.strip() for w in args.apply.split(",") if w.strip()]
+    if not writers or any(w not in WRITERS for w in writers):
+        parser.error(f"--apply takes writers among {', '.join(WRITERS)}, comma-separated; got {args.apply!r}")
+    if args.store == "s3-jdbc":
+        from pgcdc.local_object_store import missing_parts
+
+        missing = missing_parts()
+        if missing:
+            sys.exit(f"--store s3-jdbc needs {'; '.join(missing)}: make test (or make demo-object-store) "
+                     "installs them")
     cluster_conf = {"spark.executor.cores": "1", "spark.cores.max": str(args.executors),
                     "spark.executor.memory": "768m"} if args.executors else {}
     rows = 300_000 if args.quick else 5_000_000
     warm_rows = 100_000 if args.quick else 1_000_000
     phase_seconds = 15.0 if args.quick else 60.0
     notes: dict[str, str] = {}
-    figures: dict[str, object] = {"master": args.master or "local[*]", "executors": args.executors,
-                                  "snapshot_rows": rows, "snapshot_rows_per_s": None, "copy_rows_per_s": None,
-                                  "jdbc_rows_per_s": None, "snapshot_ratio_vs_copy": None,
-                                  "snapshot_ratio_vs_jdbc": None, "apply_rows_per_s": None, "lag_p50_s": None,
-                                  "lag_p99_s": None, "lag_p50_s_at_50pct": None, "lag_p99_s_at_50pct": None}
+    figures: dict[str, object] = {"store": args.store, "master": args.master or "local[*]",
+                                  "executors": args.executors, "snapshot_rows": rows, "snapshot_rows_per_s": None,
+                                  "copy_rows_per_s": None, "jdbc_rows_per_s": None, "snapshot_ratio_vs_copy": None,
+                                  "snapshot_ratio_vs_jdbc": None}
     jdbc_problem = ensure_jdbc_driver() if args.only != "apply" else None
     warehouse = tempfile.mkdtemp(prefix="pgcdc-bench-")
     jars = [str(iceberg_runtime_jar())] + ([str(JDBC_JAR)] if JDBC_JAR.exists() else [])
-    with EmbeddedPostgres(settings={"max_wal_size": "8GB"}) as server:
-        spark = spark_session(warehouse, master=args.master, conf={"spark.jars": ",".join(jars), **cluster_conf})
+    with EmbeddedPostgres(settings={"max_wal_size": "8GB"}) as server, contextlib.ExitStack() as stack:
+        roots = [os.getpid()] + ([server.pid] if server.pid else [])
+        if args.store == "s3-jdbc":
+            from pgcdc.local_object_store import s3_jdbc_store
+
+            s3, setup = stack.enter_context(s3_jdbc_store(server.dsn, BUCKET))
+            store: dict = setup.config_overrides()
+            catalog = setup.catalog
+            spark = spark_session(setup.warehouse, catalog, master=args.master, catalog_type=setup.catalog_type,
+                                  catalog_uri=setup.catalog_uri, conf={**setup.spark_conf, **cluster_conf})
+            print(f"store: {setup.warehouse} on a local S3 server ({s3.endpoint}), Iceberg's JDBC catalog at "
+                  f"{setup.catalog_uri}", flush=True)
+        else:
+            store, catalog = {}, "pgcdc"
+            spark = spark_session(warehouse, master=args.master, conf={"spark.jars": ",".join(jars), **cluster_conf})
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute(TABLE)
         if args.only != "apply":
@@ -256,20 +313,20 @@ def main() -> None:
                 conn.execute("VACUUM ANALYZE warm")
             # Both Spark readers first copy a small table: neither figure then holds the JVM's compilation of
             # the Iceberg writer or the start of Python workers (one-off seconds, whichever runs first pays).
-            cold = pgcdc_snapshot_rate(server.dsn, spark, warm_rows, "warm")
-            cold_jdbc = jdbc_rate(server, spark, warm_rows, "warm") if not jdbc_problem else None
-            cpu = cpu_seconds_by_program()
+            cold = pgcdc_snapshot_rate(server.dsn, spark, store, warm_rows, "warm")
+            cold_jdbc = jdbc_rate(server, spark, catalog, warm_rows, "warm") if not jdbc_problem else None
             print(f"warm-up on {warm_rows:,} rows: pgcdc {cold:,.0f} rows/s"
                   + (f", JDBC {cold_jdbc:,.0f} rows/s" if cold_jdbc else ""), flush=True)
             figures["snapshot_warmup_rows_per_s"] = round(cold)
+            cpu = cpu_seconds(roots)
             copy_rate = raw_copy_rate(server.dsn, rows)
-            copy_cpu = cpu_per_row(cpu, rows)
-            cpu = cpu_seconds_by_program()
-            snapshot_rate = pgcdc_snapshot_rate(server.dsn, spark, rows, rows_per_task=args.rows_per_task)
-            snapshot_cpu = cpu_per_row(cpu, rows)
+            copy_cpu = cpu_text(cpu_per_change(cpu, cpu_seconds(roots), rows))
+            cpu = cpu_seconds(roots)
+            snapshot_rate = pgcdc_snapshot_rate(server.dsn, spark, store, rows, rows_per_task=args.rows_per_task)
+            snapshot_cpu = cpu_text(cpu_per_change(cpu, cpu_seconds(roots), rows))
             figures.update(snapshot_rows_per_s=round(snapshot_rate), copy_rows_per_s=round(copy_rate),
                            snapshot_ratio_vs_copy=round(snapshot_rate / copy_rate, 2))
-            print(f"snapshot of {rows:,} rows (10 columns)")
+            print(f"snapshot of {rows:,} rows (10 columns), warehouse: {args.store}")
             print(f"  COPY TO STDOUT, drained          {copy_rate:>12,.0f} rows/s  {copy_cpu}")
             print(f"  pgcdc snapshot into Iceberg      {snapshot_rate:>12,.0f} rows/s  "
                   f"({snapshot_rate / copy_rate:.0%} of COPY)  {snapshot_cpu}", flush=True)
@@ -277,30 +334,16 @@ def main() -> None:
                 notes["jdbc"] = jdbc_problem
                 print(f"  Spark JDBC reader: not measured ({jdbc_problem})")
             else:
-                cpu = cpu_seconds_by_program()
-                jdbc = jdbc_rate(server, spark, rows)
-                jdbc_cpu = cpu_per_row(cpu, rows)
+                cpu = cpu_seconds(roots)
+                jdbc = jdbc_rate(server, spark, catalog, rows)
+                jdbc_cpu = cpu_text(cpu_per_change(cpu, cpu_seconds(roots), rows))
                 figures.update(jdbc_rows_per_s=round(jdbc), snapshot_ratio_vs_jdbc=round(snapshot_rate / jdbc, 2))
                 print(f"  Spark JDBC reader into Iceberg   {jdbc:>12,.0f} rows/s  "
                       f"(pgcdc is {snapshot_rate / jdbc:.1f}x)  {jdbc_cpu}", flush=True)
         if args.only != "snapshot":
-            with psycopg.connect(server.dsn, autocommit=True) as conn:
-                conn.execute("SELECT pg_create_logical_replication_slot('bench_flow', 'pgoutput')")
-            cpu = cpu_seconds_by_program()
-            unpaced = streaming_phase(server.dsn, spark, phase_seconds, None, 1)
-            apply_rate, next_id = unpaced.rows_per_s, unpaced.next_id
-            figures["apply_rows_per_s"] = round(apply_rate)
-            print(f"apply under an unpaced writer: {apply_rate:,.0f} rows/s from source commit to Iceberg commit "
-                  f"(the writer committed {unpaced.written_per_s:,.0f} rows/s)  {cpu_per_row(cpu, unpaced.rows)} "
-                  "(driver: the writer and pgcdc)", flush=True)
-            for share in (0.5, 0.9):
-                paced = streaming_phase(server.dsn, spark, phase_seconds, apply_rate * share, next_id)
-                lags, next_id = paced.lags, paced.next_id
-                p50, p99 = percentile(lags, 0.5), percentile(lags, 0.99)
-                suffix = "" if share == 0.9 else "_at_50pct"
-                figures.update({f"lag_p50_s{suffix}": round(p50, 2), f"lag_p99_s{suffix}": round(p99, 2)})
-                print(f"  lag at {share:.0%} of that rate: p50 {p50:.1f}s, p99 {p99:.1f}s, "
-                      f"mean {statistics.mean(lags):.1f}s", flush=True)
+            next_id = 1
+            for writer_kind in writers:
+                next_id = apply_phases(server, spark, store, writer_kind, phase_seconds, next_id, roots, figures)
         spark.stop()
     shutil.rmtree(warehouse, ignore_errors=True)
     print(json.dumps({**figures, "notes": notes}))

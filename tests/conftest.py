@@ -217,7 +217,7 @@ def pg_factory(pg_server: TestServer) -> Iterator:
 def spark(tmp_path_factory: pytest.TempPathFactory):
     """One local Spark with Iceberg for the session (start-up costs seconds); with the object storage jars
     when they are installed, so that the S3 tests attach their catalogs to it instead of starting another."""
-    from objectstore_support import object_store_jars
+    from pgcdc.local_object_store import object_store_jars
     from pgcdc.spark.session import spark_session
 
     warehouse = tmp_path_factory.mktemp("warehouse")

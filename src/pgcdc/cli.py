@@ -696,12 +696,16 @@ def demo(
     rows: Annotated[int, typer.Option("--rows", help="Existing rows per table before the workload.")] = 2000,
     large_transaction_rows: Annotated[int, typer.Option(
         "--large-transaction-rows", help="Rows of the streamed large transaction.")] = 20000,
+    object_store: Annotated[bool, typer.Option(
+        "--object-store", help="Keep the mirrors on a local S3 server (s3a) behind Iceberg's JDBC catalog in a "
+                               "database of the demo's PostgreSQL; its parts: make demo-object-store.")] = False,
 ) -> None:
     """Run the whole thing on a throwaway PostgreSQL: snapshot, a workload peers cannot mirror, Spark + Iceberg,
     and a side-by-side verification of source and mirror."""
     from pgcdc.demo import run_demo
 
-    equal = run_demo(out, warehouse=warehouse, rows=rows, large_transaction_rows=large_transaction_rows)
+    equal = run_demo(out, warehouse=warehouse, rows=rows, large_transaction_rows=large_transaction_rows,
+                     object_store=object_store)
     if not equal:
         raise typer.Exit(EXIT_FAILURE)
 

@@ -8,6 +8,7 @@ updates, TRUNCATE, and a schema change, all on tables with many column types.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import time
@@ -160,58 +161,104 @@ def workload(conn: psycopg.Connection, rows: int, large_rows: int) -> list[str]:
     return done
 
 
+OBJECT_STORE_BUCKET = "pgcdc-demo"
+
+
+def object_store_problem() -> str | None:
+    """Why ``pgcdc demo --object-store`` cannot run here (a part not installed), or None."""
+    from pgcdc.local_object_store import missing_parts
+
+    missing = missing_parts()
+    if not missing:
+        return None
+    return (f"pgcdc demo --object-store keeps its mirrors on a local S3 server behind Iceberg's JDBC catalog, and "
+            f"this machine lacks {'; '.join(missing)}. These parts are not in pgcdc's default install: run "
+            "make demo-object-store, which installs them into .venv (the JDBC driver with apt-get) and then runs "
+            "this demo.")
+
+
 def run_demo(out: Console, *, warehouse: Path | None = None, rows: int = 2000,
-             large_transaction_rows: int = 20000) -> bool:
-    """Run the demo end to end; returns True when every mirror equals its source."""
+             large_transaction_rows: int = 20000, object_store: bool = False) -> bool:
+    """Run the demo end to end; returns True when every mirror equals its source. With ``object_store`` the
+    mirrors live on a local S3 server (s3a) behind Iceberg's JDBC catalog in a database of the demo's
+    PostgreSQL, and ``warehouse`` must be None (both go away with the demo)."""
+    from pgcdc.errors import ConfigError
+
+    if object_store:
+        if warehouse is not None:
+            raise ConfigError("--warehouse keeps a local warehouse; with --object-store the mirrors live on the "
+                              "demo's own S3 server, which stops when the demo ends: give one or the other")
+        problem = object_store_problem()
+        if problem:
+            raise ConfigError(problem)
+    started = time.monotonic()
+    settings = {"logical_decoding_work_mem": "64kB"}  # small, so the large transaction streams in chunks
+    with EmbeddedPostgres(settings=settings) as server, contextlib.ExitStack() as stack:
+        if object_store:
+            from pgcdc.local_object_store import s3_jdbc_store
+
+            s3, setup = stack.enter_context(s3_jdbc_store(server.dsn, OBJECT_STORE_BUCKET, catalog="pgcdc"))
+            store = setup.config_overrides()
+            where = [f"mirrors in [cyan]{setup.warehouse}[/cyan], written through Hadoop's s3a to a local S3 "
+                     f"server (moto_server at {s3.endpoint}; gone when the demo ends)",
+                     f"their catalog: Iceberg's JDBC catalog [cyan]{setup.catalog}[/cyan], its tables in the "
+                     f"PostgreSQL database [cyan]{setup.catalog_uri}[/cyan]"]
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="pgcdc-demo-"))
+            warehouse_dir = Path(warehouse) if warehouse else Path(tmp) / "warehouse"
+            store = {"warehouse": str(warehouse_dir)}
+            where = [f"warehouse kept at {warehouse_dir}"] if warehouse else []
+        return _demo(out, server, store, where, rows, large_transaction_rows, started)
+
+
+def _demo(out: Console, server: EmbeddedPostgres, store: dict, where: list[str], rows: int,
+          large_transaction_rows: int, started: float) -> bool:
+    """The demo on a running server, its mirrors where ``store`` (PipelineConfig fields) says; ``where`` are
+    the summary's lines about that place."""
     from pgcdc.pipeline import Pipeline, PipelineConfig
     from pgcdc.verify import compare_publication
 
-    started = time.monotonic()
-    settings = {"logical_decoding_work_mem": "64kB"}  # small, so the large transaction streams in chunks
-    with EmbeddedPostgres(settings=settings) as server, tempfile.TemporaryDirectory(prefix="pgcdc-demo-") as tmp:
-        warehouse_dir = Path(warehouse) if warehouse else Path(tmp) / "warehouse"
-        out.print(f"[bold]1.[/bold] PostgreSQL 18 running at [cyan]{server.dsn}[/cyan]")
-        with psycopg.connect(server.dsn, autocommit=True) as conn:
-            conn.execute(SCHEMA)
-            conn.execute(seed_rows(rows))
-        out.print(f"   schema [cyan]shop[/cyan]: 5 tables, {rows:,} existing rows each, publication [cyan]shop[/cyan]")
+    out.print(f"[bold]1.[/bold] PostgreSQL 18 running at [cyan]{server.dsn}[/cyan]")
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        conn.execute(seed_rows(rows))
+    out.print(f"   schema [cyan]shop[/cyan]: 5 tables, {rows:,} existing rows each, publication [cyan]shop[/cyan]")
 
-        config = PipelineConfig(dsn=server.dsn, publication="shop", slot="pgcdc_demo", warehouse=str(warehouse_dir),
-                                batch_max_seconds=2.0)
-        pipeline = Pipeline(config)
-        out.print("[bold]2.[/bold] starting Spark with Iceberg, creating the slot, copying existing rows")
-        copied = pipeline.snapshot()
-        out.print(f"   snapshot: {sum(copied.values()):,} rows in {len(copied)} tables")
+    config = PipelineConfig(dsn=server.dsn, publication="shop", slot="pgcdc_demo", batch_max_seconds=2.0, **store)
+    pipeline = Pipeline(config)
+    out.print("[bold]2.[/bold] starting Spark with Iceberg, creating the slot, copying existing rows")
+    copied = pipeline.snapshot()
+    out.print(f"   snapshot: {sum(copied.values()):,} rows in {len(copied)} tables")
 
-        out.print("[bold]3.[/bold] workload on the source:")
-        with psycopg.connect(server.dsn, autocommit=True) as conn:
-            for line in workload(conn, rows, large_transaction_rows):
-                out.print(f"   - {line}")
+    out.print("[bold]3.[/bold] workload on the source:")
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        for line in workload(conn, rows, large_transaction_rows):
+            out.print(f"   - {line}")
 
-        out.print("[bold]4.[/bold] streaming changes into Iceberg until caught up")
-        progress = pipeline.run(until_caught_up=True, handle_signals=False)
-        out.print(f"   applied {progress.rows_applied:,} changes of {progress.transactions_applied:,} transactions "
-                  f"in {progress.batches_applied} batches; slot confirmed at {progress.confirmed_lsn}")
+    out.print("[bold]4.[/bold] streaming changes into Iceberg until caught up")
+    progress = pipeline.run(until_caught_up=True, handle_signals=False)
+    out.print(f"   applied {progress.rows_applied:,} changes of {progress.transactions_applied:,} transactions "
+              f"in {progress.batches_applied} batches; slot confirmed at {progress.confirmed_lsn}")
 
-        out.print("[bold]5.[/bold] source vs mirror")
-        results = compare_publication(pipeline, server.dsn, "shop")
-        table = Table()
-        for column in ("table", "source rows", "mirror rows", "source checksum", "mirror checksum", "equal"):
-            table.add_column(column)
-        for result in results:
-            table.add_row(result.table, f"{result.source_rows:,}", f"{result.mirror_rows:,}",
-                          result.source_checksum, result.mirror_checksum,
-                          "[green]yes[/green]" if result.equal else "[red]NO[/red]")
-        out.print(table)
-        equal = all(r.equal for r in results)
-        identifiers = [pipeline.mirrors.identifier_for("shop", t) for t in ("customers", "orders")]
-        out.print("[bold]6.[/bold] query the mirrors with Spark SQL, e.g.:")
-        out.print(f"   spark.sql(\"SELECT status, count(*) FROM {identifiers[1]} GROUP BY status\").show()")
-        out.print(f"   spark.sql(\"SELECT * FROM {identifiers[0]}.snapshots\").show()  "
-                  "# summary['pgcdc.lsn'] is each commit's position")
-        if warehouse:
-            out.print(f"   warehouse kept at {warehouse_dir}")
-        verdict = "[green]every mirror equals its source[/green]" if equal else "[red]mirrors differ[/red]"
-        out.print(f"{verdict} ({time.monotonic() - started:.0f}s)")
-        pipeline.spark.stop()
-        return equal
+    out.print("[bold]5.[/bold] source vs mirror")
+    results = compare_publication(pipeline, server.dsn, "shop")
+    table = Table()
+    for column in ("table", "source rows", "mirror rows", "source checksum", "mirror checksum", "equal"):
+        table.add_column(column)
+    for result in results:
+        table.add_row(result.table, f"{result.source_rows:,}", f"{result.mirror_rows:,}",
+                      result.source_checksum, result.mirror_checksum,
+                      "[green]yes[/green]" if result.equal else "[red]NO[/red]")
+    out.print(table)
+    equal = all(r.equal for r in results)
+    identifiers = [pipeline.mirrors.identifier_for("shop", t) for t in ("customers", "orders")]
+    out.print("[bold]6.[/bold] query the mirrors with Spark SQL, e.g.:")
+    out.print(f"   spark.sql(\"SELECT status, count(*) FROM {identifiers[1]} GROUP BY status\").show()")
+    out.print(f"   spark.sql(\"SELECT * FROM {identifiers[0]}.snapshots\").show()  "
+              "# summary['pgcdc.lsn'] is each commit's position")
+    for line in where:
+        out.print(f"   {line}")
+    verdict = "[green]every mirror equals its source[/green]" if equal else "[red]mirrors differ[/red]"
+    out.print(f"{verdict} ({time.monotonic() - started:.0f}s)")
+    pipeline.spark.stop()
+    return equal

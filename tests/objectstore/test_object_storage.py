@@ -5,12 +5,13 @@ mirror compared row for row; the initial copy's tasks write their Parquet files 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
-from objectstore_support import jdbc_catalog, rest_catalog, s3_server
+from objectstore_support import jdbc_catalog, require_object_store, rest_catalog, s3_server
 from pipeline_support import catalog_arguments, crash_loop, mirror_mixed_workload, pipeline_config
 
 pytestmark = pytest.mark.slow
@@ -99,9 +100,25 @@ def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) 
         assert secret not in status.stdout + status.stderr + check.stdout + check.stderr
 
 
+@pytest.mark.soak  # a whole demo on S3 (~90 s on 2 cores): make soak
+def test_object_store_demo_reports_every_mirror_equal_and_no_secret():
+    require_object_store()
+    result = subprocess.run([sys.executable, "-m", "pgcdc.cli", "demo", "--object-store", "--rows", "200",
+                             "--large-transaction-rows", "3000"], capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "COLUMNS": "200"})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "every mirror equals its source" in result.stdout
+    compared = result.stdout.split("source vs mirror")[1].split("query the mirrors")[0]
+    assert compared.count(" yes ") == 5 and "NO" not in compared, compared
+    assert "s3a://pgcdc-demo/" in result.stdout and "jdbc:postgresql://" in result.stdout
+    # the demo's S3 secret key and catalog password are made afresh with these prefixes: neither may show
+    assert "s3-secret-" not in output and "jdbc-secret-" not in output
+
+
 def test_check_names_what_is_wrong_with_the_destination(spark, s3, store):
     """Each broken part of a destination is its own problem, found by writing before any slot exists."""
-    from objectstore_support import free_port
+    from pgcdc.embedded import free_port
     from pgcdc.spark.destination import FAST_FAILURE_SETTINGS, check_destination
     from pgcdc.spark.session import attach_catalog
 
