@@ -1,8 +1,11 @@
-"""Apply scheduling: one batch at a time merged into the mirrors on the apply thread.
+"""Apply scheduling: one batch at a time applied to the mirrors on the apply thread.
 
-While a batch is merged, the stream's thread goes on reading, decoding and converting the next one. A
+While a batch is applied, the stream's thread goes on reading, decoding and converting the next one. A
 batch is confirmed (the position :meth:`pgcdc.checkpoint.Checkpoint.batch_flush` gave it) only once
-every mirror it touched has committed.
+every mirror it touched has committed. Maintenance (compaction, expiry) runs one table at a time on a
+thread of its own beside the row-delta writer's applies — its commits and theirs are retried over each other
+by Iceberg — and on the apply thread between two applies of the MERGE writer, whose position deletes a
+compaction running beside it would conflict with.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class Applier:
         self._changelog = changelog
         self._writer = writer
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgcdc-apply")
+        self._maintenance_executor = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgcdc-maintain")
+                                      if writer == "delta" else self._executor)
         self.applying: Applying | None = None
         self._rate_window: list[tuple[float, int]] = []
         self.maintainer = Maintainer(spark, maintenance or MaintenancePolicy(enabled=False), self._maintained)
@@ -67,6 +72,7 @@ class Applier:
 
     def __exit__(self, *exc_info: object) -> None:
         self._executor.shutdown(wait=True)
+        self._maintenance_executor.shutdown(wait=True)
 
     @property
     def busy(self) -> bool:
@@ -82,13 +88,16 @@ class Applier:
         self.applying = Applying(batch, flush, self._executor.submit(self._apply, batch))
 
     def maintain(self) -> None:
-        """Between two applies: queue one maintenance turn on the apply thread, when one may be due. A batch
-        handed over meanwhile waits behind it on that thread (never beside it), while the stream goes on."""
-        if self.applying is not None or not self.maintainer.ready():
+        """Queue one maintenance turn when one may be due: on its own thread beside the applies of the row-delta
+        writer; between two applies of the MERGE writer, on the apply thread, where a batch handed over meanwhile
+        waits behind it (never beside it) while the stream goes on."""
+        if not self.maintainer.ready():
+            return
+        if self._maintenance_executor is self._executor and self.applying is not None:
             return
         if self._maintaining is not None and not self._maintaining.done():
             return
-        self._maintaining = self._executor.submit(self.maintainer.turn)
+        self._maintaining = self._maintenance_executor.submit(self.maintainer.turn)
 
     def _maintained(self) -> list:
         mirrors = self.tables.mirrors

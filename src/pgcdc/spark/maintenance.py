@@ -5,9 +5,12 @@ alone, a busy mirror gains thousands of each a day and every read pays for all o
 table runs, each step only when there is something to do:
 
 1. ``compact-data``: small data files, and every data file that deletes apply to, rewritten into few large
-   ones with the deletes applied (Iceberg's ``rewrite_data_files``);
-2. ``compact-deletes``: the position delete files left, rewritten, those of rewritten data files dropped
-   (``rewrite_position_delete_files``);
+   ones with the deletes applied (Iceberg's ``rewrite_data_files``); the new files keep the sequence number
+   of the snapshot the rewrite started from, so deletes committed meanwhile (the row-delta writer's equality
+   deletes, by key) still apply to them and the rewrite does not conflict with a stream that goes on;
+2. ``compact-deletes``: delete files left without a row to apply to dropped (every equality delete no newer
+   than the oldest live data file, every position delete older than it), then the position delete files
+   left rewritten (``rewrite_position_delete_files``);
 3. ``rewrite-manifests``: the manifests, many small ones after many commits, rewritten into few;
 4. ``expire``: snapshots older than the retention age expired, the newest ``snapshots_kept`` always kept;
 5. ``remove-orphans``: files no snapshot references and older than ``orphan_age_seconds`` deleted — never
@@ -18,8 +21,9 @@ Steps 1-3 are commits that change no row: each carries the table's position (``p
 newest snapshot keeps telling where the table stands; expiry may still remove every snapshot that carries
 it when others commit to the table too, which is why pgcdc also keeps it in a table property
 (:meth:`pgcdc.spark.mirror.MirrorCatalog.recording`). The pipeline runs a maintenance of one table at a time
-between two applies, on the apply thread (:mod:`pgcdc.pipeline.applier`), so it never races pgcdc's own
-commits; ``pgcdc maintain`` runs it on demand.
+(:mod:`pgcdc.pipeline.applier`): beside the applies of the row-delta writer, whose commits and the
+maintenance's are retried over each other by Iceberg, and between two applies of the MERGE writer, whose
+position deletes a compaction would conflict with; ``pgcdc maintain`` runs it on demand.
 """
 
 from __future__ import annotations
@@ -175,24 +179,30 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
     for step in wanted:
         injection_point(f"maintain.{step}")
         if step == "compact-data" and before.data_files > 1:
-            # every data file a delete applies to is rewritten without the deleted rows; the new files take a new
-            # sequence number, so that every delete file before them is left without a row to apply to
+            # every data file a delete applies to is rewritten without the deleted rows; the new files keep the
+            # starting snapshot's sequence number: every delete file up to it is left without a row to apply to,
+            # and equality deletes committed during the rewrite still apply to them (no conflict with the stream)
             action = (actions.rewriteDataFiles(table).option("min-input-files", "2")
                       .option("delete-file-threshold", "1").option("partial-progress.enabled", "false")
-                      .option("use-starting-sequence-number", "false").option("remove-dangling-deletes", "true"))
+                      .option("use-starting-sequence-number", "true").option("remove-dangling-deletes", "true"))
             if policy.target_file_bytes:
                 action = action.option("target-file-size-bytes", str(policy.target_file_bytes))
             outcome = carrying(action).execute()
             result.steps[step] = int(outcome.rewrittenDataFilesCount())
         elif step == "compact-deletes" and _health(spark, table).delete_files > 0:
-            if _has_lists_or_maps(table):
-                # Iceberg 1.10's position-delete reader fails on such schemas ("Invalid partition field parent"):
-                # drop the delete files compaction left without a live row, a commit of metadata only
+            if table.spec().isUnpartitioned() and table.specs().size() == 1:
+                # Iceberg's dangling-delete action leaves unpartitioned tables to its commits, which drop only
+                # what one commit's own manifests show: equality deletes stay after a compaction
+                result.steps[step] = _drop_dangling_deletes(spark, table, carried)
+            else:
                 outcome = carrying(actions.removeDanglingDeleteFiles(table)).execute()
                 result.steps[step] = len(list(outcome.removedDeleteFiles()))
-            else:
+            table.refresh()
+            # Iceberg 1.10's position-delete reader fails on list and map columns ("Invalid partition field
+            # parent"): there the position deletes a compaction did not make dangling stay until the next one
+            if _position_delete_files(table) and not _has_lists_or_maps(table):
                 outcome = carrying(actions.rewritePositionDeletes(table).option("rewrite-all", "true")).execute()
-                result.steps[step] = int(outcome.rewrittenDeleteFilesCount())
+                result.steps[step] += int(outcome.rewrittenDeleteFilesCount())
         elif step == "rewrite-manifests" and _health(spark, table).manifests > 1:
             outcome = carrying(actions.rewriteManifests(table)).execute()
             result.steps[step] = len(list(outcome.rewrittenManifests()))
@@ -216,6 +226,52 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
              result.after.snapshots, result.after.data_files, result.after.delete_files,
              extra={"event": "maintenance", "table": identifier, "steps": result.steps})
     return result
+
+
+def _drop_dangling_deletes(spark: SparkSession, table: Any, carried: Mapping[str, str]) -> int:
+    """Drop the delete files of an unpartitioned table that apply to no live data file, in one commit carrying
+    ``carried``: an equality delete applies to data files of a lower data sequence number, a position delete to
+    those of a lower or equal one. Returns how many were dropped (no commit when none is)."""
+    snapshot = table.currentSnapshot()
+    if snapshot is None:
+        return 0
+    jvm: Any = spark.sparkContext._jvm
+    manifests = jvm.org.apache.iceberg.ManifestFiles
+    io, specs = table.io(), table.specs()
+    oldest_data = min((int(data.dataSequenceNumber()) for manifest in snapshot.dataManifests(io)
+                       for data in _live_files(manifests.read(manifest, io, specs))), default=None)
+    rewrite = table.newRewrite().validateFromSnapshot(snapshot.snapshotId())
+    dropped = 0
+    for manifest in snapshot.deleteManifests(io):
+        for delete in _live_files(manifests.readDeleteManifest(manifest, io, specs)):
+            sequence = int(delete.dataSequenceNumber())
+            equality = str(delete.content()) == "EQUALITY_DELETES"
+            if oldest_data is None or (sequence <= oldest_data if equality else sequence < oldest_data):
+                rewrite = rewrite.deleteFile(delete)
+                dropped += 1
+    if dropped:
+        for key, value in carried.items():
+            rewrite = rewrite.set(str(key), str(value))
+        rewrite.commit()
+    return dropped
+
+
+def _live_files(reader: Any) -> list[Any]:
+    """The live files (added and existing entries) of a manifest reader, which is closed after."""
+    try:
+        files, iterator = [], reader.iterator()
+        while iterator.hasNext():
+            files.append(iterator.next().copyWithoutStats())
+        return files
+    finally:
+        reader.close()
+
+
+def _position_delete_files(table: Any) -> int:
+    snapshot = table.currentSnapshot()
+    if snapshot is None:
+        return 0
+    return int(snapshot.summary().getOrDefault("total-position-deletes", "0"))
 
 
 def _has_lists_or_maps(table: Any) -> bool:

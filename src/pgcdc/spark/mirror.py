@@ -424,8 +424,11 @@ class MirrorCatalog:
         calls ``mark_pending()``: a commit that writes the property in its own metadata commit needs no mark."""
         return _PositionRecording(self, identifier, before, upto, held, whole, deferred)
 
-    def record_position(self, identifier: str, position: Lsn | None, *, pending: Lsn | None = None) -> None:
-        """Write the ``pgcdc.position`` property (one metadata commit; nothing when it already says this)."""
+    def record_position(self, identifier: str, position: Lsn | None, *, pending: Lsn | None = None,
+                        advance_only: bool = False) -> None:
+        """Write the ``pgcdc.position`` property (one metadata commit; nothing when it already says this). With
+        ``advance_only`` (a maintenance beside the stream, whose position may be behind an apply's, or whose
+        apply may be pending), only over a settled position behind this one."""
         if position is None:
             return
         from pgcdc.spark.iceberg import load_table
@@ -433,8 +436,10 @@ class MirrorCatalog:
         value = position_record(position, pending=pending)
         table = load_table(self.spark, identifier)
         table.refresh()
-        if table.properties().get(RECORD_PROPERTY) != value:
-            table.updateProperties().set(RECORD_PROPERTY, value).commit()
+        current = table.properties().get(RECORD_PROPERTY)
+        if current == value or (advance_only and not _settled_behind(current, position)):
+            return
+        table.updateProperties().set(RECORD_PROPERTY, value).commit()
 
     def read_rejects_position(self, identifier: str) -> tuple[int, int] | None:
         """(commit LSN, ordinal) of the last change a ``__rejects`` table holds: the highest its lineage carries,
@@ -470,7 +475,7 @@ class MirrorCatalog:
         position = self.read_position(identifier)
         if position is None:
             return {}
-        self.record_position(identifier, position)
+        self.record_position(identifier, position, advance_only=True)
         return {POSITION_PROPERTY: str(position)}
 
     def all_tables(self) -> list[tuple[str, bool]]:
@@ -576,6 +581,18 @@ def ddl_type(data_type: DataType) -> str:
     if isinstance(data_type, MapType):
         return f"MAP<{ddl_type(data_type.keyType)}, {ddl_type(data_type.valueType)}>"
     return data_type.simpleString()
+
+
+def _settled_behind(record: str | None, position: Lsn) -> bool:
+    """Whether a ``pgcdc.position`` value is missing or records a settled position (no commit pending) behind
+    ``position``."""
+    if record is None:
+        return True
+    try:
+        parsed = json.loads(record)
+        return "pending" not in parsed and Lsn.parse(parsed["lsn"]) < position
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def position_record(position: Lsn, *, pending: Lsn | None = None) -> str:
