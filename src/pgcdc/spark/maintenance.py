@@ -156,7 +156,7 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
     """Run ``steps`` (in their fixed order) on one table; every commit carries ``carried`` (the table's position
     properties) in its snapshot summary. ``orphan_age_seconds`` overrides the policy's age (at least an hour
     for a table anyone may be writing; tests of tables nobody writes go lower)."""
-    from pgcdc.spark.iceberg import load_table
+    from pgcdc.spark.iceberg import is_commit_conflict, load_table
 
     started = time.monotonic()
     jvm: Any = spark.sparkContext._jvm
@@ -178,45 +178,55 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
 
     for step in wanted:
         injection_point(f"maintain.{step}")
-        if step == "compact-data" and before.data_files > 1:
-            # every data file a delete applies to is rewritten without the deleted rows; the new files keep the
-            # starting snapshot's sequence number: every delete file up to it is left without a row to apply to,
-            # and equality deletes committed during the rewrite still apply to them (no conflict with the stream)
-            action = (actions.rewriteDataFiles(table).option("min-input-files", "2")
-                      .option("delete-file-threshold", "1").option("partial-progress.enabled", "false")
-                      .option("use-starting-sequence-number", "true").option("remove-dangling-deletes", "true"))
-            if policy.target_file_bytes:
-                action = action.option("target-file-size-bytes", str(policy.target_file_bytes))
-            outcome = carrying(action).execute()
-            result.steps[step] = int(outcome.rewrittenDataFilesCount())
-        elif step == "compact-deletes" and _health(spark, table).delete_files > 0:
-            if table.spec().isUnpartitioned() and table.specs().size() == 1:
-                # Iceberg's dangling-delete action leaves unpartitioned tables to its commits, which drop only
-                # what one commit's own manifests show: equality deletes stay after a compaction
-                result.steps[step] = _drop_dangling_deletes(spark, table, carried)
-            else:
-                outcome = carrying(actions.removeDanglingDeleteFiles(table)).execute()
-                result.steps[step] = len(list(outcome.removedDeleteFiles()))
-            table.refresh()
-            # Iceberg 1.10's position-delete reader fails on list and map columns ("Invalid partition field
-            # parent"): there the position deletes a compaction did not make dangling stay until the next one
-            if _position_delete_files(table) and not _has_lists_or_maps(table):
-                outcome = carrying(actions.rewritePositionDeletes(table).option("rewrite-all", "true")).execute()
-                result.steps[step] += int(outcome.rewrittenDeleteFilesCount())
-        elif step == "rewrite-manifests" and _health(spark, table).manifests > 1:
-            outcome = carrying(actions.rewriteManifests(table)).execute()
-            result.steps[step] = len(list(outcome.rewrittenManifests()))
-        elif step == "expire":
-            older_than = int((time.time() - policy.snapshot_max_age_seconds) * 1000)
-            outcome = (actions.expireSnapshots(table).expireOlderThan(older_than)
-                       .retainLast(policy.snapshots_kept).execute())
-            result.steps[step] = (int(outcome.deletedDataFilesCount()) + int(outcome.deletedPositionDeleteFilesCount())
-                                  + int(outcome.deletedManifestsCount()) + int(outcome.deletedManifestListsCount()))
-        elif step == "remove-orphans":
-            age = policy.orphan_age_seconds if orphan_age_seconds is None else orphan_age_seconds
-            outcome = actions.deleteOrphanFiles(table).olderThan(int((time.time() - age) * 1000)).execute()
-            result.steps[step] = len(list(outcome.orphanFileLocations()))
-            table.updateProperties().set(ORPHANS_REMOVED_PROPERTY, str(int(time.time()))).commit()
+        try:
+            if step == "compact-data" and before.data_files > 1:
+                # every data file a delete applies to is rewritten without the deleted rows; the new files keep the
+                # starting snapshot's sequence number: every delete file up to it is left without a row to apply to,
+                # and equality deletes committed during the rewrite still apply to them (no conflict with the stream)
+                action = (actions.rewriteDataFiles(table).option("min-input-files", "2")
+                          .option("delete-file-threshold", "1").option("partial-progress.enabled", "false")
+                          .option("use-starting-sequence-number", "true").option("remove-dangling-deletes", "true"))
+                if policy.target_file_bytes:
+                    action = action.option("target-file-size-bytes", str(policy.target_file_bytes))
+                outcome = carrying(action).execute()
+                result.steps[step] = int(outcome.rewrittenDataFilesCount())
+            elif step == "compact-deletes" and _health(spark, table).delete_files > 0:
+                if table.spec().isUnpartitioned() and table.specs().size() == 1:
+                    # Iceberg's dangling-delete action leaves unpartitioned tables to its commits, which drop only
+                    # what one commit's own manifests show: equality deletes stay after a compaction
+                    result.steps[step] = _drop_dangling_deletes(spark, table, carried)
+                else:
+                    outcome = carrying(actions.removeDanglingDeleteFiles(table)).execute()
+                    result.steps[step] = len(list(outcome.removedDeleteFiles()))
+                table.refresh()
+                # Iceberg 1.10's position-delete reader fails on list and map columns ("Invalid partition field
+                # parent"): there the position deletes a compaction did not make dangling stay until the next one
+                if _position_delete_files(table) and not _has_lists_or_maps(table):
+                    outcome = carrying(actions.rewritePositionDeletes(table).option("rewrite-all", "true")).execute()
+                    result.steps[step] += int(outcome.rewrittenDeleteFilesCount())
+            elif step == "rewrite-manifests" and _health(spark, table).manifests > 1:
+                outcome = carrying(actions.rewriteManifests(table)).execute()
+                result.steps[step] = len(list(outcome.rewrittenManifests()))
+            elif step == "expire":
+                older_than = int((time.time() - policy.snapshot_max_age_seconds) * 1000)
+                outcome = (actions.expireSnapshots(table).expireOlderThan(older_than)
+                           .retainLast(policy.snapshots_kept).execute())
+                result.steps[step] = (int(outcome.deletedDataFilesCount()) + int(outcome.deletedPositionDeleteFilesCount())
+                                      + int(outcome.deletedManifestsCount()) + int(outcome.deletedManifestListsCount()))
+            elif step == "remove-orphans":
+                age = policy.orphan_age_seconds if orphan_age_seconds is None else orphan_age_seconds
+                outcome = actions.deleteOrphanFiles(table).olderThan(int((time.time() - age) * 1000)).execute()
+                result.steps[step] = len(list(outcome.orphanFileLocations()))
+                table.updateProperties().set(ORPHANS_REMOVED_PROPERTY, str(int(time.time()))).commit()
+        except Exception as exc:
+            if not is_commit_conflict(exc):
+                raise
+            # a commit of the stream's (or anyone's) landed first: this step changed nothing and is due again at
+            # the next maintenance; the steps after it (expiry above all) still run
+            log.info("%s: %s lost to a concurrent commit (%s); it runs again at the next maintenance", identifier,
+                     step, next((line.strip(": ") for line in str(exc).splitlines() if "iceberg.exceptions" in line),
+                                _first_line(exc))[:300])
+            result.steps[step] = 0
         table.refresh()
     injection_point("maintain.done")
     result.after = _health(spark, table)
