@@ -383,16 +383,15 @@ class MirrorCatalog:
     def _recorded_position(self, identifier: str) -> Lsn | None:
         """The position in the ``pgcdc.position`` property, for a table whose snapshots no longer carry one.
 
-        The property is written after each commit (a lower bound of what the table holds), and, for tables
-        where a lower bound would double rows, a ``pending`` mark before it: a mark left behind means pgcdc
-        stopped between the two, and that commit may or may not have landed."""
+        The row-delta writer sets it in its commit's own transaction (exact); after other commits it is written
+        after the commit (a lower bound of what the table holds), and, for tables where a lower bound would
+        double rows, a ``pending`` mark before it: a mark left behind means pgcdc stopped between the two, and
+        that commit may or may not have landed."""
         value = self._property(identifier, RECORD_PROPERTY)
         if value is None:
             return None
         try:
-            record = json.loads(value)
-            position = Lsn.parse(record["lsn"])
-            pending = record.get("pending")
+            position, pending = parse_position_record(value)
         except (ValueError, KeyError, TypeError):
             raise PositionCorruptError(
                 f"{identifier} stores {RECORD_PROPERTY}={value!r}, which is not a position record, and no snapshot "
@@ -589,10 +588,17 @@ def _settled_behind(record: str | None, position: Lsn) -> bool:
     if record is None:
         return True
     try:
-        parsed = json.loads(record)
-        return "pending" not in parsed and Lsn.parse(parsed["lsn"]) < position
+        recorded, pending = parse_position_record(record)
     except (ValueError, KeyError, TypeError):
         return False
+    return pending is None and recorded < position
+
+
+def parse_position_record(value: str) -> tuple[Lsn, str | None]:
+    """(position, pending mark or None) of a ``pgcdc.position`` value; ValueError, KeyError or TypeError when it
+    is not one."""
+    record = json.loads(value)
+    return Lsn.parse(record["lsn"]), record.get("pending")
 
 
 def position_record(position: Lsn, *, pending: Lsn | None = None) -> str:
