@@ -48,12 +48,19 @@ $(TEST_STAMP): $(STAMP)
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q libpostgresql-jdbc-java; \
 	  else sudo apt-get update -q && sudo apt-get install -y -q libpostgresql-jdbc-java; fi; \
 	fi
-	@command -v javac >/dev/null || echo "no javac: the REST catalog tests will be skipped (apt-get install openjdk-17-jdk-headless)"
+	@# the REST catalog tests compile their small server (tests/objectstore/RestCatalogServer.java): a JDK's javac
+	@if ! command -v javac >/dev/null; then \
+	  echo "installing a JDK for javac (default-jdk-headless) with apt-get"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q default-jdk-headless; \
+	  else sudo apt-get update -q && sudo apt-get install -y -q default-jdk-headless; fi; \
+	fi
 	@touch $@
 
+# -n auto: test files spread over worker processes (one more than the cores, as memory allows; conftest.py), each
+# file's tests in one worker so that a module's servers start once; PYTEST_ARGS="-n 0" runs them in this process.
 # --durations: the 15 slowest tests, printed at the end, so that a slow newcomer shows up in every run
 test: $(STAMP) $(TEST_STAMP)
-	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 soak: $(STAMP) $(TEST_STAMP)
 	$(PY) -m pytest -m soak $(PYTEST_ARGS)

@@ -252,6 +252,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.postgres)
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Workers for ``-n auto`` (make test): one more than the cores, as a test spends part of its time waiting
+    (for a server, a JVM's start, a kill's aftermath), but no more than the memory holds: a worker's Spark and
+    the `pgcdc` processes and clusters its tests start take up to ~3 GB."""
+    import psutil
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    by_memory = int(psutil.virtual_memory().available / 3e9)
+    return max(1, min(cores + 1, by_memory))
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     # A thread a failed test left running (a pipeline reconnecting to a proxy that is gone) would keep the
     # interpreter alive after the report: name it, show where it is, and end the run with pytest's status.

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -547,6 +548,19 @@ def committed_data_files(table_location) -> int:
     return int(current["summary"]["total-data-files"])
 
 
+def written_whole(path: Path) -> bool:
+    """Whether a Parquet file has its footer: ends with the magic bytes it also starts with."""
+    try:
+        with path.open("rb") as file:
+            file.seek(0, os.SEEK_END)
+            if file.tell() < 12:
+                return False
+            file.seek(-4, os.SEEK_END)
+            return file.read(4) == b"PAR1"
+    except FileNotFoundError:
+        return False
+
+
 def test_ctrl_c_during_the_initial_copy_ends_in_one_line_and_the_next_run_copies_cleanly(db, tmp_path):
     import signal
     import time
@@ -561,8 +575,9 @@ def test_ctrl_c_during_the_initial_copy_ends_in_one_line_and_the_next_run_copies
                                start_new_session=True, env={**os.environ, "COLUMNS": "200"})
     data = warehouse / "mirror" / "public" / table / "data"
     try:
-        while copying.poll() is None and not any(data.glob("*.parquet")):  # the copy is writing its files
-            time.sleep(0.1)
+        # a task has written a whole file (a file being written when the copy stops is removed by its task)
+        while copying.poll() is None and not any(map(written_whole, data.glob("*.parquet"))):
+            time.sleep(0.05)
         os.killpg(copying.pid, signal.SIGINT)  # the whole process group, as a terminal does
         _, stderr = copying.communicate(timeout=300)
     finally:

@@ -329,6 +329,8 @@ def snapshot(
 def maintain(
     warehouse: Warehouse = "warehouse",
     catalog: Catalog = "pgcdc",
+    catalog_type: CatalogType = None,
+    catalog_uri: CatalogUri = None,
     namespace: Namespace = "mirror",
     master: Master = None,
     conf: SparkConf = None,
@@ -354,7 +356,8 @@ def maintain(
         raise ConfigError("; ".join(problems))
     if warehouse:
         require_existing_warehouse(warehouse)
-    spark = spark_session(warehouse, catalog, master=master, conf=_key_values(conf))
+    spark = spark_session(warehouse, catalog, master=master, conf=_key_values(conf), catalog_type=catalog_type,
+                          catalog_uri=catalog_uri)
     mirrors = MirrorCatalog(spark, catalog=catalog, namespace=namespace)
     tables = mirrors.all_tables()
     if table:

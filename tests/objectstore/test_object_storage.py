@@ -5,6 +5,7 @@ mirror compared row for row; the initial copy's tasks write their Parquet files 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,14 @@ import sys
 import pytest
 
 from objectstore_support import jdbc_catalog, require_object_store, rest_catalog, s3_server
-from pipeline_support import catalog_arguments, crash_loop, mirror_mixed_workload, pipeline_config
+from pipeline_support import (
+    SHOP_TABLES,
+    assert_mirrors_equal,
+    catalog_arguments,
+    crash_loop,
+    mirror_mixed_workload,
+    pipeline_config,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -86,6 +94,23 @@ def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) 
                             capture_output=True, text=True, timeout=600)
     assert status.returncode == 0, status.stderr[-3000:]
     assert '"shop.customers"' in status.stdout
+    positions = {m["mirror"]: (m["lsn"], m["rows"]) for m in json.loads(status.stdout)["mirrors"]}
+
+    # maintain through the same catalog, expiring every snapshot but the newest: positions and rows stay
+    maintain = subprocess.run([sys.executable, "-m", "pgcdc.cli", "--debug", "maintain", *catalog_arguments(config),
+                               "--namespace", config.namespace, "--snapshots-kept", "1",
+                               "--snapshot-retention-minutes", "0", "--json"],
+                              capture_output=True, text=True, timeout=600)
+    assert maintain.returncode == 0, maintain.stderr[-3000:]
+    maintained = json.loads(maintain.stdout)
+    assert {row["table"] for row in maintained} >= set(positions), maintained
+    assert all(row["snapshots"] == 1 for row in maintained), maintained
+    again = subprocess.run([sys.executable, "-m", "pgcdc.cli", "status", "--dsn", config.dsn,
+                            *catalog_arguments(config), "--namespace", config.namespace, "--json"],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {m["mirror"]: (m["lsn"], m["rows"]) for m in json.loads(again.stdout)["mirrors"]} == positions
+    assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
 
     # check finds the source ready and the destination wanting: a bucket that does not exist
     arguments = catalog_arguments(config)
@@ -97,7 +122,8 @@ def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) 
     said = " ".join(check.stdout.split())  # as one line, however the terminal wrapped it
     assert "the bucket 'no-such-bucket' of --warehouse s3a://no-such-bucket/mirrors does not exist" in said, said
     for secret in secrets_of(store, s3):
-        assert secret not in status.stdout + status.stderr + check.stdout + check.stderr
+        assert secret not in status.stdout + status.stderr + maintain.stdout + maintain.stderr + check.stdout + \
+            check.stderr
 
 
 @pytest.mark.soak  # a whole demo on S3 (~90 s on 2 cores): make soak
