@@ -5,10 +5,18 @@ mirror through pgcdc's own apply (the apply thread's commit, with its position r
 retries) and its maintenance schedule (one turn between two batches when a table is due), with generated
 change tables instead of a replication slot: what is measured is the table, not the source.
 
-At intervals and at the end it reports what the mirror has become: snapshots retained, data files, delete
-files, metadata bytes, and the time of a full-table ``SELECT count(*)`` and of a key lookup — beside the
-same figures for the same rows freshly written in one commit. Goal: read time at most 1.5x the fresh
-table's, counts bounded by the retention settings (not growing with the batches).
+The batches come as fast as they are applied (~0.2 s each here), not every 5 seconds as a busy stream's do
+(``--batch-seconds``): the schedule runs on a batch clock instead (each batch is ``--batch-seconds`` later)
+with pgcdc's default thresholds and interval, so that 10,000 batches are the ~14 hours they stand for.
+Snapshot expiry compares the snapshots' real commit times: its age is scaled to the run (a minute).
+
+At intervals while streaming, and at the end once the stream has gone quiet for a few intervals of the
+schedule, it reports what the mirror has become: snapshots retained, data files, delete files, metadata
+bytes, and the time of a full-table ``SELECT count(*)`` and of a key lookup — beside the same figures for
+the same rows freshly written in one commit. Goal: at the end, read time at most 1.5x the fresh table's;
+counts bounded by the retention settings (not growing with the batches). While batches stream in, a mirror
+holds up to an interval's worth of their small files (``streaming`` in the figures: the read-time ratios
+seen at the reports; a lower ``--maintenance-interval`` keeps fewer).
 Last line: one JSON object of the figures.
 """
 
@@ -106,19 +114,29 @@ def measure(spark, mirror: str, fresh: str, key: int) -> dict:
     return figures
 
 
+def read_ratio(figures: dict) -> float:
+    """The mirror's read time (a count and a key lookup) over the freshly written table's."""
+    mirror, fresh = figures["mirror"], figures["fresh"]
+    return (mirror["count_s"] + mirror["lookup_s"]) / (fresh["count_s"] + fresh["lookup_s"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="60 batches (under 2 minutes on an idle machine)")
     parser.add_argument("--batches", type=int, help="batches to stream (default 10,000; 60 with --quick)")
     parser.add_argument("--changes", type=int, default=50, help="changes per batch")
+    parser.add_argument("--batch-seconds", type=float, default=5.0,
+                        help="the time a batch stands for on the maintenance schedule's clock (pgcdc's default)")
+    parser.add_argument("--maintenance-interval", type=float, default=MaintenancePolicy().interval_seconds,
+                        help="seconds (of the batch clock) between two maintenances of the mirror at least")
     args = parser.parse_args()
     batches = args.batches or (60 if args.quick else 10_000)
-    reports = 3 if args.quick else 10
+    reports = 3 if args.quick else 20
     warehouse = Path(tempfile.mkdtemp(prefix="pgcdc-longrun-"))
-    # retention scaled to the run: a day keeps an hour of snapshots; this run keeps its last few seconds
-    policy = MaintenancePolicy(interval_seconds=5.0 if args.quick else 30.0, data_files=16, delete_files=8,
-                               snapshots=50, snapshot_max_age_seconds=5.0 if args.quick else 60.0,
-                               snapshots_kept=5, check_seconds=0.0)
+    # pgcdc's defaults on the batch clock; retention by age in real time, scaled to the run: a day keeps an
+    # hour of snapshots, this run its last few seconds (--quick) or its last minute
+    policy = MaintenancePolicy(interval_seconds=args.maintenance_interval,
+                               snapshot_max_age_seconds=5.0 if args.quick else 60.0, check_seconds=0.0)
     spark = spark_session(warehouse, conf={"spark.sql.shuffle.partitions": "2"})
     try:
         config = PipelineConfig(dsn="dbname=longrun", publication="longrun", warehouse=str(warehouse),
@@ -127,6 +145,8 @@ def main() -> None:
         mirror = tables.mirrors.ensure(TableSpec("bench", "events", spark_schema(SOURCE), ("id",)))
         fresh = tables.mirrors.identifier_for("bench", "events_fresh")
         applier = Applier(tables, lambda: spark, Progress(), lambda: None, changelog=False, maintenance=policy)
+        clock = [0.0]  # the schedule's time: each batch is --batch-seconds later
+        applier.maintainer.clock = lambda: clock[0]
         rng = random.Random(16)
         live: list[int] = []
         next_id, lsn = 1, 0x1000000
@@ -138,6 +158,7 @@ def main() -> None:
               f"{'lookup s':>8} | fresh: {'count s':>8} {'lookup s':>8}")
         with applier:
             for number in range(1, batches + 1):
+                clock[0] += args.batch_seconds
                 lsn += 1000
                 changes, next_id = batch(rng, lsn, next_id, live, args.changes)
                 t0 = time.perf_counter()
@@ -154,8 +175,18 @@ def main() -> None:
                     print(f"{number:>8} {m['snapshots']:>9} {m['data_files']:>6} {m['delete_files']:>7} "
                           f"{m['metadata_mb']:>8.2f} {m['count_s']:>8.3f} {m['lookup_s']:>8.3f} | fresh: "
                           f"{f['count_s']:>8.3f} {f['lookup_s']:>8.3f}", flush=True)
-        m, f = rows[-1][1]["mirror"], rows[-1][1]["fresh"]
-        read_ratio = (m["count_s"] + m["lookup_s"]) / (f["count_s"] + f["lookup_s"])
+            # then the stream goes quiet: the schedule's clock runs on, an interval at a time
+            for _ in range(3):
+                clock[0] += policy.interval_seconds
+                if applier.maintainer.turn() is not None:
+                    turns += 1
+        ratios = sorted(read_ratio(r[1]) for r in rows)
+        streaming = rows[-1][1]
+        rest = measure(spark, mirror.identifier, fresh, rng.choice(live))
+        m, f = rest["mirror"], rest["fresh"]
+        print(f"{'at rest':>8} {m['snapshots']:>9} {m['data_files']:>6} {m['delete_files']:>7} "
+              f"{m['metadata_mb']:>8.2f} {m['count_s']:>8.3f} {m['lookup_s']:>8.3f} | fresh: "
+              f"{f['count_s']:>8.3f} {f['lookup_s']:>8.3f}", flush=True)
         position = tables.mirrors.read_position(mirror.identifier)
         assert position == Lsn(lsn), f"the mirror holds {position}, not the last batch's {Lsn(lsn)}"
         result = {
@@ -167,12 +198,19 @@ def main() -> None:
             "count_s": round(m["count_s"], 4), "lookup_s": round(m["lookup_s"], 4),
             "fresh_count_s": round(f["count_s"], 4), "fresh_lookup_s": round(f["lookup_s"], 4),
             "fresh_metadata_mb": round(f["metadata_mb"], 3),
-            "read_time_ratio_vs_fresh": round(read_ratio, 3),
+            "read_time_ratio_vs_fresh": round(read_ratio(rest), 3),
+            "streaming": {"read_time_ratio_last": round(read_ratio(streaming), 3),
+                          "read_time_ratio_median": round(ratios[len(ratios) // 2], 3),
+                          "read_time_ratio_max": round(ratios[-1], 3),
+                          "data_files_last": streaming["mirror"]["data_files"],
+                          "delete_files_last": streaming["mirror"]["delete_files"]},
+            "simulated_hours": round(batches * args.batch_seconds / 3600, 1),
             "max_snapshots_seen": max(r[1]["mirror"]["snapshots"] for r in rows),
             "max_data_files_seen": max(r[1]["mirror"]["data_files"] for r in rows),
             "max_delete_files_seen": max(r[1]["mirror"]["delete_files"] for r in rows),
             "retention": {"snapshots_kept": policy.snapshots_kept, "snapshot_max_age_s": policy.snapshot_max_age_seconds,
-                          "compact_at_data_files": policy.data_files, "compact_at_delete_files": policy.delete_files},
+                          "compact_at_data_files": policy.data_files, "compact_at_delete_files": policy.delete_files,
+                          "interval_s": policy.interval_seconds},
         }
     finally:
         spark.stop()

@@ -16,7 +16,13 @@ from pgcdc.errors import PositionCorruptError
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline import Pipeline
 from pgcdc.spark.iceberg import load_table
-from pgcdc.spark.maintenance import MaintenancePolicy, maintain_table, table_health
+from pgcdc.spark.maintenance import (
+    MaintainedTable,
+    Maintainer,
+    MaintenancePolicy,
+    maintain_table,
+    table_health,
+)
 from pgcdc.spark.mirror import RECORD_PROPERTY, MirrorCatalog
 from pipeline_support import (
     SHOP_TABLES,
@@ -157,6 +163,33 @@ def test_stray_files_are_removed_and_young_ones_kept(spark, iceberg_namespace):
     assert result.steps["remove-orphans"] == 1 and not stray.exists()
     assert spark.table(identifier).count() == 5
     assert MaintenancePolicy(orphan_age_seconds=60).problems()  # below an hour: refused
+
+
+def test_a_table_left_unchanged_for_an_interval_is_compacted_of_its_last_delete_files(spark, iceberg_namespace):
+    """Below the thresholds a streamed table is left alone; once the stream leaves it unchanged for an interval,
+    the delete files every read pays for are compacted away."""
+    identifier = f"pgcdc.{iceberg_namespace}.t"
+    spark.sql(f"CREATE TABLE {identifier} (id bigint, v string) USING iceberg TBLPROPERTIES ("
+              "'format-version' = '2', 'write.delete.mode' = 'merge-on-read')")
+    spark.range(10).coalesce(1).selectExpr("id", "'x' AS v").writeTo(identifier).option(
+        "snapshot-property.pgcdc.lsn", "0/10").append()
+    spark.sql(f"DELETE FROM {identifier} WHERE id < 3")
+    assert table_health(spark, identifier).delete_files == 1
+    clock = [0.0]
+    policy = MaintenancePolicy(check_seconds=0)  # the defaults: 8 delete files, 300 s between maintenances
+    maintainer = Maintainer(lambda: spark, policy, lambda: [MaintainedTable(identifier, lambda: {"pgcdc.lsn": "0/10"})],
+                            clock=lambda: clock[0])
+    assert maintainer.turn() is None  # first seen now
+    clock[0] = policy.interval_seconds - 1
+    assert maintainer.turn() is None  # not yet an interval unchanged
+    spark.sql(f"DELETE FROM {identifier} WHERE id = 3")  # the stream writes to it again
+    clock[0] = policy.interval_seconds + 1
+    assert maintainer.turn() is None  # changed since: the interval starts again
+    clock[0] = 2 * policy.interval_seconds + 1
+    result = maintainer.turn()
+    assert result is not None and result.after is not None
+    assert result.after.delete_files == 0 and result.after.data_files == 1
+    assert sorted(r.id for r in spark.table(identifier).collect()) == list(range(4, 10))
 
 
 # each kill lands inside a step, or right after the steps before it

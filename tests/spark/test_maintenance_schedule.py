@@ -26,6 +26,13 @@ def test_many_files_compact_and_expire_what_compaction_replaced(table):
     assert due_steps(health(snapshots=6, data_files=10), POLICY, now=2000.0)[-1] == "expire"
 
 
+def test_a_settled_table_is_compacted_of_any_delete_file_and_left_alone_without_one():
+    assert due_steps(health(delete_files=1), POLICY, now=2000.0) == []
+    assert due_steps(health(delete_files=1), POLICY, now=2000.0, settled=True) == [
+        "compact-data", "compact-deletes", "rewrite-manifests"]
+    assert due_steps(health(data_files=5), POLICY, now=2000.0, settled=True) == []
+
+
 def test_many_snapshots_expire_alone():
     assert due_steps(health(snapshots=50), POLICY, now=2000.0) == ["expire"]
 

@@ -100,6 +100,7 @@ class TableHealth:
     delete_files: int
     manifests: int
     orphans_removed_at: float | None
+    current_snapshot: int | None = None  # its id: the table changed when it did
 
 
 @dataclass
@@ -133,13 +134,18 @@ def _health(spark: SparkSession, table: Any) -> TableHealth:
         data_files=int(summary.getOrDefault("total-data-files", "0")),
         delete_files=int(summary.getOrDefault("total-delete-files", "0")),
         manifests=int(current.allManifests(table.io()).size()),
-        orphans_removed_at=float(removed_at) if removed_at else None)
+        orphans_removed_at=float(removed_at) if removed_at else None,
+        current_snapshot=int(current.snapshotId()))
 
 
-def due_steps(health: TableHealth, policy: MaintenancePolicy, now: float) -> list[str]:
-    """The steps a table's health calls for under ``policy`` (empty: the table is fine as it is)."""
+def due_steps(health: TableHealth, policy: MaintenancePolicy, now: float, *, settled: bool = False) -> list[str]:
+    """The steps a table's health calls for under ``policy`` (empty: the table is fine as it is). ``settled``:
+    the table has not changed for an interval; its delete files, however few, are compacted away then, as every
+    read of it pays for them (a scan cannot count from metadata, each task reads the deletes) and no batch is
+    coming to push it over the thresholds."""
     steps = []
-    if health.data_files >= policy.data_files or health.delete_files >= policy.delete_files:
+    if (health.data_files >= policy.data_files or health.delete_files >= policy.delete_files
+            or (settled and health.delete_files > 0)):
         steps += ["compact-data", "compact-deletes", "rewrite-manifests"]
     if health.snapshots >= policy.snapshots or (steps and health.snapshots > policy.snapshots_kept):
         steps.append("expire")
@@ -179,7 +185,7 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
     for step in wanted:
         injection_point(f"maintain.{step}")
         try:
-            if step == "compact-data" and before.data_files > 1:
+            if step == "compact-data" and (before.data_files > 1 or before.delete_files > 0):
                 # every data file a delete applies to is rewritten without the deleted rows; the new files keep the
                 # starting snapshot's sequence number: every delete file up to it is left without a row to apply to,
                 # and equality deletes committed during the rewrite still apply to them (no conflict with the stream)
@@ -323,27 +329,31 @@ def mirror_tables(mirrors: MirrorCatalog, tables: list[tuple[str, bool]]) -> lis
 
 class Maintainer:
     """The pipeline's schedule: :meth:`turn` maintains at most one due table (round robin), so a turn between two
-    applies stays short; a table is looked at again only ``policy.interval_seconds`` after its last maintenance."""
+    applies stays short; a table is looked at again only ``policy.interval_seconds`` after its last maintenance,
+    and one left unchanged for that long (the stream went quiet) is compacted of its last delete files.
+    ``clock`` keeps the schedule's time (seconds; a simulation may run its own)."""
 
     def __init__(self, spark: Callable[[], SparkSession], policy: MaintenancePolicy,
-                 tables: Callable[[], list[MaintainedTable]]) -> None:
+                 tables: Callable[[], list[MaintainedTable]], clock: Callable[[], float] = time.monotonic) -> None:
         self._spark = spark
         self.policy = policy
         self._tables = tables
+        self.clock = clock
         self._last: dict[str, float] = {}
+        self._changed: dict[str, tuple[int | None, float]] = {}  # per table: its snapshot, first seen when
         self._last_check = float("-inf")
         self._next = 0
         self.results: list[MaintenanceResult] = []
 
     def ready(self, now: float | None = None) -> bool:
         """Whether a turn may find something to do (a clock check only; no table is read)."""
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         return self.policy.enabled and now - self._last_check >= self.policy.check_seconds
 
     def turn(self) -> MaintenanceResult | None:
         """Maintain the next due table, if any; a failure (a conflict with someone else's commit) is logged and
         the table tried again after the interval."""
-        self._last_check = now = time.monotonic()
+        self._last_check = now = self.clock()
         tables = self._tables()
         for offset in range(len(tables)):
             candidate = tables[(self._next + offset) % len(tables)]
@@ -354,7 +364,8 @@ class Maintainer:
                 health = table_health(spark, candidate.identifier)
                 if health.orphans_removed_at is None:
                     _start_orphan_clock(spark, candidate.identifier)
-                steps = due_steps(health, self.policy, time.time())
+                steps = due_steps(health, self.policy, time.time(),
+                                  settled=self._settled(candidate.identifier, health.current_snapshot, now))
                 if not steps:
                     continue
                 self._last[candidate.identifier] = now
@@ -368,6 +379,15 @@ class Maintainer:
             self.results = [*self.results[-99:], result]
             return result
         return None
+
+    def _settled(self, identifier: str, snapshot: int | None, now: float) -> bool:
+        """Whether ``identifier`` has had ``snapshot`` as its current snapshot for an interval (by this
+        schedule's looks at it)."""
+        seen, since = self._changed.get(identifier, (None, now))
+        if seen != snapshot or identifier not in self._changed:
+            self._changed[identifier] = (snapshot, now)
+            return False
+        return now - since >= self.policy.interval_seconds
 
 
 def _first_line(exc: BaseException) -> str:
