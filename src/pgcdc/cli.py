@@ -243,11 +243,12 @@ def run(
              "in <table>__rejects and go on.")] = "stop",
     maintenance: Annotated[bool, typer.Option(
         "--maintenance/--no-maintenance", envvar="PGCDC_MAINTENANCE",
-        help="Maintain the mirrors while streaming, between batches: compact data and delete files, expire "
+        help="Maintain the mirrors while streaming: compact data and delete files, expire "
              "snapshots, remove orphan files, rewrite manifests.")] = True,
     maintenance_interval: Annotated[float, typer.Option(
         "--maintenance-interval", envvar="PGCDC_MAINTENANCE_INTERVAL", min=0,
-        help="Seconds between two maintenances of one mirror at least.")] = 300.0,
+        help="Seconds between two maintenances of one mirror at least (longer after a long one: four times "
+             "its duration); a mirror unchanged for this long is compacted of its last delete files.")] = 300.0,
     compact_data_files: Annotated[int, typer.Option(
         "--compact-data-files", envvar="PGCDC_COMPACT_DATA_FILES", min=1,
         help="A mirror is compacted once it has this many data files ...")] = 32,

@@ -192,6 +192,26 @@ def test_a_table_left_unchanged_for_an_interval_is_compacted_of_its_last_delete_
     assert sorted(r.id for r in spark.table(identifier).collect()) == list(range(4, 10))
 
 
+def test_a_table_rests_for_four_times_as_long_as_its_last_maintenance_took(spark, iceberg_namespace):
+    identifier = f"pgcdc.{iceberg_namespace}.t"
+    spark.sql(f"CREATE TABLE {identifier} (id bigint, v string) USING iceberg TBLPROPERTIES ("
+              "'format-version' = '2', 'write.delete.mode' = 'merge-on-read')")
+    spark.range(10).coalesce(1).selectExpr("id", "'x' AS v").writeTo(identifier).append()
+    clock = [0.0]
+    policy = MaintenancePolicy(interval_seconds=0, delete_files=1, check_seconds=0)
+    maintainer = Maintainer(lambda: spark, policy, lambda: [MaintainedTable(identifier, dict)],
+                            clock=lambda: clock[0])
+    spark.sql(f"DELETE FROM {identifier} WHERE id = 0")
+    first = maintainer.turn()
+    assert first is not None and first.after is not None and first.after.delete_files == 0
+    spark.sql(f"DELETE FROM {identifier} WHERE id = 1")  # due again at once by the thresholds ...
+    clock[0] = 4 * first.seconds - 0.1
+    assert maintainer.turn() is None  # ... but resting
+    clock[0] = 4 * first.seconds
+    second = maintainer.turn()
+    assert second is not None and second.after is not None and second.after.delete_files == 0
+
+
 # each kill lands inside a step, or right after the steps before it
 KILLS = ["maintain.compact-data:1:0.8", "maintain.expire:1", "maintain.done:1"]
 MAINTAIN_EAGERLY = ("--maintenance-interval", "0", "--compact-data-files", "2", "--compact-delete-files", "1",

@@ -327,10 +327,14 @@ def mirror_tables(mirrors: MirrorCatalog, tables: list[tuple[str, bool]]) -> lis
             for identifier, rejects in tables]
 
 
+MAINTENANCE_REST_FACTOR = 4.0
+
+
 class Maintainer:
     """The pipeline's schedule: :meth:`turn` maintains at most one due table (round robin), so a turn between two
-    applies stays short; a table is looked at again only ``policy.interval_seconds`` after its last maintenance,
-    and one left unchanged for that long (the stream went quiet) is compacted of its last delete files.
+    applies stays short; a table is looked at again only ``policy.interval_seconds`` after its last maintenance
+    began (or four times as long as that maintenance took, when that is longer), and one left unchanged for an
+    interval (the stream went quiet) is compacted of its last delete files.
     ``clock`` keeps the schedule's time (seconds; a simulation may run its own)."""
 
     def __init__(self, spark: Callable[[], SparkSession], policy: MaintenancePolicy,
@@ -340,6 +344,7 @@ class Maintainer:
         self._tables = tables
         self.clock = clock
         self._last: dict[str, float] = {}
+        self._rest: dict[str, float] = {}  # per table: seconds before its next maintenance, at least the interval
         self._changed: dict[str, tuple[int | None, float]] = {}  # per table: its snapshot, first seen when
         self._last_check = float("-inf")
         self._next = 0
@@ -357,7 +362,8 @@ class Maintainer:
         tables = self._tables()
         for offset in range(len(tables)):
             candidate = tables[(self._next + offset) % len(tables)]
-            if now - self._last.get(candidate.identifier, float("-inf")) < self.policy.interval_seconds:
+            rest = max(self.policy.interval_seconds, self._rest.get(candidate.identifier, 0.0))
+            if now - self._last.get(candidate.identifier, float("-inf")) < rest:
                 continue
             spark = self._spark()
             try:
@@ -376,6 +382,9 @@ class Maintainer:
                 log.warning("maintenance of %s failed, tried again in %.0fs: %s", candidate.identifier,
                             self.policy.interval_seconds, _first_line(exc))
                 return None
+            # a table whose maintenance takes long (a large mirror, every file of it touched by deletes) rests
+            # for a multiple of that time: maintenance takes at most a fifth of the time spent on any one table
+            self._rest[candidate.identifier] = MAINTENANCE_REST_FACTOR * result.seconds
             self.results = [*self.results[-99:], result]
             return result
         return None
