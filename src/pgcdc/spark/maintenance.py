@@ -383,7 +383,7 @@ class Maintainer:
                             self.policy.interval_seconds, _first_line(exc))
                 return None
             # a table whose maintenance takes long (a large mirror, every file of it touched by deletes) rests
-            # for a multiple of that time: maintenance takes at most a fifth of the time spent on any one table
+            # for a multiple of that time: maintenance of any one table takes at most a quarter of the time
             self._rest[candidate.identifier] = MAINTENANCE_REST_FACTOR * result.seconds
             self.results = [*self.results[-99:], result]
             return result
@@ -392,11 +392,11 @@ class Maintainer:
     def _settled(self, identifier: str, snapshot: int | None, now: float) -> bool:
         """Whether ``identifier`` has had ``snapshot`` as its current snapshot for an interval (by this
         schedule's looks at it)."""
-        seen, since = self._changed.get(identifier, (None, now))
-        if seen != snapshot or identifier not in self._changed:
+        recorded = self._changed.get(identifier)
+        if recorded is None or recorded[0] != snapshot:
             self._changed[identifier] = (snapshot, now)
             return False
-        return now - since >= self.policy.interval_seconds
+        return now - recorded[1] >= self.policy.interval_seconds
 
 
 def _first_line(exc: BaseException) -> str:
