@@ -114,6 +114,12 @@ def measure(spark, mirror: str, fresh: str, key: int) -> dict:
     return figures
 
 
+def print_report(label: str, figures: dict) -> None:
+    m, f = figures["mirror"], figures["fresh"]
+    print(f"{label:>8} {m['snapshots']:>9} {m['data_files']:>6} {m['delete_files']:>7} {m['metadata_mb']:>8.2f} "
+          f"{m['count_s']:>8.3f} {m['lookup_s']:>8.3f} | fresh: {f['count_s']:>8.3f} {f['lookup_s']:>8.3f}", flush=True)
+
+
 def read_ratio(figures: dict) -> float:
     """The mirror's read time (a count and a key lookup) over the freshly written table's."""
     mirror, fresh = figures["mirror"], figures["fresh"]
@@ -170,11 +176,8 @@ def main() -> None:
                 maintain_s += time.perf_counter() - t1
                 if number % max(1, batches // reports) == 0 or number == batches:
                     figures = measure(spark, mirror.identifier, fresh, rng.choice(live))
-                    m, f = figures["mirror"], figures["fresh"]
                     rows.append((number, figures))
-                    print(f"{number:>8} {m['snapshots']:>9} {m['data_files']:>6} {m['delete_files']:>7} "
-                          f"{m['metadata_mb']:>8.2f} {m['count_s']:>8.3f} {m['lookup_s']:>8.3f} | fresh: "
-                          f"{f['count_s']:>8.3f} {f['lookup_s']:>8.3f}", flush=True)
+                    print_report(str(number), figures)
             # then the stream goes quiet: the schedule's clock runs on, an interval at a time
             for _ in range(3):
                 clock[0] += policy.interval_seconds
@@ -184,9 +187,7 @@ def main() -> None:
         streaming = rows[-1][1]
         rest = measure(spark, mirror.identifier, fresh, rng.choice(live))
         m, f = rest["mirror"], rest["fresh"]
-        print(f"{'at rest':>8} {m['snapshots']:>9} {m['data_files']:>6} {m['delete_files']:>7} "
-              f"{m['metadata_mb']:>8.2f} {m['count_s']:>8.3f} {m['lookup_s']:>8.3f} | fresh: "
-              f"{f['count_s']:>8.3f} {f['lookup_s']:>8.3f}", flush=True)
+        print_report("at rest", rest)
         position = tables.mirrors.read_position(mirror.identifier)
         assert position == Lsn(lsn), f"the mirror holds {position}, not the last batch's {Lsn(lsn)}"
         result = {
