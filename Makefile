@@ -56,11 +56,12 @@ $(TEST_STAMP): $(STAMP)
 	fi
 	@touch $@
 
-# -n auto: test files spread over worker processes (one more than the cores, as memory allows; conftest.py), each
-# file's tests in one worker so that a module's servers start once; PYTEST_ARGS="-n 0" runs them in this process.
+# -n auto: tests spread over worker processes (one more than the cores, as memory allows; conftest.py), the
+# longest first (conftest.py orders them; --no-loadscope-reorder keeps that order); the tests of a module whose
+# servers are costly to start (xdist_group) stay in one worker. PYTEST_ARGS="-n 0" runs them in this process.
 # --durations: the 15 slowest tests, printed at the end, so that a slow newcomer shows up in every run
 test: $(STAMP) $(TEST_STAMP)
-	$(PY) -m pytest -n auto --dist loadfile --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 soak: $(STAMP) $(TEST_STAMP)
 	$(PY) -m pytest -m soak $(PYTEST_ARGS)

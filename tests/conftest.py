@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import os
 import shutil
+import tempfile
 import time
 import uuid
 import warnings
@@ -242,14 +243,56 @@ def warehouse_dir(tmp_path: Path) -> Path:
     return path
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any test (and, in parallel runs, in the controller, before its workers start and inherit the
+    environment): the JVM class archive that the tests' JVMs map (tests/jvm_class_archive.py)."""
+    import sys
+
+    if hasattr(config, "workerinput"):
+        config.pluginmanager.register(LongestFirst(), "pgcdc-longest-first")
+        return
+    if config.option.collectonly or os.environ.get("PGCDC_TEST_CLASS_ARCHIVE") == "0":
+        return
+    if "SharedArchiveFile" in os.environ["PGCDC_JAVA_OPTIONS"]:
+        return
+    from jvm_class_archive import ensure_archive, java_options
+
+    from pgcdc.local_object_store import object_store_jars
+
+    directory = Path(sys.prefix) / "pgcdc-test-jvm"
+    if not os.access(sys.prefix, os.W_OK):
+        directory = Path(tempfile.gettempdir()) / f"pgcdc-test-jvm-{os.getuid()}"
+    archive = ensure_archive(directory, object_store_jars())
+    if archive is not None:
+        os.environ["PGCDC_JAVA_OPTIONS"] = f"{os.environ['PGCDC_JAVA_OPTIONS']} {java_options(archive)}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by these marks, and before xdist reads the xdist_group ones
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Mark by the fixtures a test uses, so `-m "not spark"` selects the fast suite without bookkeeping.
     for item in items:
+        # Mark by the fixtures a test uses, so `-m "not spark"` selects the fast suite without bookkeeping.
         names = set(getattr(item, "fixturenames", ()))
         if names & {"spark", "iceberg_namespace"}:
             item.add_marker(pytest.mark.spark)
         if names & {"pg", "pg_module", "pg_server", "pg_factory"}:
             item.add_marker(pytest.mark.postgres)
+        # A module's XDIST_GROUP_BY names a module-scoped parametrized fixture that is costly to set up: the
+        # tests of each of its values run in one worker of a parallel run, so that it is set up once there.
+        grouped_by = getattr(getattr(item, "module", None), "XDIST_GROUP_BY", None)
+        callspec = getattr(item, "callspec", None)
+        if grouped_by and callspec is not None and grouped_by in callspec.params:
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}-{callspec.params[grouped_by]}"))
+
+
+class LongestFirst:
+    """Parallel runs hand out tests in collection order (make test: ``--dist loadgroup --no-loadscope-reorder``):
+    the tests that take minutes go first, so that none of them starts last and runs alone at the end, then
+    the other slow ones. A run in one process keeps pytest's order, which sets each module's fixtures up once."""
+
+    @pytest.hookimpl(trylast=True)  # after pytest has grouped the tests that share a module's fixtures
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        items.sort(key=lambda item: 0 if item.get_closest_marker("long") else 1 if item.get_closest_marker("slow")
+                   else 2)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -211,6 +211,7 @@ def test_metrics_endpoint_serves_pipeline_progress():
     assert "pgcdc_wal_retained_bytes 4096.0" in body
 
 
+@pytest.mark.long
 def test_snapshot_then_status_shows_each_mirror_position(pg, spark):
     pg.execute("CREATE TABLE items (id int PRIMARY KEY, note text)")
     pg.execute("INSERT INTO items SELECT i, 'n' FROM generate_series(1, 30) i")

@@ -117,6 +117,7 @@ def test_consume_refuses_the_slot_mirrors_stream_from_unless_forced(db, tmp_path
         drop_slots(db, "pgcdc", "mirrored")
 
 
+@pytest.mark.long
 def test_consume_refuses_a_slot_a_warehouse_records_unless_forced(db, tmp_path):
     """A slot of any name backs mirrors when a warehouse's mirrors record it: --consume checks the warehouse
     (--warehouse, else ./warehouse where pgcdc run keeps it by default) and names the mirrors that would lose."""
@@ -360,6 +361,7 @@ def every_command() -> list[list[str]]:
             ["decode", "--slot", "s", "-p", "pub"], ["run", "-p", "pub"], ["snapshot", "-p", "pub"]]
 
 
+@pytest.mark.long
 def test_passwords_never_shown_for_any_dsn_shape_through_any_command(tmp_path):
     import socket
 
@@ -510,6 +512,7 @@ def test_a_users_session_gets_the_configured_catalog(db, spark, tmp_path):
 
 # -- the initial copy -------------------------------------------------------------------------------------
 
+@pytest.mark.long
 def test_the_initial_copy_shows_totals_percentages_and_time_left(db, tmp_path):
     tables = [fresh(db, "bulk"), fresh(db, "bulk")]
     publication = fresh(db, "pub")
@@ -561,6 +564,7 @@ def written_whole(path: Path) -> bool:
         return False
 
 
+@pytest.mark.long
 def test_ctrl_c_during_the_initial_copy_ends_in_one_line_and_the_next_run_copies_cleanly(db, tmp_path):
     import signal
     import time

@@ -80,6 +80,7 @@ def assert_changelog_whole(spark, mirrors: MirrorCatalog) -> int:
     return total
 
 
+@pytest.mark.long
 def test_positions_survive_compaction_and_expiry_of_every_snapshot_that_carried_them(pg, spark, caplog):
     prepare_source(pg, rows=120)
     config = pipeline_config(pg, spark, changelog=True, maintenance=EAGER)
@@ -243,6 +244,7 @@ def test_killed_during_and_right_after_maintenance_steps_loses_and_duplicates_no
     print(f"kills survived: {fired}; {figures}")
 
 
+@pytest.mark.long
 def test_maintenance_runs_beside_the_row_delta_writers_applies(pg, spark, caplog):
     """The stream does not wait for a compaction: batches commit while pgcdc's own maintenance of a mirror runs
     (each side's commit retried over the other's by Iceberg), and nothing is lost or doubled."""

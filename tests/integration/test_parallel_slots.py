@@ -43,6 +43,7 @@ def confirmed(conn: psycopg.Connection, slot: str) -> Lsn:
     return Lsn.parse(row[0]) if row and row[0] else Lsn(0)
 
 
+@pytest.mark.long
 def test_two_runs_copy_and_stream_into_one_warehouse_at_once(pg, spark):
     """Both halves copied into one namespace (the second slot's first run is not refused for the first slot's
     mirror positions: they are not its own), then changed by transactions that span both; two ``pgcdc run

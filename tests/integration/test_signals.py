@@ -54,6 +54,7 @@ def test_ctrl_c_in_the_middle_of_a_merge_lets_the_batch_finish_and_be_confirmed(
     assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
 
 
+@pytest.mark.long
 def test_ctrl_c_during_the_initial_copy_of_run_stops_at_once_and_the_next_run_resumes(pg, spark):
     prepare_source(pg, rows=200)
     config = pipeline_config(pg, spark)

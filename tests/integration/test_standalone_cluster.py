@@ -29,7 +29,8 @@ from pipeline_support import (
 )
 from spark_cluster import StandaloneCluster, standalone_cluster
 
-pytestmark = pytest.mark.slow
+# one worker of a parallel run holds the module's cluster for all its tests
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("standalone-cluster")]
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,7 @@ def unreferenced_files(spark, pipeline: Pipeline) -> list[Path]:
     return found
 
 
+@pytest.mark.long
 def test_copy_and_stream_on_a_standalone_cluster_survive_lost_executors(pg, spark, cluster):
     """``pgcdc run --master spark://…``: every executor is killed while the copy's tasks write their data files,
     and again while a batch is applied; Spark runs the lost tasks again on the executors the workers start in

@@ -26,6 +26,7 @@ from pipeline_support import (
 pytestmark = pytest.mark.slow
 
 BUCKET = "pgcdc-mirrors"
+XDIST_GROUP_BY = "store"  # each catalog's tests in one worker of a parallel run (conftest.py)
 # a lean crash loop: the local-directory suite aims at every window; here each kill restarts a JVM on S3:
 # in the middle of the copy's task writes to S3, and with a batch's files on S3 but not committed
 CRASH_ROUNDS = ["snapshot.copy:2:0.3", "apply.delta-commit:2"]
@@ -52,6 +53,7 @@ def secrets_of(setup, s3) -> list[str]:
                               if key.endswith((".password", ".token"))]
 
 
+@pytest.mark.long
 def test_mixed_workload_mirrors_equal_source_on_s3(pg, spark, s3, store):
     import pyarrow.parquet as pq
     from pyarrow.fs import S3FileSystem
@@ -69,6 +71,7 @@ def test_mixed_workload_mirrors_equal_source_on_s3(pg, spark, s3, store):
     assert all("parquet-cpp-arrow" in c for c in created_by), created_by
 
 
+@pytest.mark.long
 def test_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store):
     crash_loop_on_s3(pg, spark, s3, store, CRASH_ROUNDS, "crash")
 

@@ -158,6 +158,7 @@ def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) ->
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
+@pytest.mark.long
 def test_passwords_never_appear_in_logs_errors_metrics_or_status(tls_server, spark, tmp_path):
     proxy, _, certs = tls_server
     tls = {"sslmode": "verify-full", "sslrootcert": str(certs["ca"])}

@@ -37,6 +37,7 @@ def _slot_confirmed(pg, slot: str) -> Lsn | None:
     return Lsn.parse(rows[0][0]) if rows and rows[0][0] else None
 
 
+@pytest.mark.long
 def test_restarts_terminations_and_network_cuts_lose_nothing(pg, spark):
     pg.server.require(15, "two-phase decoding")
     if pg.server.embedded is None:
