@@ -256,7 +256,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if "SharedArchiveFile" in os.environ["PGCDC_JAVA_OPTIONS"]:
         return
     from jvm_class_archive import ensure_archive, java_options
-
     from pgcdc.local_object_store import object_store_jars
 
     directory = Path(sys.prefix) / "pgcdc-test-jvm"

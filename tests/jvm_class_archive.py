@@ -3,8 +3,8 @@
 The suite starts one or more JVMs for most tests that run ``pgcdc`` (each command a cold Spark), and a
 cold Spark spends most of its start loading and verifying ~20,000 classes. An archive of those classes,
 dumped once by a JVM that ran the same kind of work, is mapped by every later JVM instead: measured here, a
-cold Spark session that creates, fills and merges into an Iceberg table used 11–13 s of CPU with the archive
-and 18–19 s without it (8.5–9.6 s against 15 s to its result).
+cold Spark session that creates, fills and merges into an Iceberg table used 11 to 13 s of CPU with the archive
+and 18 to 19 s without it (8.5 to 9.6 s against 15 s to its result).
 
 The archive belongs to one Java, one Spark and one set of jars: its name carries a digest of them, and it
 is made again when they change. A JVM that cannot use it (another Java, a damaged file) runs without it:
