@@ -117,3 +117,19 @@ def test_secrets_never_shown_through_the_command_line_even_with_debug(tmp_path):
     text = result.stdout + result.stderr
     assert result.returncode == 2 and "is not the address of a rest catalog" in text, text
     assert secret not in text
+
+
+@pytest.mark.parametrize(("message", "said"), [
+    # the probe file's random name holds "403": the connection that never opened is what went wrong
+    ("getFileStatus on s3a://b/w/.pgcdc-check-082a83403a2a41379e0856f3aeb5d76d: com.amazonaws.SdkClientException: "
+     "Unable to execute HTTP request: Connect to 127.0.0.1:47145 failed: Connection refused", "nothing answers"),
+    ("com.amazonaws.services.s3.model.AmazonS3Exception: Forbidden (Service: Amazon S3; Status Code: 403)",
+     "refused pgcdc's credentials"),
+    ("java.net.UnknownHostException: s3.nowhere.example", "nothing answers"),
+    ("com.amazonaws.services.s3.model.AmazonS3Exception: The specified bucket does not exist", "does not exist"),
+])
+def test_a_storage_failure_is_named_by_what_went_wrong(message, said):
+    from pgcdc.spark.destination import _storage_problem
+
+    problem = _storage_problem("s3a://b/w", {"fs.s3a.endpoint": "http://127.0.0.1:47145"}, message)
+    assert said in problem.what, problem

@@ -94,17 +94,21 @@ def _storage_problem(location: str, hadoop: Any, message: str) -> DestinationPro
     if re.search(r"NoSuchBucket|[Bb]ucket .*does not exist|The specified bucket does not exist", message):
         return DestinationProblem(f"the bucket {bucket!r} of --warehouse {location} does not exist at {endpoint}",
                                   "create the bucket, or correct the bucket name in --warehouse")
-    if re.search(r"AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|403|Forbidden|No AWS Credentials|"
+    unreachable = DestinationProblem(f"nothing answers at the object store endpoint {endpoint} ({message})",
+                                     "check spark.hadoop.fs.s3a.endpoint (host, port, http/https and "
+                                     "fs.s3a.connection.ssl.enabled) and the network path to it")
+    # a connection that never opened, before anything else: the message also names the probe's file, whose
+    # random name may hold "403"
+    if re.search(r"UnknownHost|Connection refused|ConnectException|connect timed out", message):
+        return unreachable
+    if re.search(r"AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|\b403\b|Forbidden|No AWS Credentials|"
                  r"NoAuthWithAWSException|credentials", message):
         return DestinationProblem(
             f"the object store at {endpoint} refused pgcdc's credentials for {location} ({message})",
             "check spark.hadoop.fs.s3a.access.key/secret.key (or the AWS_* variables, or the credentials "
             "provider) and that they may write in the bucket")
-    if re.search(r"UnknownHost|Connection refused|ConnectException|connect timed out|Unable to execute HTTP|"
-                 r"SdkClientException", message):
-        return DestinationProblem(f"nothing answers at the object store endpoint {endpoint} ({message})",
-                                  "check spark.hadoop.fs.s3a.endpoint (host, port, http/https and "
-                                  "fs.s3a.connection.ssl.enabled) and the network path to it")
+    if re.search(r"Unable to execute HTTP|SdkClientException", message):
+        return unreachable
     return DestinationProblem(f"pgcdc cannot write in the warehouse {location}: {message}",
                               "check --warehouse and the storage's settings (--conf spark.hadoop.*)")
 
@@ -118,7 +122,7 @@ def _check_catalog(spark: SparkSession, catalog: str, namespace: str) -> list[De
         spark.sql(f"SHOW TABLES IN `{catalog}`.`{namespace}`").collect()
     except Exception as exc:
         message = _java_message(exc)
-        if re.search(r"NotAuthorized|401|403|Forbidden|password authentication failed|authentication", message):
+        if re.search(r"NotAuthorized|\b40[13]\b|Forbidden|password authentication failed|authentication", message):
             fix = ("check the catalog's credentials (spark.sql.catalog.<catalog>.jdbc.user/jdbc.password for "
                    "jdbc, .token or .credential for rest)")
             return [DestinationProblem(f"{where} refused pgcdc's credentials ({message})", fix)]
