@@ -53,6 +53,13 @@ def test_both_snapshot_writers_copy_every_type_exactly(pg, spark, writer):
     assert all(f.lower_bounds and f.upper_bounds for f in files)  # metrics: scans can skip files
     created_by = {pq.ParquetFile(f.file_path.removeprefix("file:")).metadata.created_by for f in files}
     assert all(("parquet-cpp-arrow" in c) == (writer == "arrow") for c in created_by), created_by
+    if writer == "arrow":  # a dictionary for the columns whose values repeat, none for those of distinct values
+        orders = pipeline.mirrors.identifier_for("shop", "orders")
+        for path in spark.sql(f"SELECT file_path FROM {orders}.files").collect():
+            group = pq.ParquetFile(path.file_path.removeprefix("file:")).metadata.row_group(0)
+            dictionary = {group.column(i).path_in_schema: group.column(i).has_dictionary_page
+                          for i in range(group.num_columns)}
+            assert dictionary["status"] and not dictionary["id"], dictionary
     summary = spark.sql(f"SELECT summary FROM {customers}.snapshots ORDER BY committed_at DESC LIMIT 1").collect()
     assert summary[0].summary["pgcdc.lsn"] == str(pipeline.mirrors.positions()[("shop", "customers")])
     # a key lookup goes through the metrics

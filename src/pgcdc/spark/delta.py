@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from pgcdc.faults import injection_point
-from pgcdc.spark.iceberg import data_file, load_table, parquet_compression, parquet_layout
+from pgcdc.spark.iceberg import data_file, dictionary_columns, load_table, parquet_compression, parquet_layout
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -135,17 +135,18 @@ class DeltaTable:
         written.append(path)
         laid_out = in_layout(rows, schema)
         codec, level = self.compression
+        dictionary = dictionary_columns(laid_out) or False
         local = local_path(path)
         if local is not None:
             import os
 
             os.makedirs(os.path.dirname(local), exist_ok=True)
-            pq.write_table(laid_out, local, compression=codec, compression_level=level,
+            pq.write_table(laid_out, local, compression=codec, compression_level=level, use_dictionary=dictionary,
                            use_compliant_nested_type=True, row_group_size=1 << 30)
             return path, os.path.getsize(local)
         sink = pa.BufferOutputStream()
-        pq.write_table(laid_out, sink, compression=codec, compression_level=level, use_compliant_nested_type=True,
-                       row_group_size=1 << 30)
+        pq.write_table(laid_out, sink, compression=codec, compression_level=level, use_dictionary=dictionary,
+                       use_compliant_nested_type=True, row_group_size=1 << 30)
         content = sink.getvalue().to_pybytes()
         stream = self.table.io().newOutputFile(path).create()
         try:

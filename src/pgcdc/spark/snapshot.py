@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import logging
 import math
 import os
@@ -36,6 +37,7 @@ from pgcdc.errors import ConfigError, SourceChangedError
 from pgcdc.lsn import Lsn
 from pgcdc.spark.iceberg import (
     data_directory,
+    dictionary_columns,
     load_table,
     local_data_directory,
     parquet_compression,
@@ -205,13 +207,17 @@ def _write_range(batches: Iterable[pa.RecordBatch], path: str, layout: list[tupl
     codec, level = compression
     if filesystem is None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
+    batches = iter(batches)
+    first = next(batches, None)  # the sample that picks the columns to dictionary-encode
+    dictionary = dictionary_columns(first) if first is not None else []
     rows = 0
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
     try:
         with pq.ParquetWriter(path, schema, compression=codec, compression_level=level,
-                              use_compliant_nested_type=True, filesystem=filesystem) as writer:
-            for batch in batches:
+                              use_dictionary=dictionary or False, use_compliant_nested_type=True,
+                              filesystem=filesystem) as writer:
+            for batch in itertools.chain([first] if first is not None else [], batches):
                 pending.append(batch)
                 pending_bytes += batch.nbytes
                 rows += batch.num_rows
