@@ -245,7 +245,8 @@ def warehouse_dir(tmp_path: Path) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Before any test (and, in parallel runs, in the controller, before its workers start and inherit the
-    environment): the JVM class archive that the tests' JVMs map (tests/jvm_class_archive.py)."""
+    environment): the JVM class archive that the tests' JVMs map, made in the background when there is none
+    yet (tests/jvm_class_archive.py)."""
     import sys
 
     if hasattr(config, "workerinput"):
@@ -255,15 +256,16 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if "SharedArchiveFile" in os.environ["PGCDC_JAVA_OPTIONS"]:
         return
-    from jvm_class_archive import ensure_archive, java_options
+    from jvm_class_archive import archive_path, java_options, start_making
     from pgcdc.local_object_store import object_store_jars
 
     directory = Path(sys.prefix) / "pgcdc-test-jvm"
     if not os.access(sys.prefix, os.W_OK):
         directory = Path(tempfile.gettempdir()) / f"pgcdc-test-jvm-{os.getuid()}"
-    archive = ensure_archive(directory, object_store_jars())
-    if archive is not None:
-        os.environ["PGCDC_JAVA_OPTIONS"] = f"{os.environ['PGCDC_JAVA_OPTIONS']} {java_options(archive)}"
+    jars = object_store_jars()
+    archive = archive_path(directory, jars)
+    config._pgcdc_archive = (start_making(archive, jars), archive)  # type: ignore[attr-defined]
+    os.environ["PGCDC_JAVA_OPTIONS"] = f"{os.environ['PGCDC_JAVA_OPTIONS']} {java_options(archive)}"
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by these marks, and before xdist reads the xdist_group ones
@@ -306,6 +308,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if hasattr(config, "_pgcdc_archive"):
+        from jvm_class_archive import report
+
+        said = report(*config._pgcdc_archive)
+        if said:
+            print(f"\n{said}")
     # A thread a failed test left running (a pipeline reconnecting to a proxy that is gone) would keep the
     # interpreter alive after the report: name it, show where it is, and end the run with pytest's status.
     import faulthandler

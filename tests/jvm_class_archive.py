@@ -11,7 +11,8 @@ is made again when they change. A JVM that cannot use it (another Java, a damage
 HotSpot checks the archive's header and class paths before mapping it. What the tests compute does not
 depend on it.
 
-Run as a script, it makes the archive: ``python tests/jvm_class_archive.py PATH [JAR ...]``."""
+The suite starts making it in the background as it starts (conftest.py): the JVMs of the first tests start
+without it. Run as a script, it makes the archive: ``python tests/jvm_class_archive.py PATH [JAR ...]``."""
 
 from __future__ import annotations
 
@@ -22,11 +23,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-# How long making the archive may take: a Spark start, a little Iceberg work, then the dump (~12 s here).
-MAKE_TIMEOUT = 300
+# How long the dump may take once the JVM is told to end (~12 s here).
+DUMP_TIMEOUT = 300
 
 
 def archive_path(directory: Path, jars: list[str]) -> Path:
@@ -50,29 +50,31 @@ def java_options(archive: Path) -> str:
     return f"-XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:disable -Xlog:all=warning:stderr"
 
 
-def ensure_archive(directory: Path, jars: list[str]) -> Path | None:
-    """The archive for this Java, Spark and ``jars``, made now if there is none; None when it cannot be made
-    (the suite then runs without it)."""
-    archive = archive_path(directory, jars)
+def start_making(archive: Path, jars: list[str]) -> subprocess.Popen[bytes] | None:
+    """Start making ``archive`` in the background, unless it exists; returns the maker. The archive appears
+    whole (renamed into place) once made: JVMs that start before then run without it (an archive that is
+    not there is skipped silently), the later ones map it. Its output goes to ``make.log`` beside it."""
     if archive.exists():
-        return archive
-    directory.mkdir(parents=True, exist_ok=True)
-    for stale in directory.glob("spark-*.jsa"):  # another Java, Spark or jar set: of no use any more
+        return None
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    for stale in archive.parent.glob("spark-*.jsa"):  # another Java, Spark or jar set: of no use any more
         with contextlib.suppress(OSError):
             stale.unlink()
-    started = time.monotonic()
-    try:
-        result = subprocess.run([sys.executable, __file__, str(archive), *jars], capture_output=True, text=True,
-                                timeout=MAKE_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        print(f"\nno JVM class archive (making it took over {MAKE_TIMEOUT} s): the tests' JVMs start without one")
+    with open(archive.parent / "make.log", "wb") as log:
+        return subprocess.Popen([sys.executable, __file__, str(archive), *jars], stdout=log, stderr=subprocess.STDOUT)
+
+
+def report(maker: subprocess.Popen[bytes] | None, archive: Path) -> str | None:
+    """At the end of the run: what became of the maker, when it failed or is still at work (it is stopped)."""
+    if maker is None:
         return None
-    if result.returncode != 0 or not archive.exists():
-        print(f"\nno JVM class archive (exit {result.returncode}): the tests' JVMs start without one\n"
-              f"{(result.stdout + result.stderr)[-2000:]}")
-        return None
-    print(f"\nJVM class archive made for the tests' JVMs in {time.monotonic() - started:.0f} s: {archive}")
-    return archive
+    if maker.poll() is None:
+        maker.kill()
+        return f"the JVM class archive was still being made at the end of the run; stopped ({archive.parent})"
+    if maker.returncode != 0 or not archive.exists():
+        log = (archive.parent / "make.log").read_text(errors="replace")[-2000:]
+        return f"no JVM class archive could be made (exit {maker.returncode}): the JVMs ran without one\n{log}"
+    return None
 
 
 def _make(archive: Path, jars: list[str]) -> None:
@@ -114,7 +116,7 @@ def _make(archive: Path, jars: list[str]) -> None:
         if process is None or process.stdin is None:
             raise SystemExit("the JVM was not started by this process")
         process.stdin.close()  # the gateway's JVM exits when its stdin ends, and dumps its classes as it does
-        process.wait(timeout=MAKE_TIMEOUT)
+        process.wait(timeout=DUMP_TIMEOUT)
         if not partial.exists():
             raise SystemExit(f"the JVM ended (exit {process.returncode}) without writing {partial}")
         os.replace(partial, archive)
