@@ -21,3 +21,18 @@ def test_create_merge_and_snapshot_property(spark, iceberg_namespace):
     assert [s.operation for s in snapshots] == ["append", "overwrite"]
     assert snapshots[0].lsn is None
     assert snapshots[1].lsn == "0/16B3748"
+
+
+def test_python_tasks_are_forked_from_pgcdcs_daemon_with_the_copys_modules_imported(spark):
+    def probe(_):
+        import os
+        import sys
+
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
+            parent = cmdline.read().replace(b"\0", b" ").decode()
+        yield parent, sorted(name for name in ("pyarrow.parquet", "psycopg2", "pgcdc.spark.snapshot")
+                             if name in sys.modules)
+
+    [(parent, loaded)] = spark.sparkContext.parallelize([0], 1).mapPartitions(probe).collect()
+    assert "-m pgcdc.spark.worker_daemon" in parent, parent
+    assert loaded == ["pgcdc.spark.snapshot", "psycopg2", "pyarrow.parquet"], loaded

@@ -187,17 +187,22 @@ def parquet_compression(table: Any) -> tuple[str, int | None]:
     return ("none" if codec == "uncompressed" else codec), (int(level) if level is not None else None)
 
 
+DICTIONARY_SAMPLE_ROWS = 8192
+
+
 def dictionary_columns(rows: Any) -> list[str]:
     """The top-level columns of ``rows`` (an Arrow table or batch) worth a Parquet dictionary: those whose
     values repeat (at most half of them distinct). Parquet writers otherwise build a dictionary for every
     column and fall back to plain pages only once it outgrows a page: for a column of distinct values (keys,
     uuids, timestamps, names) that is work thrown away, and the fallback file is larger. Measured on a
     10-column table: a file written in half the CPU, and 15% smaller. ``rows`` is a sample (a copy's first
-    batch, a batch's whole file); nested columns get no dictionary."""
+    batch, a batch's whole file), of which the first ``DICTIONARY_SAMPLE_ROWS`` are counted; nested columns
+    get no dictionary."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     chosen = []
+    rows = rows.slice(0, DICTIONARY_SAMPLE_ROWS)  # counting distinct values costs a tenth of a copy's work at 65,536
     for field, column in zip(rows.schema, rows.columns, strict=True):
         if pa.types.is_nested(field.type) or pa.types.is_boolean(field.type):
             continue

@@ -127,6 +127,8 @@ def spark_settings(
                 "spark.sql.session.timeZone": "UTC",
                 "spark.ui.showConsoleProgress": "false",
                 "spark.sql.adaptive.enabled": "true",
+                # Python workers forked with the copy's modules already imported (spark/worker_daemon.py)
+                "spark.python.daemon.module": "pgcdc.spark.worker_daemon",
                 "spark.driver.extraJavaOptions": java_options,
                 "spark.executor.extraJavaOptions": java_options}
     if local:

@@ -207,25 +207,27 @@ def _write_range(batches: Iterable[pa.RecordBatch], path: str, layout: list[tupl
     codec, level = compression
     if filesystem is None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-    batches = iter(batches)
-    first = next(batches, None)  # the sample that picks the columns to dictionary-encode
-    dictionary = dictionary_columns(first) if first is not None else []
     rows = 0
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
     try:
-        with pq.ParquetWriter(path, schema, compression=codec, compression_level=level,
-                              use_dictionary=dictionary or False, use_compliant_nested_type=True,
-                              filesystem=filesystem) as writer:
-            for batch in itertools.chain([first] if first is not None else [], batches):
-                pending.append(batch)
-                pending_bytes += batch.nbytes
-                rows += batch.num_rows
-                if pending_bytes >= _ROW_GROUP_BYTES:
+        # the file exists from the task's start (empty until its rows are written at its end), before the
+        # first batch, which picks the columns to dictionary-encode, has been read
+        with (filesystem.open_output_stream(path) if filesystem is not None else pa.OSFile(path, "wb")) as sink:
+            batches = iter(batches)
+            first = next(batches, None)
+            dictionary = dictionary_columns(first) if first is not None else []
+            with pq.ParquetWriter(sink, schema, compression=codec, compression_level=level,
+                                  use_dictionary=dictionary or False, use_compliant_nested_type=True) as writer:
+                for batch in itertools.chain([first] if first is not None else [], batches):
+                    pending.append(batch)
+                    pending_bytes += batch.nbytes
+                    rows += batch.num_rows
+                    if pending_bytes >= _ROW_GROUP_BYTES:
+                        writer.write_table(_in_layout(pending, schema), row_group_size=1 << 30)
+                        pending, pending_bytes = [], 0
+                if pending or rows == 0:
                     writer.write_table(_in_layout(pending, schema), row_group_size=1 << 30)
-                    pending, pending_bytes = [], 0
-            if pending or rows == 0:
-                writer.write_table(_in_layout(pending, schema), row_group_size=1 << 30)
     except BaseException:
         with contextlib.suppress(OSError):
             _remove(path, filesystem)
