@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.pgcdc-installed
 TEST_STAMP := $(VENV)/.pgcdc-test-parts-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test soak demo demo-object-store bench lint clean
+.PHONY: install test test-jvm-archive soak demo demo-object-store bench lint clean
 
 install: $(STAMP)
 
@@ -56,14 +56,18 @@ $(TEST_STAMP): $(STAMP)
 	fi
 	@touch $@
 
+# the class-data archive the tests' JVMs map (tests/jvm_class_archive.py): made once per Java, Spark and jar set
+test-jvm-archive: $(STAMP) $(TEST_STAMP)
+	$(PY) tests/jvm_class_archive.py --ensure
+
 # -n auto: tests spread over worker processes (one more than the cores, as memory allows; conftest.py), the
 # longest first (conftest.py orders them; --no-loadscope-reorder keeps that order); the tests of a module whose
 # servers are costly to start (xdist_group) stay in one worker. PYTEST_ARGS="-n 0" runs them in this process.
 # --durations: the 15 slowest tests, printed at the end, so that a slow newcomer shows up in every run
-test: $(STAMP) $(TEST_STAMP)
+test: $(STAMP) $(TEST_STAMP) test-jvm-archive
 	$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
-soak: $(STAMP) $(TEST_STAMP)
+soak: $(STAMP) $(TEST_STAMP) test-jvm-archive
 	$(PY) -m pytest -m soak $(PYTEST_ARGS)
 	$(PY) bench/fuzz.py
 

@@ -12,7 +12,6 @@ import contextlib
 import itertools
 import os
 import shutil
-import tempfile
 import time
 import uuid
 import warnings
@@ -247,8 +246,6 @@ def pytest_configure(config: pytest.Config) -> None:
     """Before any test (and, in parallel runs, in the controller, before its workers start and inherit the
     environment): the JVM class archive that the tests' JVMs map, made in the background when there is none
     yet (tests/jvm_class_archive.py)."""
-    import sys
-
     if hasattr(config, "workerinput"):
         config.pluginmanager.register(LongestFirst(), "pgcdc-longest-first")
         return
@@ -256,14 +253,9 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if "SharedArchiveFile" in os.environ["PGCDC_JAVA_OPTIONS"]:
         return
-    from jvm_class_archive import archive_path, java_options, start_making
-    from pgcdc.local_object_store import object_store_jars
+    from jvm_class_archive import java_options, start_making, suite_archive
 
-    directory = Path(sys.prefix) / "pgcdc-test-jvm"
-    if not os.access(sys.prefix, os.W_OK):
-        directory = Path(tempfile.gettempdir()) / f"pgcdc-test-jvm-{os.getuid()}"
-    jars = object_store_jars()
-    archive = archive_path(directory, jars)
+    archive, jars = suite_archive()
     config._pgcdc_archive = (start_making(archive, jars), archive)  # type: ignore[attr-defined]
     os.environ["PGCDC_JAVA_OPTIONS"] = f"{os.environ['PGCDC_JAVA_OPTIONS']} {java_options(archive)}"
 

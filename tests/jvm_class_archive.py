@@ -11,8 +11,9 @@ is made again when they change. A JVM that cannot use it (another Java, a damage
 HotSpot checks the archive's header and class paths before mapping it. What the tests compute does not
 depend on it.
 
-The suite starts making it in the background as it starts (conftest.py): the JVMs of the first tests start
-without it. Run as a script, it makes the archive: ``python tests/jvm_class_archive.py PATH [JAR ...]``."""
+``make test`` makes it as it installs the test parts (``python tests/jvm_class_archive.py --ensure``); a
+suite run without one makes it in the background as it starts (conftest.py), and the JVMs of its first tests
+start without it. ``python tests/jvm_class_archive.py PATH [JAR ...]`` makes an archive at PATH."""
 
 from __future__ import annotations
 
@@ -27,6 +28,21 @@ from pathlib import Path
 
 # How long the dump may take once the JVM is told to end (~12 s here).
 DUMP_TIMEOUT = 300
+
+
+def archive_directory() -> Path:
+    """Where the archives live: beside the installed packages (the venv), else in the temporary directory."""
+    if os.access(sys.prefix, os.W_OK):
+        return Path(sys.prefix) / "pgcdc-test-jvm"
+    return Path(tempfile.gettempdir()) / f"pgcdc-test-jvm-{os.getuid()}"
+
+
+def suite_archive() -> tuple[Path, list[str]]:
+    """The archive the suite's JVMs map, and the jars its Spark sessions start with."""
+    from pgcdc.local_object_store import object_store_jars
+
+    jars = object_store_jars()
+    return archive_path(archive_directory(), jars), jars
 
 
 def archive_path(directory: Path, jars: list[str]) -> Path:
@@ -128,4 +144,11 @@ def _make(archive: Path, jars: list[str]) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
-    _make(Path(sys.argv[1]), sys.argv[2:])
+    if sys.argv[1:] == ["--ensure"]:  # make test's install step: the suite's archive, made now if missing
+        wanted, suite_jars = suite_archive()
+        maker = start_making(wanted, suite_jars)
+        if maker is not None:
+            maker.wait()
+            print(report(maker, wanted) or f"JVM class archive for the tests made: {wanted}")
+    else:
+        _make(Path(sys.argv[1]), sys.argv[2:])
