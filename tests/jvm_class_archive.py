@@ -52,8 +52,9 @@ def archive_path(directory: Path, jars: list[str]) -> Path:
     from pgcdc.spark.session import ensure_java, iceberg_runtime_jar
 
     java = os.path.realpath(ensure_java())
-    parts = [java, str(os.stat(java).st_mtime_ns), pyspark.__version__, str(iceberg_runtime_jar()), *jars]
-    for jar in [str(iceberg_runtime_jar()), *jars]:
+    all_jars = [str(iceberg_runtime_jar()), *jars]
+    parts = [java, str(os.stat(java).st_mtime_ns), pyspark.__version__, *all_jars]
+    for jar in all_jars:
         with contextlib.suppress(OSError):
             parts.append(str(os.stat(jar).st_size))
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
