@@ -36,3 +36,68 @@ def test_python_tasks_are_forked_from_pgcdcs_daemon_with_the_copys_modules_impor
     [(parent, loaded)] = spark.sparkContext.parallelize([0], 1).mapPartitions(probe).collect()
     assert "-m pgcdc.spark.worker_daemon" in parent, parent
     assert loaded == ["pgcdc.spark.snapshot", "psycopg2", "pyarrow.parquet"], loaded
+
+
+
+FIRST_COMMITS_FROM_THREADS = """
+import json, logging, sys, threading, time
+from pgcdc.spark.iceberg import with_commit_properties
+from pgcdc.spark.session import spark_session
+
+spark = spark_session(warehouse=sys.argv[1])
+tables = [f"pgcdc.first.commit_{n}" for n in range(6)]
+spark.sql("CREATE NAMESPACE pgcdc.first")
+for table in tables:
+    spark.sql(f"CREATE TABLE {table} (id bigint) USING iceberg")
+start = threading.Barrier(len(tables))
+failures = []
+
+
+class SlowServerThread(logging.Handler):
+    # py4j's server thread, once started, waits its turn for the interpreter: here for a whole second
+
+    def emit(self, record):
+        if record.getMessage() == "Callback Server Starting":
+            time.sleep(1)
+
+
+logging.getLogger("py4j.java_gateway").addHandler(SlowServerThread(logging.INFO))
+logging.getLogger("py4j.java_gateway").setLevel(logging.INFO)
+
+
+def commit(n, table):
+    start.wait()
+    time.sleep(n * 0.002)  # staggered, as the writers' threads are: later ones find the server starting
+    try:
+        with_commit_properties(spark, {"pgcdc.lsn": f"0/{n + 1}"},
+                               lambda: spark.sql(f"INSERT INTO {table} VALUES ({n})"))
+    except BaseException as exc:
+        failures.append(str(exc)[:2000])
+
+threads = [threading.Thread(target=commit, args=(n, table)) for n, table in enumerate(tables)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+landed = {table: [(r.lsn, r.id) for r in spark.sql(
+    f"SELECT s.summary['pgcdc.lsn'] AS lsn, t.id FROM {table}.snapshots s, {table} t").collect()]
+    for table in tables}
+print(json.dumps({"failures": failures, "landed": landed}))
+"""
+
+
+def test_a_processs_first_commits_made_from_many_threads_at_once_all_land_with_their_properties(tmp_path):
+    """A process's first commit starts py4j's callback server (Iceberg calls back into Python to run the
+    statement). The row-delta writers commit from several threads: when the first commits come from several
+    at once, none may call Java before the server listens and Java knows its port. A fresh process, since
+    a callback server once started cannot be stopped and started again in one."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FIRST_COMMITS_FROM_THREADS, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["failures"] == []
+    assert result["landed"] == {f"pgcdc.first.commit_{n}": [[f"0/{n + 1}", n]] for n in range(6)}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -9,6 +11,28 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 T = TypeVar("T")
+
+_CALLBACK_SERVER_LOCK = threading.Lock()
+_LISTENING_CALLBACK_SERVERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _ensure_callback_server_listens(gateway: Any) -> None:
+    """Start py4j's callback server once per gateway (Iceberg calls back into Python to run a committing
+    statement) and return only when it accepts connections.
+
+    pyspark's ``ensure_callback_server_started`` is neither safe from several threads at once (a second
+    caller goes on before Java is told the port) nor waits for the server: py4j binds the socket, tells Java
+    its port, and calls ``listen`` from the server's own thread, which on a busy interpreter may not have run
+    yet when Java makes its first callback: the connection is refused and the commit fails (the run stops,
+    its position unmoved). Listening here, before any commit can call back, closes that window."""
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    with _CALLBACK_SERVER_LOCK:
+        ensure_callback_server_started(gateway)
+        server = gateway._callback_server
+        if server not in _LISTENING_CALLBACK_SERVERS:
+            server.server_socket.listen(5)  # what py4j's thread does too; a second listen changes nothing
+            _LISTENING_CALLBACK_SERVERS.add(server)
 
 
 class _JavaCallable:
@@ -32,11 +56,8 @@ def with_commit_properties(spark: SparkSession, properties: Mapping[str, str], f
     Iceberg keeps these properties in a JVM thread-local; py4j's pinned-thread mode runs the
     callback's own JVM calls on the thread that set them.
     """
-    from pyspark.java_gateway import ensure_callback_server_started
-
     context = spark.sparkContext
-    gateway: Any = context._gateway
-    ensure_callback_server_started(gateway)
+    _ensure_callback_server_listens(context._gateway)
     jvm: Any = context._jvm
     java_properties = jvm.java.util.HashMap()
     for key, value in properties.items():
