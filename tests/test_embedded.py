@@ -93,3 +93,31 @@ def test_restart_keeps_data():
         server.restart(mode="immediate")
         with psycopg.connect(server.dsn) as conn:
             assert conn.execute("SELECT id FROM kept").fetchall() == [(42,)]
+
+
+CREATE_SERVER_USER = """
+import pwd, sys, time
+from pgcdc.embedded import server_user
+name, start = sys.argv[1], float(sys.argv[2])
+while time.time() < start:  # every process reaches useradd at the same instant
+    pass
+print(server_user(name).pw_uid)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root process creates the server's account")
+def test_processes_starting_at_once_all_run_the_server_as_the_one_account_they_created():
+    """Test workers start their servers together: each must get the account that stays in /etc/passwd (two
+    useradd runs at once can each write it in turn, and a server run as the uid the first wrote finds no user)."""
+    import pwd
+
+    name = f"pgcdc-t{os.getpid() % 100000}"
+    start = time.time() + 2
+    try:
+        runs = [subprocess.Popen([sys.executable, "-c", CREATE_SERVER_USER, name, str(start)],
+                                 stdout=subprocess.PIPE, text=True) for _ in range(4)]
+        uids = {int(run.communicate(timeout=60)[0]) for run in runs}
+        assert uids == {pwd.getpwnam(name).pw_uid}
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+        subprocess.run(["groupdel", name], capture_output=True)

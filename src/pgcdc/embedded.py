@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import fcntl
 import importlib.util
 import json
 import os
@@ -58,6 +59,7 @@ DEFAULT_SETTINGS: dict[str, str] = {
     "timezone": "UTC",
 }
 SUPERUSER = "postgres"
+SERVER_USER = "pgcdc"  # the system account a root process runs the server as
 RUN_DIR_PREFIX = "pgcdc-pg-"
 _OWNER_FILE = "owner.json"
 _PR_SET_PDEATHSIG = 1
@@ -111,21 +113,29 @@ def _world_readable_copy(package: Path) -> Path:
     return ready
 
 
-def _server_user() -> pwd.struct_passwd | None:
-    """None when not root; otherwise the unprivileged account to run the server as."""
+def server_user(name: str = SERVER_USER) -> pwd.struct_passwd | None:
+    """None when not root; otherwise the unprivileged account to run the server as: ``name``, created as a
+    system account when missing, else ``nobody``."""
     if os.geteuid() != 0:
         return None
-    for name in ("pgcdc",):
+    with contextlib.suppress(KeyError):
+        return pwd.getpwnam(name)
+    # Processes starting servers at once (the test workers, two demos) would otherwise run useradd together:
+    # its own locking does not stop two of them from writing /etc/passwd in turn from what each read before,
+    # and a server started as the uid one of them wrote then finds no such user.
+    lock_path = Path(tempfile.gettempdir()) / "pgcdc-useradd.lock"
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         with contextlib.suppress(KeyError):
             return pwd.getpwnam(name)
-    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run(
-            [useradd, "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
-             "pgcdc"],
-            check=True, capture_output=True, timeout=30,
-        )
-        return pwd.getpwnam("pgcdc")
+        useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+        with contextlib.suppress(OSError, subprocess.SubprocessError, KeyError):
+            subprocess.run(
+                [useradd, "--system", "--no-create-home", "--home-dir", "/nonexistent",
+                 "--shell", "/usr/sbin/nologin", name],
+                check=True, capture_output=True, timeout=30,
+            )
+            return pwd.getpwnam(name)
     return pwd.getpwnam("nobody")
 
 
@@ -192,7 +202,7 @@ class EmbeddedPostgres:
         self.start_timeout = start_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._paths: _Paths | None = None
-        self._user = _server_user()
+        self._user = server_user()
         self._bin = pginstall_dir() / "bin"
 
     # -- public -----------------------------------------------------------------
