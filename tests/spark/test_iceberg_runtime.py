@@ -38,6 +38,60 @@ def test_python_tasks_are_forked_from_pgcdcs_daemon_with_the_copys_modules_impor
     assert loaded == ["pgcdc.spark.snapshot", "psycopg2", "pyarrow.parquet"], loaded
 
 
+def test_python_tasks_neither_collect_the_imported_modules_nor_parse_unchanged_zips_again(spark):
+    """pyspark's worker collects garbage after each task and invalidates import caches before each one; the
+    daemon's imported modules are frozen out of collections, and a zip on the path that has not changed is
+    not parsed again."""
+    def probe(_):
+        import gc
+        import importlib
+        import sys
+        import zipimport
+
+        reads = []
+        read_directory = zipimport._read_directory
+        zipimport._read_directory = lambda archive: reads.append(archive) or read_directory(archive)
+        try:
+            importlib.invalidate_caches()
+        finally:
+            zipimport._read_directory = read_directory
+        yield gc.get_freeze_count(), [p for p in sys.path if p.endswith(".zip")], reads
+
+    [(frozen, zips, reads)] = spark.sparkContext.parallelize([0], 1).mapPartitions(probe).collect()
+    assert frozen > 10_000  # pyarrow, psycopg2 and pgcdc's converters: tens of thousands of objects
+    assert any(z.endswith("pyspark.zip") for z in zips), zips
+    assert reads == []
+
+
+ZIP_CHANGED_ON_DISK = """
+import importlib, os, sys, zipfile
+from pgcdc.spark.worker_daemon import reread_zip_directories_only_when_changed
+
+reread_zip_directories_only_when_changed()
+archive = os.path.join(sys.argv[1], "modules.zip")
+with zipfile.ZipFile(archive, "w") as z:
+    z.writestr("first.py", "VALUE = 1")
+sys.path.insert(0, archive)
+import first
+importlib.invalidate_caches()
+with zipfile.ZipFile(archive, "w") as z:
+    z.writestr("first.py", "VALUE = 1")
+    z.writestr("second.py", "VALUE = 2")
+importlib.invalidate_caches()
+import second
+print(first.VALUE, second.VALUE)
+"""
+
+
+def test_a_zip_changed_on_disk_is_read_again_when_import_caches_are_invalidated(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", ZIP_CHANGED_ON_DISK, str(tmp_path)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "2"]
+
 
 FIRST_COMMITS_FROM_THREADS = """
 import json, logging, sys, threading, time
