@@ -219,7 +219,7 @@ MAINTAIN_EAGERLY = ("--maintenance-interval", "0", "--compact-data-files", "2", 
                     "--snapshots-kept", "1", "--snapshot-retention-minutes", "0", "--changelog")
 
 
-@pytest.mark.soak  # several cold starts of pgcdc: make soak (the positions it protects are tested above)
+@pytest.mark.long
 def test_killed_during_and_right_after_maintenance_steps_loses_and_duplicates_nothing(pg, spark):
     pg.server.require(15, "two-phase decoding")
     prepare_source(pg, rows=200)
@@ -282,7 +282,7 @@ def test_maintenance_runs_beside_the_row_delta_writers_applies(pg, spark, caplog
     assert_changelog_whole(spark, mirrors)
 
 
-@pytest.mark.soak  # minutes of streaming beside the job: make soak
+@pytest.mark.long
 def test_a_concurrent_compaction_job_conflicts_are_retried(pg, spark, caplog):
     """Someone's own rewrite_data_files, in its own Spark session, beside the stream."""
     prepare_source(pg, rows=200)
