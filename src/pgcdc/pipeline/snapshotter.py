@@ -145,7 +145,7 @@ class Snapshotter:
                     spark_schema=spark_schema(converter.arrow_schema), target_identifier=mirror.identifier,
                     snapshot_name=snapshot_name, consistent_lsn=consistent_lsn,
                     session_settings=dict(SESSION_SETTINGS), progress=report, writer=self.config.snapshot_writer,
-                    target_rows_per_task=self.config.snapshot_rows_per_task,
+                    target_rows_per_task=self.config.snapshot_rows_per_task, row_filter=table.row_filter,
                 )
             copied[label] = result.rows
             mirror.position = consistent_lsn

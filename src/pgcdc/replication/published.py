@@ -22,18 +22,23 @@ from pgcdc.pgoutput.messages import (
 )
 from pgcdc.replication.options import quote_ident
 
+# PostgreSQL 15+ says which columns and rows a publication publishes of each table (its column list, or every
+# column it sends: generated ones too where the publication publishes them; its row filter, already combined
+# as pgoutput applies it: none where the table is also published whole, by schema or FOR ALL TABLES).
 _TABLES_SQL = """
 SELECT c.oid, n.nspname, c.relname, c.relreplident::text,
-       COALESCE(c.relpages, 0)::bigint, GREATEST(c.reltuples, 0)::bigint
+       COALESCE(c.relpages, 0)::bigint, GREATEST(c.reltuples, 0)::bigint, {published}
 FROM pg_publication_tables pt
 JOIN pg_namespace n ON n.nspname = pt.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
 WHERE pt.pubname = %s
 ORDER BY n.nspname, c.relname
 """
+_PUBLISHED_SINCE_15 = "pt.attnames, pt.rowfilter"
+_PUBLISHED_BEFORE_15 = "NULL::name[], NULL::text"
 
-# Columns in the publication (PG 15+ column lists), without dropped or generated ones, as pgoutput sends them;
-# key flags follow the replica identity: the identity index's columns, or every column under FULL.
+# Columns of a table, without dropped ones, in the order pgoutput sends them; key flags follow the replica
+# identity: the identity index's columns, or every column under FULL.
 _COLUMNS_SQL = """
 SELECT a.attname, a.atttypid::bigint, a.atttypmod,
        CASE
@@ -43,10 +48,11 @@ SELECT a.attname, a.atttypid::bigint, a.atttypmod,
            SELECT 1 FROM pg_index i
            WHERE i.indrelid = c.oid AND a.attnum = ANY(i.indkey)
              AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident)))
-       END AS is_key
+       END AS is_key,
+       a.attgenerated <> '' AS generated
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
-WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
 
@@ -56,6 +62,7 @@ class PublishedTable:
     relation: Relation
     estimated_rows: int
     pages: int
+    row_filter: str | None = None  # the publication's WHERE for this table, as PostgreSQL prints it
 
     @property
     def schema(self) -> str:
@@ -67,37 +74,25 @@ class PublishedTable:
 
 
 def published_tables(conn: psycopg.Connection, publication: str) -> list[PublishedTable]:
-    """The tables ``publication`` publishes, each described as the Relation message pgoutput would send."""
+    """The tables ``publication`` publishes, each described as the Relation message pgoutput would send, with
+    the row filter it applies (a copy of the table holds only the rows the stream would send)."""
     exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
     if exists is None:
         raise ConfigError(f"publication {publication!r} does not exist; create it with "
                           f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE ... (or FOR ALL TABLES)")
-    column_lists = _column_lists(conn, publication)
+    published = _PUBLISHED_SINCE_15 if conn.info.server_version >= 150000 else _PUBLISHED_BEFORE_15
     tables = []
-    for oid, namespace, name, identity, pages, rows in conn.execute(_TABLES_SQL, (publication,)).fetchall():
-        published = column_lists.get(oid)
+    for oid, namespace, name, identity, pages, rows, attnames, row_filter in conn.execute(
+            _TABLES_SQL.format(published=published), (publication,)).fetchall():
+        sent = set(attnames) if attnames is not None else None
         columns = tuple(
             Column(1 if is_key else 0, attname, type_oid, typmod)
-            for attname, type_oid, typmod, is_key in conn.execute(_COLUMNS_SQL, (oid,)).fetchall()
-            if published is None or attname in published
+            for attname, type_oid, typmod, is_key, generated in conn.execute(_COLUMNS_SQL, (oid,)).fetchall()
+            if (attname in sent if sent is not None else not generated)
         )
-        tables.append(PublishedTable(Relation(None, oid, namespace, name, identity, columns), rows, pages))
+        tables.append(PublishedTable(Relation(None, oid, namespace, name, identity, columns), rows, pages,
+                                     row_filter))
     return tables
-
-
-def _column_lists(conn: psycopg.Connection, publication: str) -> dict[int, set[str]]:
-    # Column lists exist since PostgreSQL 15; a table without one publishes every column.
-    if conn.info.server_version < 150000:
-        return {}
-    rows = conn.execute(
-        "SELECT pr.prrelid::bigint, a.attname FROM pg_publication_rel pr "
-        "JOIN pg_publication p ON p.oid = pr.prpubid "
-        "JOIN pg_attribute a ON a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs) "
-        "WHERE p.pubname = %s AND pr.prattrs IS NOT NULL", (publication,)).fetchall()
-    lists: dict[int, set[str]] = {}
-    for oid, attname in rows:
-        lists.setdefault(oid, set()).add(attname)
-    return lists
 
 
 def primary_key(conn: psycopg.Connection, relation_id: int) -> tuple[str, ...]:

@@ -132,15 +132,19 @@ def text_output_functions(conn: psycopg.Connection, converter: Any) -> dict[str,
 
 
 def copy_binary_query(schema: str, table: str, columns: list[str], page_range: PageRange | None = None,
-                      text_outputs: Mapping[str, tuple[str, str]] | None = None) -> sql.Composed:
-    """COPY of the columns (of a page range) in binary format; the columns of ``text_outputs`` (see
-    :func:`text_output_functions`) as their text form."""
+                      text_outputs: Mapping[str, tuple[str, str]] | None = None,
+                      row_filter: str | None = None) -> sql.Composed:
+    """COPY of the columns (of a page range, of the rows ``row_filter`` keeps) in binary format; the columns of
+    ``text_outputs`` (see :func:`text_output_functions`) as their text form. ``row_filter`` is a publication's
+    row filter as the server's catalog prints it (``pg_publication_tables.rowfilter``), never user input."""
     text_outputs = text_outputs or {}
     conditions: list[sql.Composable] = [sql.SQL("true")]
     if page_range is not None:
         conditions = [sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({page_range.first},0)"))]
         if page_range.last is not None:
             conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({page_range.last},0)")))
+    if row_filter is not None:
+        conditions.append(sql.SQL("({})").format(sql.SQL(row_filter)))
     selected = [sql.SQL("pg_catalog.textin({}({}))").format(sql.Identifier(*text_outputs[c]), sql.Identifier(c))
                 if c in text_outputs else sql.Identifier(c) for c in columns]
     select = sql.SQL("SELECT {} FROM {}.{} WHERE {}").format(
@@ -150,7 +154,7 @@ def copy_binary_query(schema: str, table: str, columns: list[str], page_range: P
 
 def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schema: str, table: str,
                 columns: list[str], page_range: PageRange, converter: Any, target_schema: pa.Schema,
-                text_outputs: Mapping[str, tuple[str, str]]) -> Iterator[pa.RecordBatch]:
+                text_outputs: Mapping[str, tuple[str, str]], row_filter: str | None) -> Iterator[pa.RecordBatch]:
     """One task: its page range, inside the exported snapshot, as Arrow batches in the target's layout.
 
     psycopg2 drains the COPY into one buffer (page ranges are planned small enough to hold), which is split
@@ -167,7 +171,7 @@ def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schem
             for key, value in settings.items():
                 cursor.execute("SELECT set_config(%s, %s, true)", (key, value))
             cursor.execute("SET LOCAL client_encoding = 'UTF8'")
-            query = copy_binary_query(schema, table, columns, page_range, text_outputs)
+            query = copy_binary_query(schema, table, columns, page_range, text_outputs, row_filter)
             cursor.copy_expert(query.as_string(None), received)
         connection.rollback()
     finally:
@@ -254,9 +258,10 @@ def copy_table(
     spark: SparkSession, *, dsn: str, source_schema: str, source_table: str, columns: list[str], converter: Any,
     spark_schema: StructType, target_identifier: str, snapshot_name: str, consistent_lsn: Lsn,
     session_settings: Mapping[str, str], progress: Callable[[CopyProgress], None] | None = None,
-    target_rows_per_task: int = 250_000, writer: str = "auto",
+    target_rows_per_task: int = 250_000, writer: str = "auto", row_filter: str | None = None,
 ) -> CopyResult:
-    """Copy ``source_schema.source_table`` into ``target_identifier`` as of ``snapshot_name``; see the module.
+    """Copy ``source_schema.source_table`` (the rows its publication's ``row_filter`` keeps) into
+    ``target_identifier`` as of ``snapshot_name``; see the module.
     ``writer``: "arrow" writes Parquet data files in the tasks and commits them (tables in a local or mounted
     directory), "spark" goes through Spark's Iceberg writer (any catalog and storage), "auto" picks "arrow"
     where it can."""
@@ -278,7 +283,7 @@ def copy_table(
 
     def read(page_range: PageRange) -> Iterator[pa.RecordBatch]:
         for rows in _read_range(dsn, snapshot_name, settings, source_schema, source_table, columns, page_range,
-                                converter, target_schema, text_outputs):
+                                converter, target_schema, text_outputs, row_filter):
             copied.add(rows.num_rows)
             yield rows
 
