@@ -7,6 +7,8 @@ from typing import Any
 
 import psycopg
 
+from pgcdc.replication.options import CLIENT_ENCODING
+
 _SLOTS_SQL = """
 SELECT s.slot_name, s.plugin, s.database, s.active, s.confirmed_flush_lsn::text,
        pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint,
@@ -23,7 +25,8 @@ ORDER BY s.slot_name
 def slot_status(dsn: str, slot: str | None) -> list[dict[str, Any]]:
     """Logical slots with their confirmed position, lag in bytes (and seconds since the consumer's last
     reply, when one is connected), WAL retained and wal_status."""
-    with psycopg.connect(dsn, autocommit=True, application_name="pgcdc status") as conn:
+    with psycopg.connect(dsn, autocommit=True, application_name="pgcdc status",
+                         client_encoding=CLIENT_ENCODING) as conn:
         rows = conn.execute(_SLOTS_SQL, {"slot": slot}).fetchall()
     keys = ("slot", "plugin", "database", "active", "confirmed_flush_lsn", "lag_bytes", "wal_retained_bytes",
             "wal_status", "two_phase", "lag_seconds")

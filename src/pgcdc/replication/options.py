@@ -69,11 +69,17 @@ def quote_ident(name: str) -> str:
     return name if _PLAIN_IDENTIFIER.fullmatch(name) else '"' + name.replace('"', '""') + '"'
 
 
+# Every connection pgcdc opens reads text as UTF-8, whatever the database's encoding: the server converts
+# (LATIN1, WIN1252, ...) or passes bytes through (SQL_ASCII), and pgoutput's values arrive in it too.
+CLIENT_ENCODING = "UTF8"
+
+
 def with_session_settings(dsn: str, **extra: str) -> str:
-    """The DSN with pgcdc's session settings (stable text output) added to its ``options``."""
+    """The DSN with pgcdc's session settings (stable text output) added to its ``options``, in UTF-8."""
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     settings = " ".join(f"-c {key}={value.replace(' ', '')}" for key, value in SESSION_SETTINGS.items())
     params["options"] = " ".join(str(p) for p in (params.get("options"), settings) if p)
     params.setdefault("application_name", "pgcdc")
+    params["client_encoding"] = CLIENT_ENCODING
     params.update(extra)
     return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items()})

@@ -19,7 +19,7 @@ import psycopg2.extras
 
 from pgcdc.errors import ConfigError, ProtocolError
 from pgcdc.lsn import Lsn
-from pgcdc.replication.options import quote_ident, with_session_settings
+from pgcdc.replication.options import CLIENT_ENCODING, quote_ident, with_session_settings
 
 log = logging.getLogger(__name__)
 _temporary_names = itertools.count(1)
@@ -90,7 +90,8 @@ def _lsn(text: str | None) -> Lsn | None:
 
 
 def server_info(dsn: str) -> ServerInfo:
-    with psycopg.connect(dsn, autocommit=True, application_name="pgcdc") as conn:
+    with psycopg.connect(dsn, autocommit=True, application_name="pgcdc",
+                         client_encoding=CLIENT_ENCODING) as conn:
         row = conn.execute(
             "SELECT current_setting('server_version_num')::int, current_setting('wal_level'), "
             "(SELECT system_identifier::text FROM pg_control_system()), pg_current_wal_lsn()::text, "
@@ -145,6 +146,7 @@ def source_connection(dsn: str, timeout: float = 120.0) -> Iterator[psycopg.Conn
     if "PGCONNECT_TIMEOUT" not in os.environ:  # the operator's bound (pgcdc --connect-timeout) wins
         params.setdefault("connect_timeout", max(1, min(10, int(timeout))))
     params.setdefault("application_name", "pgcdc")
+    params["client_encoding"] = CLIENT_ENCODING
     with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as conn, \
             deadline(conn.fileno(), timeout, what="a query to the source"):
         yield conn
@@ -238,7 +240,8 @@ class SlotManager:
         return slots[0] if slots else None
 
     def list(self) -> list[SlotInfo]:
-        with psycopg.connect(self.dsn, autocommit=True, application_name="pgcdc") as conn:
+        with psycopg.connect(self.dsn, autocommit=True, application_name="pgcdc",
+                             client_encoding=CLIENT_ENCODING) as conn:
             version = conn.info.server_version
             reason = "invalidation_reason" if version >= 170000 else (
                 "CASE WHEN conflicting THEN 'conflicting' END" if version >= 160000 else "NULL")
@@ -267,7 +270,8 @@ class SlotManager:
         """Drop slot ``name``; ``wait_seconds`` lets a connection that used it (one just closed: its walsender
         ends a moment later) release it first."""
         give_up = time.monotonic() + wait_seconds
-        with psycopg.connect(self.dsn, autocommit=True, application_name="pgcdc") as conn:
+        with psycopg.connect(self.dsn, autocommit=True, application_name="pgcdc",
+                             client_encoding=CLIENT_ENCODING) as conn:
             while True:
                 try:
                     conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
@@ -346,7 +350,8 @@ def check_source(dsn: str, *, publication: str, slot: str | None = None) -> list
     """Everything that would stop pgcdc on this source, each with its fix; empty when ready. ``slot`` is the
     slot pgcdc streams: when it exists already, a full set of slots is no problem."""
     problems: list[SourceProblem] = []
-    with psycopg.connect(dsn, autocommit=True, application_name="pgcdc check") as conn:
+    with psycopg.connect(dsn, autocommit=True, application_name="pgcdc check",
+                         client_encoding=CLIENT_ENCODING) as conn:
         settings: dict[str, str] = dict(conn.execute(
             "SELECT name, setting FROM pg_settings WHERE name IN "
             "('wal_level', 'max_replication_slots', 'max_wal_senders')").fetchall())

@@ -163,14 +163,13 @@ def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schem
     import psycopg2
 
     received = io.BytesIO()
-    connection = psycopg2.connect(dsn, application_name="pgcdc snapshot")
+    connection = psycopg2.connect(dsn, application_name="pgcdc snapshot", client_encoding="UTF8")
     try:
         with connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             cursor.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
             for key, value in settings.items():
                 cursor.execute("SELECT set_config(%s, %s, true)", (key, value))
-            cursor.execute("SET LOCAL client_encoding = 'UTF8'")
             query = copy_binary_query(schema, table, columns, page_range, text_outputs, row_filter)
             cursor.copy_expert(query.as_string(None), received)
         connection.rollback()
@@ -272,7 +271,7 @@ def copy_table(
 
     started = time.monotonic()
     label = f"{source_schema}.{source_table}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, client_encoding="UTF8") as conn:
         ranges, estimate = plan_table_ranges(conn, source_schema, source_table,
                                              target_rows_per_task=target_rows_per_task)
         text_outputs = text_output_functions(conn, converter)
