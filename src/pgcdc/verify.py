@@ -30,11 +30,14 @@ if TYPE_CHECKING:
     from pgcdc.types import TableConverter
 
 
-def copy_csv_query(schema: str, table: str, columns: list[str], row_filter: str | None = None) -> sql.Composed:
-    """COPY of the columns (of the rows a publication's ``row_filter`` keeps) as CSV with every non-null value
-    quoted (see read_csv_columns)."""
-    select = sql.SQL("SELECT {} FROM {}.{}").format(
-        sql.SQL(", ").join(sql.Identifier(c) for c in columns), sql.Identifier(schema), sql.Identifier(table))
+def copy_csv_query(schema: str, table: str, columns: list[str], row_filter: str | None = None, *,
+                   partitioned: bool = False) -> sql.Composed:
+    """COPY of the columns of the table's own rows (a partitioned table's: its partitions'; an inheritance
+    parent's without its children's, which are published as tables of their own), of those a publication's
+    ``row_filter`` keeps, as CSV with every non-null value quoted (see read_csv_columns)."""
+    select = sql.SQL("SELECT {} FROM {} {}.{}").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in columns), sql.SQL("" if partitioned else "ONLY"),
+        sql.Identifier(schema), sql.Identifier(table))
     if row_filter is not None:  # the server catalog's text of the filter (pg_publication_tables.rowfilter)
         select = sql.SQL("{} WHERE {}").format(select, sql.SQL(row_filter))
     return sql.SQL("COPY ({}) TO STDOUT (FORMAT csv, NULL '', FORCE_QUOTE *)").format(select)
@@ -126,7 +129,8 @@ def compare_publication(pipeline: Pipeline, dsn: str, publication: str) -> list[
             converter = pipeline.converter_for(relation)
             names = [c.name for c in relation.columns]
             data = bytearray()
-            with conn.cursor().copy(copy_csv_query(relation.namespace, relation.name, names, table.row_filter)) as copy:
+            with conn.cursor().copy(copy_csv_query(relation.namespace, relation.name, names, table.row_filter,
+                                                     partitioned=table.partitioned)) as copy:
                 for chunk in copy:
                     data += chunk
             columns = read_csv_columns(bytes(data), len(names)) if data else [[] for _ in names]

@@ -27,7 +27,7 @@ from pgcdc.replication.options import quote_ident
 # as pgoutput applies it: none where the table is also published whole, by schema or FOR ALL TABLES).
 _TABLES_SQL = """
 SELECT c.oid, n.nspname, c.relname, c.relreplident::text,
-       COALESCE(c.relpages, 0)::bigint, GREATEST(c.reltuples, 0)::bigint, {published}
+       COALESCE(c.relpages, 0)::bigint, GREATEST(c.reltuples, 0)::bigint, c.relkind = 'p', {published}
 FROM pg_publication_tables pt
 JOIN pg_namespace n ON n.nspname = pt.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
@@ -63,6 +63,7 @@ class PublishedTable:
     estimated_rows: int
     pages: int
     row_filter: str | None = None  # the publication's WHERE for this table, as PostgreSQL prints it
+    partitioned: bool = False  # its rows are its partitions' (published through the root); else its own alone
 
     @property
     def schema(self) -> str:
@@ -82,7 +83,7 @@ def published_tables(conn: psycopg.Connection, publication: str) -> list[Publish
                           f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE ... (or FOR ALL TABLES)")
     published = _PUBLISHED_SINCE_15 if conn.info.server_version >= 150000 else _PUBLISHED_BEFORE_15
     tables = []
-    for oid, namespace, name, identity, pages, rows, attnames, row_filter in conn.execute(
+    for oid, namespace, name, identity, pages, rows, partitioned, attnames, row_filter in conn.execute(
             _TABLES_SQL.format(published=published), (publication,)).fetchall():
         sent = set(attnames) if attnames is not None else None
         columns = tuple(
@@ -91,7 +92,7 @@ def published_tables(conn: psycopg.Connection, publication: str) -> list[Publish
             if (attname in sent if sent is not None else not generated)
         )
         tables.append(PublishedTable(Relation(None, oid, namespace, name, identity, columns), rows, pages,
-                                     row_filter))
+                                     row_filter, partitioned))
     return tables
 
 

@@ -78,37 +78,61 @@ class CopyResult:
 
 @dataclass(frozen=True)
 class PageRange:
-    """Pages [first, last) of a table; ``last`` None means to the end (pages added since planning)."""
+    """Pages [first, last) of the table ``schema.table`` alone (never its inheritance children, which a
+    publication publishes as tables of their own); ``last`` None means to the end (pages added since planning).
+    A partitioned table is copied as the ranges of its leaf partitions."""
 
+    schema: str
+    table: str
     first: int
     last: int | None
+
+    def describe(self) -> str:
+        return f"{self.schema}.{self.table} pages {self.first}..{'' if self.last is None else self.last}"
+
+
+# the relations holding a table's rows: its leaf partitions (pg_partition_tree), else (a plain table) itself
+_SIZES_SQL = """
+WITH leaves AS (SELECT relid FROM pg_partition_tree(%(table)s::regclass) WHERE isleaf)
+SELECT n.nspname, c.relname, pg_relation_size(c.oid) / current_setting('block_size')::bigint,
+       GREATEST(c.reltuples, 0)::bigint, c.relpages,
+       pg_relation_size(c.oid) + CASE WHEN c.reltoastrelid = 0 THEN 0 ELSE pg_relation_size(c.reltoastrelid) END
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid IN (SELECT relid FROM leaves)
+   OR (c.oid = %(table)s::regclass AND NOT EXISTS (SELECT FROM leaves))
+ORDER BY n.nspname, c.relname
+"""
 
 
 def plan_table_ranges(conn: psycopg.Connection, schema: str, table: str, *, target_rows_per_task: int = 250_000,
                       target_bytes_per_task: int = 64 << 20, max_tasks: int = 65_536) -> tuple[list[PageRange], int]:
-    """Split a table into page ranges of about ``target_rows_per_task`` rows and at most about
-    ``target_bytes_per_task`` bytes of table and TOAST (a task holds its range's COPY output in memory);
-    returns (ranges, row estimate). Every page is covered exactly once; the last range is open-ended.
-    ``max_tasks`` keeps the byte bound up to 4 TB a table (65,536 x 64 MB); past it, ranges grow."""
-    row = conn.execute(
-        "SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint, GREATEST(c.reltuples, 0)::bigint, "
-        "c.relpages, pg_relation_size(c.oid) + CASE WHEN c.reltoastrelid = 0 THEN 0 "
-        "ELSE pg_relation_size(c.reltoastrelid) END "
-        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = %s", (schema, table)).fetchone()
-    if row is None:
+    """Split a table (a partitioned one: each of its leaf partitions) into page ranges of about
+    ``target_rows_per_task`` rows and at most about ``target_bytes_per_task`` bytes of table and TOAST (a task
+    holds its range's COPY output in memory); returns (ranges, row estimate). Every page is covered exactly
+    once; each relation's last range is open-ended. ``max_tasks`` keeps the byte bound up to 4 TB a relation
+    (65,536 x 64 MB); past it, ranges grow."""
+    qualified = sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(table)).as_string(conn)
+    try:
+        leaves = conn.execute(_SIZES_SQL, {"table": qualified}).fetchall()
+    except psycopg.errors.UndefinedTable:
+        leaves = []
+    if not leaves:
         raise SourceChangedError(f"table {schema}.{table} was dropped while pgcdc was copying it; remove it from the "
                                  "publication, or create it again, and run pgcdc again")
-    pages, reltuples, relpages, size = int(row[0]), int(row[1]), int(row[2]), int(row[3])
-    if reltuples == 0 and pages > 0:  # never analyzed: estimate from a typical page
-        reltuples = pages * 60
-    estimate = int(reltuples * pages / relpages) if relpages > 0 else reltuples
-    wanted = max(math.ceil(estimate / target_rows_per_task), math.ceil(size / target_bytes_per_task))
-    tasks = max(1, min(max_tasks, wanted, pages or 1))
-    step = math.ceil(pages / tasks) if pages else 0
-    ranges = [PageRange(i * step, (i + 1) * step) for i in range(tasks - 1)]
-    ranges.append(PageRange((tasks - 1) * step, None))
-    return ranges, estimate
+    ranges: list[PageRange] = []
+    total = 0
+    for leaf_schema, leaf, pages, reltuples, relpages, size in leaves:
+        pages, reltuples, relpages, size = int(pages), int(reltuples), int(relpages), int(size)
+        if reltuples == 0 and pages > 0:  # never analyzed: estimate from a typical page
+            reltuples = pages * 60
+        estimate = int(reltuples * pages / relpages) if relpages > 0 else reltuples
+        total += estimate
+        wanted = max(math.ceil(estimate / target_rows_per_task), math.ceil(size / target_bytes_per_task))
+        tasks = max(1, min(max_tasks, wanted, pages or 1))
+        step = math.ceil(pages / tasks) if pages else 0
+        ranges += [PageRange(leaf_schema, leaf, i * step, (i + 1) * step) for i in range(tasks - 1)]
+        ranges.append(PageRange(leaf_schema, leaf, (tasks - 1) * step, None))
+    return ranges, total
 
 
 def text_output_functions(conn: psycopg.Connection, converter: Any) -> dict[str, tuple[str, str]]:
@@ -134,12 +158,14 @@ def text_output_functions(conn: psycopg.Connection, converter: Any) -> dict[str,
 def copy_binary_query(schema: str, table: str, columns: list[str], page_range: PageRange | None = None,
                       text_outputs: Mapping[str, tuple[str, str]] | None = None,
                       row_filter: str | None = None) -> sql.Composed:
-    """COPY of the columns (of a page range, of the rows ``row_filter`` keeps) in binary format; the columns of
+    """COPY of the columns in binary format: of ``page_range`` (its relation alone), else of the table's own
+    rows (a partitioned table's: all its partitions'), of the rows ``row_filter`` keeps; the columns of
     ``text_outputs`` (see :func:`text_output_functions`) as their text form. ``row_filter`` is a publication's
     row filter as the server's catalog prints it (``pg_publication_tables.rowfilter``), never user input."""
     text_outputs = text_outputs or {}
     conditions: list[sql.Composable] = [sql.SQL("true")]
     if page_range is not None:
+        schema, table = page_range.schema, page_range.table
         conditions = [sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({page_range.first},0)"))]
         if page_range.last is not None:
             conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({page_range.last},0)")))
@@ -147,8 +173,11 @@ def copy_binary_query(schema: str, table: str, columns: list[str], page_range: P
         conditions.append(sql.SQL("({})").format(sql.SQL(row_filter)))
     selected = [sql.SQL("pg_catalog.textin({}({}))").format(sql.Identifier(*text_outputs[c]), sql.Identifier(c))
                 if c in text_outputs else sql.Identifier(c) for c in columns]
-    select = sql.SQL("SELECT {} FROM {}.{} WHERE {}").format(
-        sql.SQL(", ").join(selected), sql.Identifier(schema), sql.Identifier(table), sql.SQL(" AND ").join(conditions))
+    # ONLY: inheritance children are published (and mirrored) as tables of their own; a partitioned table's
+    # rows are all in its partitions, which ONLY would leave out
+    select = sql.SQL("SELECT {} FROM {} {}.{} WHERE {}").format(
+        sql.SQL(", ").join(selected), sql.SQL("ONLY" if page_range is not None else ""), sql.Identifier(schema),
+        sql.Identifier(table), sql.SQL(" AND ").join(conditions))
     return sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(select)
 
 
@@ -175,8 +204,8 @@ def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schem
         connection.rollback()
     finally:
         connection.close()
-    batches = convert_copy_binary(received.getbuffer(), columns, converter, text_outputs, source=(
-        f"{schema}.{table} pages {page_range.first}..{'' if page_range.last is None else page_range.last}"))
+    batches = convert_copy_binary(received.getbuffer(), columns, converter, text_outputs,
+                                  source=page_range.describe())
     del received  # split: the COPY output is no longer needed
     for rows in batches:
         if rows.schema != target_schema:
@@ -265,7 +294,7 @@ def copy_table(
     directory), "spark" goes through Spark's Iceberg writer (any catalog and storage), "auto" picks "arrow"
     where it can."""
     from pyspark.sql.functions import lit
-    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+    from pyspark.sql.types import IntegerType, StructField, StructType
 
     from pgcdc.spark.arrow import spark_arrow_schema
 
@@ -347,14 +376,11 @@ def copy_table(
         else:
             def copy_partition(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
                 for batch in batches:
-                    for task in batch.to_pylist():
-                        yield from read(PageRange(task["first"], None if task["last"] < 0 else task["last"]))
+                    for task in batch.column("task").to_pylist():
+                        yield from read(ranges[task])
 
-            plan = StructType([StructField("task", IntegerType()), StructField("first", LongType()),
-                               StructField("last", LongType())])
-            tasks = spark.createDataFrame(
-                [(i, r.first, -1 if r.last is None else r.last) for i, r in enumerate(ranges)], plan
-            ).repartition(len(ranges), "task")
+            plan = StructType([StructField("task", IntegerType())])
+            tasks = spark.createDataFrame([(i,) for i in range(len(ranges))], plan).repartition(len(ranges), "task")
 
             (tasks.mapInArrow(copy_partition, spark_schema).writeTo(target_identifier)
              .option(f"snapshot-property.{POSITION_PROPERTY}", str(consistent_lsn))
