@@ -295,6 +295,12 @@ DOMAINS: dict[str, Domain] = {
                                "-9999999999999999999999999999.9999999999", "0.0000000001", "0"],
                               st.decimals(min_value=-10**28 + 1, max_value=10**28 - 1, places=10,
                                           allow_nan=False).map(str)),
+    # PostgreSQL 15+: a scale below 0 (integers rounded to hundreds: decimal(7, 0)) or above the precision
+    # (below 0.01: decimal(5, 5))
+    "numeric(5, -2)": Domain(["0", "9999900", "-9999900", "1234549", "-50"],
+                             st.integers(-9_999_949, 9_999_949).map(str)),
+    "numeric(3, 5)": Domain(["0", "0.00999", "-0.00999", "0.000004", "-0.000005"],
+                            st.decimals(min_value="-0.00999", max_value="0.00999", places=5).map(str)),
     "text": Domain(["", " ", "NULL", '"', "\\", "{}", "\U0001D11E", "\U0010FFFF", "\uFFFD", "\x01\x7f"],
                    _TEXT),
     "varchar(5)": Domain(["", "abcde", "\U0010FFFF" * 5], _TEXT.map(lambda t: t[:5])),

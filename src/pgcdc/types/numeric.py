@@ -37,9 +37,17 @@ _FIXED_WIDTH = {"int2": (2, "i2", pa.int16(), "h"), "int4": (4, "i4", pa.int32()
 
 
 def _numeric_typmod(typmod: int) -> tuple[int, int] | None:
+    """(precision, scale) of the decimal that holds every value of a numeric column of ``typmod`` exactly; None
+    when unconstrained. PostgreSQL 15+ allows a scale below 0 (``numeric(5, -2)``: integers rounded to hundreds,
+    up to 7 digits: decimal(7, 0)) and above the precision (``numeric(3, 5)``: up to 0.00999: decimal(5, 5));
+    the scale is stored as 11 bits, two's complement."""
     if typmod < 4:
         return None
-    return ((typmod - 4) >> 16) & 0xFFFF, (typmod - 4) & 0xFFFF
+    precision, stored_scale = ((typmod - 4) >> 16) & 0xFFFF, (typmod - 4) & 0x7FF
+    scale = (stored_scale ^ 0x400) - 0x400
+    if scale < 0:
+        return precision - scale, 0
+    return max(precision, scale), scale
 
 
 def _numeric_binary_text(v: bytes | memoryview) -> str:
