@@ -99,3 +99,36 @@ def test_a_replica_identity_changed_while_streaming_is_refused_until_the_table_i
         conn.execute("UPDATE t SET id = id + 1000 WHERE id BETWEEN 50 AND 59")
     Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
     _assert_equal(again, pg.dsn)
+
+
+@pytest.mark.parametrize("writer", ["delta", "merge"])
+def test_keys_of_types_iceberg_cannot_take_as_identifier_fields_still_key_the_mirror(pg, spark, writer):
+    """Floating-point, interval and array keys are valid PostgreSQL keys that Iceberg refuses as identifier
+    fields: the mirror is keyed on them all the same (NaN, -0 and infinity among them)."""
+    pg.execute("""
+        CREATE TABLE by_float (k float8 PRIMARY KEY, v int);
+        CREATE TABLE by_interval (k interval PRIMARY KEY, v int);
+        CREATE TABLE by_array (k int[], n real, v int, PRIMARY KEY (k, n));
+        INSERT INTO by_float VALUES ('NaN', 1), ('-0', 2), (1.5, 3), ('Infinity', 4), (2.5, 5);
+        INSERT INTO by_interval VALUES ('1 day', 1), ('-1 mon 2 us', 2), ('infinity', 3);
+        INSERT INTO by_array VALUES ('{1,2}', 0.5, 1), ('{}', 'NaN', 2), ('{NULL,3}', 1, 3);
+        CREATE PUBLICATION pub FOR TABLE by_float, by_interval, by_array;
+    """)
+    pipeline = Pipeline(pipeline_config(pg, spark, publication="pub", apply_writer=writer), spark=spark)
+    pipeline.snapshot()
+    pg.execute("""
+        UPDATE by_float SET v = 20 WHERE k = 'NaN';
+        UPDATE by_float SET k = 3.5 WHERE k = 2.5;
+        DELETE FROM by_float WHERE k = 0;
+        INSERT INTO by_float VALUES ('-Infinity', 6);
+        UPDATE by_interval SET v = -v WHERE k = 'infinity';
+        UPDATE by_interval SET k = '2 days' WHERE k = '1 day';
+        DELETE FROM by_interval WHERE v = 2;
+        UPDATE by_array SET v = 30 WHERE k = '{NULL,3}';
+        UPDATE by_array SET k = '{9}' WHERE n = 'NaN';
+        DELETE FROM by_array WHERE k = '{1,2}';
+    """)
+    pipeline.run(until_caught_up=True, handle_signals=False)
+    _assert_equal(pipeline, pg.dsn)
+    for table, rows in (("by_float", 5), ("by_interval", 2), ("by_array", 2)):
+        assert spark.table(pipeline.mirrors.identifier_for("public", table)).count() == rows

@@ -103,6 +103,13 @@ def stored_type(data_type: DataType) -> DataType:
     return data_type
 
 
+def _can_identify(data_type: Any) -> bool:
+    """Whether Iceberg takes a column of ``data_type`` as an identifier field: primitive, not floating-point."""
+    from pyspark.sql.types import ArrayType, DoubleType, FloatType, MapType, StructType
+
+    return not isinstance(data_type, ArrayType | DoubleType | FloatType | MapType | StructType)
+
+
 def _widens(old: DataType, new: DataType) -> bool:
     from pyspark.sql.types import DecimalType, DoubleType, FloatType, IntegerType, LongType, ShortType
 
@@ -303,9 +310,13 @@ class MirrorCatalog:
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.namespace_for(spec.source_schema)}")
         self.spark.sql(f"CREATE TABLE {identifier} ({columns}) USING iceberg TBLPROPERTIES ("
                        + ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items()) + ")")
-        if spec.key_columns:
+        refused = [k for k in spec.key_columns if not _can_identify(spec.spark_schema[k].dataType)]
+        if spec.key_columns and not refused:
             self.spark.sql(f"ALTER TABLE {identifier} SET IDENTIFIER FIELDS "
                            + ", ".join(quote(k) for k in spec.key_columns))
+        elif refused:  # the key stays pgcdc's (pgcdc.key); Iceberg's identifier fields are only a declaration
+            log.info("%s: no Iceberg identifier fields for %s: its key holds %s, which Iceberg does not take as "
+                     "identifier fields (floating-point or nested types)", identifier, spec.source, ", ".join(refused))
         log.info("created mirror %s for %s (key: %s)", identifier, spec.source, ", ".join(spec.key_columns) or "none")
 
     def _evolve(self, identifier: str, spec: TableSpec, current: StructType) -> StructType:
