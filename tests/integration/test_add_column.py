@@ -107,3 +107,28 @@ def test_killed_between_adding_the_columns_and_filling_them_fills_at_the_next_ru
 ])
 def test_the_catalog_missing_value_is_read_whole(stored, value):
     assert _single_element(stored) == value
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_a_default_is_read_exactly_whatever_the_servers_own_output_settings(pg, spark, binary):
+    """The catalog's text of a default is read with the stream's settings, not the database's: floats with
+    every digit, intervals and time zones as the stream prints them."""
+    pg.execute(SCHEMA)
+    pg.execute(f"ALTER DATABASE {pg.name} SET extra_float_digits = 0")
+    pg.execute(f"ALTER DATABASE {pg.name} SET TimeZone = 'Asia/Kathmandu'")
+    pg.execute(f"ALTER DATABASE {pg.name} SET IntervalStyle = 'postgres'")
+    pg.execute(f"ALTER DATABASE {pg.name} SET DateStyle = 'SQL, DMY'")
+    config = pipeline_config(pg, spark, publication="shop", binary=binary)
+    catch_up(config, spark)
+    pg.execute("""
+        ALTER TABLE items ADD COLUMN third float8 DEFAULT 1 / 3.0,
+                          ADD COLUMN took interval DEFAULT '1 day 02:03:04.5',
+                          ADD COLUMN since timestamptz DEFAULT '2001-02-03 04:05:06+07',
+                          ADD COLUMN spans tstzrange DEFAULT '[2020-01-01 00:00+00,2020-02-01 00:00+00)';
+        INSERT INTO items (id, name) VALUES (100, 'new');
+    """)
+    pipeline = catch_up(config, spark)
+    assert_equal(pipeline, pg)
+    mirror = pipeline.mirrors.identifier_for("public", "items")
+    thirds = {r.third for r in spark.sql(f"SELECT third FROM {mirror}").collect()}
+    assert thirds == {1 / 3}

@@ -141,12 +141,11 @@ def deadline(fileno: int, seconds: float, *, what: str) -> Iterator[None]:
 @contextlib.contextmanager
 def source_connection(dsn: str, timeout: float = 120.0) -> Iterator[psycopg.Connection]:
     """An ordinary connection for catalog and status queries, its whole use bounded by ``timeout`` seconds:
-    a server behind a silent partition must not stall its caller forever."""
-    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    a server behind a silent partition must not stall its caller forever. It has pgcdc's session settings:
+    values the catalog gives as text (a column's default for existing rows) read as the stream's do."""
+    params = psycopg.conninfo.conninfo_to_dict(with_session_settings(dsn))
     if "PGCONNECT_TIMEOUT" not in os.environ:  # the operator's bound (pgcdc --connect-timeout) wins
         params.setdefault("connect_timeout", max(1, min(10, int(timeout))))
-    params.setdefault("application_name", "pgcdc")
-    params["client_encoding"] = CLIENT_ENCODING
     with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as conn, \
             deadline(conn.fileno(), timeout, what="a query to the source"):
         yield conn
