@@ -36,6 +36,10 @@ class ConversionError(PgcdcError):
     """A column value that cannot be converted to its declared type."""
 
 
+class TextValuesRequired(ConversionError):
+    """Binary values of a column whose type pgcdc reads only as text (a column added while streaming binary)."""
+
+
 class ConfigError(PgcdcError):
     """Bad configuration or a server set-up pgcdc cannot work with; the message says how to fix it."""
 

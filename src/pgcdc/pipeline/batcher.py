@@ -20,7 +20,7 @@ from pgcdc.change_table import (
     first_unconvertible,
 )
 from pgcdc.checkpoint import Span
-from pgcdc.errors import ConversionError
+from pgcdc.errors import ConversionError, TextValuesRequired
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import Relation
 from pgcdc.pipeline.tables import SourceTables, schema_signature
@@ -118,6 +118,8 @@ class Batcher:
         converter, key = self.tables.converter_for(relation), self.tables.key_for(relation)
         try:
             segment.chunks.append(build_change_table(segment.pending, converter, key))
+        except TextValuesRequired:  # no value is wrong: the stream must carry text (the pipeline restarts it)
+            raise
         except ConversionError as exc:
             if self.tables.config.on_conversion_error != "quarantine":
                 raise _stop_error(exc, segment.pending, converter, key) from None

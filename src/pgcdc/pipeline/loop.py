@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pgcdc.checkpoint import Checkpoint, resume_position
-from pgcdc.errors import ConfigError
+from pgcdc.errors import ConfigError, TextValuesRequired
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline.applier import Applier
 from pgcdc.pipeline.batcher import Batch, Batcher
@@ -75,6 +75,7 @@ class Pipeline:
         self._batcher = Batcher(self._tables)
         self._last_heartbeat = 0.0
         self._seen_status: SlotStatus | None = None
+        self._text_values_only = False  # set once a column that binary values cannot carry reached the stream
 
     @property
     def spark(self) -> SparkSession:
@@ -117,7 +118,17 @@ class Pipeline:
                 self.snapshot()
             else:
                 self.check()
-            return self._stream(until_caught_up=until_caught_up)
+            while True:
+                try:
+                    return self._stream(until_caught_up=until_caught_up)
+                except TextValuesRequired as exc:
+                    # a column of a type read only as text was added while streaming binary values: nothing
+                    # past the mirrors' positions was applied, and the server sends it all again, as text
+                    if self._text_values_only:
+                        raise
+                    log.warning("%s: streaming text values from here on", str(exc).split(";")[0])
+                    self._text_values_only = True
+                    self._wait_for_slot_release()
 
     # -- streaming ----------------------------------------------------------------
     def _stream(self, *, until_caught_up: bool) -> Progress:
@@ -125,7 +136,8 @@ class Pipeline:
         checkpoint = Checkpoint(resume_from=self._resume_position())
         with source_connection(config.dsn, 120.0) as conn:
             self._tables.registry.load_from_server(conn)
-            binary = self._tables.binary_possible(conn, config.publication, wanted=config.binary)
+            binary = self._tables.binary_possible(conn, config.publication,
+                                                  wanted=config.binary and not self._text_values_only)
             target = server_lsn(conn) if until_caught_up else None
         options = ReplicationOptions(publication=config.publication, proto_version=config.proto_version,
                                      streaming=config.streaming, two_phase=config.two_phase,
@@ -136,7 +148,7 @@ class Pipeline:
         # short idle ticks: a batch that finished applying while the stream is quiet is confirmed soon
         reader = TransactionReader(stream.events(idle_timeout=min(0.25, config.batch_max_seconds)),
                                    memory_limit_bytes=config.memory_limit_bytes, spill_dir=config.spill_dir,
-                                   on_type=self._tables.registry.observe)
+                                   on_type=self._tables.observe_type)
 
         def confirm(lsn: Lsn | None) -> None:
             if checkpoint.advance(lsn):
@@ -208,6 +220,16 @@ class Pipeline:
                 items.close()  # drops what the assembler held (spill files too): the server resends it
         self._set_phase("stopped")
         return self.progress
+
+    def _wait_for_slot_release(self, timeout: float = 30.0) -> None:
+        """After closing the stream: its walsender ends a moment later, and the slot is busy until then."""
+        slots = SlotManager(self.config.dsn)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            slot = slots.get(self.config.slot)
+            if slot is None or not slot.active:
+                return
+            time.sleep(0.1)
 
     def _resume_position(self) -> Lsn:
         slot = SlotManager(self.config.dsn).get(self.config.slot)

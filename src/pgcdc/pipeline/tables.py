@@ -16,7 +16,7 @@ import psycopg
 import pyarrow as pa
 
 from pgcdc.faults import injection_point
-from pgcdc.pgoutput.messages import REPLICA_IDENTITY_FULL, REPLICA_IDENTITY_NOTHING, Relation, TupleData
+from pgcdc.pgoutput.messages import REPLICA_IDENTITY_FULL, REPLICA_IDENTITY_NOTHING, Relation, TupleData, Type
 from pgcdc.pipeline.config import PipelineConfig
 from pgcdc.replication import source_connection
 from pgcdc.replication.published import (
@@ -62,6 +62,16 @@ class SourceTables:
             self._mirrors = MirrorCatalog(self._spark(), catalog=self.config.catalog,
                                           namespace=self.config.namespace, slot=self.config.slot)
         return self._mirrors
+
+    def observe_type(self, message: Type) -> None:
+        """A Type message of the stream: a type the registry does not know as named (created or renamed since
+        the catalog was read) is read from the catalog again, which tells what the message does not (an
+        array's element type, an enum, a domain's base type)."""
+        if self.registry.knows(message):
+            return
+        with source_connection(self.config.dsn, 120.0) as conn:
+            self.registry.load_from_server(conn)
+        self.registry.observe(message)  # a type dropped since: only the message's word on it
 
     def converter_for(self, relation: Relation) -> TableConverter:
         """The converter of a relation version (one per distinct schema, reused)."""

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from pgcdc.errors import ConversionError
+from pgcdc.errors import ConversionError, TextValuesRequired
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import Relation, TupleData
 from pgcdc.types import decoding
@@ -136,8 +136,8 @@ class TableConverter:
         kind = self.kinds[index]
         decoder = kind.binary if binary else kind.text
         if decoder is None:
-            raise ConversionError(f"{self._column(index)}: type {kind.type_name} has no binary decoder; stream this "
-                                  "table in text mode (binary off)")
+            raise TextValuesRequired(f"{self._column(index)}: type {kind.type_name} has no binary decoder; stream "
+                                     "this table in text mode (binary off)")
         if binary and isinstance(values, pa.Array) and not getattr(decoder, "columnar", False):
             values = values.to_pylist()
         try:

@@ -51,11 +51,17 @@ class TypeRegistry:
     def add(self, pg_type: PgType) -> None:
         self._types[pg_type.oid] = pg_type
 
-    def observe(self, message: Type) -> None:
-        """Learn a non-built-in type from the stream (enums, composites, domains; the server sends a domain
-        with its base type's name)."""
+    def knows(self, message: Type) -> bool:
+        """Whether the registry holds the type a Type message names, as the message names it (a domain, which
+        the server sends with its base type's name, counts as known once read from the catalog)."""
         known = self._types.get(message.type_oid)
-        if known is None or known.namespace != (message.namespace or "pg_catalog"):
+        return known is not None and (bool(known.base_oid) or (
+            known.name == message.name and known.namespace == (message.namespace or "pg_catalog")))
+
+    def observe(self, message: Type) -> None:
+        """Learn a non-built-in type from the stream alone, when the catalog could not tell more (a Type message
+        has no element type, enum mark or base type): its text form is what its columns then hold."""
+        if not self.knows(message):
             self._types[message.type_oid] = PgType(message.type_oid, message.name, message.namespace or "pg_catalog")
 
     def load_from_server(self, conn) -> None:
