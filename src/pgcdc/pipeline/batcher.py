@@ -57,6 +57,9 @@ class Batch:
     last_commit_lsn: Lsn | None = None
     last_end_lsn: Lsn | None = None
     started: float = field(default_factory=time.monotonic)
+    # tables sent an inserted row with a value left out as unchanged TOAST: an UPDATE that moved a row into a
+    # publication's row filter comes as an INSERT that only the source itself can complete
+    incomplete_inserts: set[tuple[str, str]] = field(default_factory=set)
 
     def __bool__(self) -> bool:
         return self.transactions > 0
@@ -89,6 +92,8 @@ class Batcher:
                 targets = (change.relation,)
             else:  # transactional logical messages are not table data
                 continue
+            if change.op == "I" and change.new is not None and "u" in change.new.kinds and change.relation:
+                batch.incomplete_inserts.add((change.relation.namespace, change.relation.name))
             for relation in targets:
                 segments = batch.tables.setdefault(relation.relation_id, [])
                 if not segments or schema_signature(segments[-1].relation) != schema_signature(relation):

@@ -159,6 +159,8 @@ class Pipeline:
             self._batcher.finish(batch)
             # before anything evolves a mirror to the batch's table versions: they tell what must be copied
             self._snapshotter.copy_rewritten(batch.versions())
+            self._snapshotter.copy_again(batch.incomplete_inserts, "a row moved into a publication's row filter came "
+                                         "without the TOAST values it did not change, which only the table holds")
             self._snapshotter.copy_unmirrored(batch.relations())
             assert batch.last_end_lsn is not None
             applier.start(batch, checkpoint.batch_flush(batch.last_end_lsn, reader.oldest_pending_lsn()))

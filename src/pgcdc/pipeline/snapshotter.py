@@ -103,12 +103,17 @@ class Snapshotter:
         sends none of those values) are copied again at a fresh consistent point of a temporary slot; rule 2 then
         skips the batch's changes that the copy already holds."""
         rewritten = {(r.namespace, r.name) for r in versions if self.tables.needs_copy(r)}
-        if not rewritten:
+        self.copy_again(rewritten, "their rows hold values of new or renamed columns that logical decoding does not "
+                                   "send")
+
+    def copy_again(self, names: set[tuple[str, str]], why: str) -> None:
+        """Copy the tables ``names`` (schema, table) again at a fresh consistent point of a temporary slot, for
+        the reason ``why``; rule 2 then skips the batch's changes that the copy already holds."""
+        if not names:
             return
-        log.warning("copying %s again: their rows hold values of new or renamed columns that logical decoding "
-                    "does not send", ", ".join(f"{s}.{t}" for s, t in sorted(rewritten)))
+        log.warning("copying %s again: %s", ", ".join(f"{s}.{t}" for s, t in sorted(names)), why)
         with source_connection(self.config.dsn, 120.0) as conn:
-            tables = [t for t in published_tables(conn, self.config.publication) if (t.schema, t.name) in rewritten]
+            tables = [t for t in published_tables(conn, self.config.publication) if (t.schema, t.name) in names]
         self._set_phase("snapshot")
         with SlotManager(self.config.dsn).create_temporary_snapshot() as temporary:
             self._copy(tables, temporary.exported_snapshot, temporary.consistent_point)
