@@ -108,3 +108,25 @@ def test_killed_after_setting_changes_aside_loses_and_doubles_nothing(pg, spark)
     pipeline = catch_up(config, spark)
     assert [r.op for r in rejects_of(spark, pipeline)] == ["I", "U"]
     assert_equal_but_the_rejected_row(pipeline, pg)
+
+
+@pytest.mark.parametrize("writer", ["arrow", "spark"])
+def test_the_initial_copy_of_a_value_it_cannot_hold_names_the_row_and_the_way_out(pg, spark, writer):
+    """In the copy, such a value stops the copy of its table with one error naming the row and the fixes (not
+    Spark's job failure), nothing of that table is committed, and once the value is corrected the next run
+    copies it."""
+    pg.execute(SCHEMA)
+    pg.execute(f"UPDATE items SET at = '{FAR}' WHERE id = 13")
+    config = pipeline_config(pg, spark, snapshot_writer=writer, snapshot_rows_per_task=5)
+    with pytest.raises(ConversionError) as raised:
+        Pipeline(config, spark=spark).snapshot()
+    message = str(raised.value)
+    assert message.startswith("public.items.at (timestamp, binary): ")
+    assert "in the row with id = 13" in message
+    assert "nothing of it is committed" in message and "correct the value in the source" in message
+    pipeline = Pipeline(config, spark=spark)
+    assert pipeline.mirrors.positions().get(("public", "items")) is None
+    pg.execute("UPDATE items SET at = '2024-06-01' WHERE id = 13")
+    pipeline.snapshot()
+    pipeline.spark.catalog.clearCache()
+    assert all(result.equal for result in compare_publication(pipeline, pg.dsn, "shop"))

@@ -22,6 +22,7 @@ import itertools
 import logging
 import math
 import os
+import re
 import threading
 import time
 import uuid
@@ -33,7 +34,8 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from pgcdc.errors import ConfigError, SourceChangedError
+from pgcdc import errors
+from pgcdc.errors import ConfigError, ConversionError, PgcdcError, SourceChangedError
 from pgcdc.lsn import Lsn
 from pgcdc.spark.iceberg import (
     data_directory,
@@ -216,12 +218,40 @@ def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schem
 def convert_copy_binary(data: bytes | memoryview, columns: list[str], converter: Any,
                         text_outputs: Mapping[str, tuple[str, str]], *, source: str) -> Iterator[pa.RecordBatch]:
     """The whole output of :func:`copy_binary_query` (``columns``, the ``text_outputs`` ones as text), split now
-    into per-column arrays, then converted lazily in batches of at most ``_BATCH_ROWS`` rows."""
+    into per-column arrays, then converted lazily in batches of at most ``_BATCH_ROWS`` rows. A value that
+    cannot be converted raises its ConversionError naming the row it is in (by its key)."""
     arrays = split_copy_binary(data, len(columns), source=source)
     binary = [column not in text_outputs for column in columns]
     total = len(arrays[0]) if arrays else 0
-    return (converter.convert_columns([a.slice(offset, _BATCH_ROWS) for a in arrays], binary=binary).batch
-            for offset in range(0, total, _BATCH_ROWS))
+    for offset in range(0, total, _BATCH_ROWS):
+        chunk = [a.slice(offset, _BATCH_ROWS) for a in arrays]
+        try:
+            yield converter.convert_columns(chunk, binary=binary).batch
+        except ConversionError as exc:
+            raise ConversionError(f"{exc}, in {_first_unconvertible_row(chunk, binary, converter)}") from None
+
+
+def _first_unconvertible_row(chunk: list[pa.Array], binary: list[bool], converter: Any) -> str:
+    """The first row of ``chunk`` holding a value that cannot be converted, as its key's values (every column's
+    when the table has no key), found by halves."""
+    start, length = 0, len(chunk[0])
+    while length > 1:
+        half = length // 2
+        try:
+            converter.convert_columns([a.slice(start, half) for a in chunk], binary=binary)
+            start, length = start + half, length - half
+        except ConversionError:
+            length = half
+    columns = converter.relation.columns
+    shown = {c.name for c in converter.relation.key_columns} or {c.name for c in columns}
+    # only the shown columns are converted: the failing value may be among the others
+    row = [a.slice(start, 1) if c.name in shown else pa.nulls(1, a.type) for a, c in zip(chunk, columns, strict=True)]
+    try:
+        batch = converter.convert_columns(row, binary=binary).batch
+        values = ", ".join(f"{c.name} = {batch.column(i)[0]}" for i, c in enumerate(columns) if c.name in shown)
+    except ConversionError:
+        return "a row whose key cannot be converted either"
+    return f"the row with {values}"
 
 
 _ROW_GROUP_BYTES = 96 << 20  # Arrow bytes buffered per Parquet row group (Iceberg's default group: 128 MB)
@@ -370,7 +400,9 @@ def copy_table(
             # plain Python tasks (an RDD, one range each): no SQL plan, shuffle or code generation to pay for
             # a copy that fails leaves its files to the next copy of the table (spark/orphans.py): tasks being
             # cancelled may still write, and a commit that fails may still have landed (its state unknown)
-            written = context.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(write_ranges).collect()
+            with _errors_raised_in_tasks(label):
+                written = (context.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(write_ranges)
+                           .collect())
             replace_with_files(spark, table, written, {POSITION_PROPERTY: str(consistent_lsn)})
             _remove_uncommitted_attempts(prefix, {path for path, _ in written}, s3)
         else:
@@ -382,10 +414,11 @@ def copy_table(
             plan = StructType([StructField("task", IntegerType())])
             tasks = spark.createDataFrame([(i,) for i in range(len(ranges))], plan).repartition(len(ranges), "task")
 
-            (tasks.mapInArrow(copy_partition, spark_schema).writeTo(target_identifier)
-             .option(f"snapshot-property.{POSITION_PROPERTY}", str(consistent_lsn))
-             .option("check-nullability", "false")
-             .overwrite(lit(True)))
+            with _errors_raised_in_tasks(label):
+                (tasks.mapInArrow(copy_partition, spark_schema).writeTo(target_identifier)
+                 .option(f"snapshot-property.{POSITION_PROPERTY}", str(consistent_lsn))
+                 .option("check-nullability", "false")
+                 .overwrite(lit(True)))
     finally:
         done.set()
         if reporter:
@@ -399,6 +432,29 @@ def copy_table(
         progress(CopyProgress(label, rows, rows, seconds))
     log.info("snapshot of %s: %d rows in %d tasks, %.1fs", label, rows, len(ranges), seconds)
     return CopyResult(rows=rows, seconds=seconds, tasks=len(ranges))
+
+
+_TASK_ERROR = re.compile(r"pgcdc\.errors\.(\w+): (.*)")
+
+
+@contextlib.contextmanager
+def _errors_raised_in_tasks(label: str) -> Iterator[None]:
+    """The error one of pgcdc's own checks raised in a copy task (a value the mirror cannot hold, the table
+    dropped meanwhile) as that error, with the way out, instead of Spark's job failure around it."""
+    try:
+        yield
+    except Exception as exc:
+        found = _TASK_ERROR.search(str(exc))
+        kind = getattr(errors, found.group(1), None) if found else None
+        if found is None or not (isinstance(kind, type) and issubclass(kind, PgcdcError)):
+            raise
+        message = found.group(2).strip()
+        if issubclass(kind, ConversionError):
+            message = (f"{message}. The copy of {label} stops rather than write a wrong value, and nothing of it "
+                       "is committed: correct the value in the source, or leave its column out of the "
+                       "publication (CREATE PUBLICATION ... FOR TABLE t (columns ...)), then run pgcdc again; "
+                       "docs/types.md says what each type can hold")
+        raise kind(message) from None
 
 
 def _arrow_destination(table: Any) -> tuple[str | None, dict[str, Any] | None]:
