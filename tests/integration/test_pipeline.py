@@ -180,3 +180,32 @@ def test_the_next_batch_is_read_while_one_is_merged(pg, spark):
     Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
     results = {r.table: r for r in compare_publication(pipeline, pg.dsn, "pub")}
     assert results["public.flow"].equal, results["public.flow"].describe()
+
+
+def test_a_prepared_transaction_committed_while_another_is_held_is_applied_once_across_restarts(pg, spark):
+    """Y prepared, X prepared, Y committed: pgcdc applies Y and holds the slot at X's PREPARE. Started again
+    from there, the server sends Y's COMMIT PREPARED alone (its PREPARE lies before the slot's position): Y is
+    already in the mirror and is not applied twice; X, committed later, is applied whole."""
+    pg.server.require(15, "two-phase decoding")
+    pg.execute("""
+        CREATE TABLE t (id int PRIMARY KEY, v text);
+        INSERT INTO t VALUES (1, 'seed');
+        CREATE PUBLICATION pub FOR TABLE t;
+    """)
+    config = pipeline_config(pg, spark, publication="pub")
+    Pipeline(config, spark=spark).snapshot()
+    with pg.connect() as conn:
+        conn.execute("BEGIN; INSERT INTO t VALUES (2, 'y'); UPDATE t SET v = 'y too' WHERE id = 1; "
+                     "PREPARE TRANSACTION 'y'")
+        conn.execute("BEGIN; INSERT INTO t VALUES (3, 'x'); PREPARE TRANSACTION 'x'")
+        conn.execute("COMMIT PREPARED 'y'")
+    for _ in range(2):  # twice: each start meets Y's commit alone
+        Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+        spark.catalog.clearCache()
+        identifier = Pipeline(config, spark=spark).mirrors.identifier_for("public", "t")
+        assert sorted(tuple(r) for r in spark.table(identifier).collect()) == [(1, "y too"), (2, "y")]
+    pg.execute("COMMIT PREPARED 'x'")
+    pg.execute("INSERT INTO t VALUES (4, 'after')")
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.run(until_caught_up=True, handle_signals=False)
+    assert_mirrors_equal(config, spark, pg.dsn, {"public.t"})

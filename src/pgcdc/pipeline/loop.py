@@ -207,7 +207,9 @@ class Pipeline:
                     if idle:
                         confirm(checkpoint.quiet_flush(stream.server_wal_end, unapplied=unapplied, held=held))
                     self._watch(watch, idle)
-                    caught_up = idle and not unapplied and held is None
+                    # a prepared transaction still held is not committed: caught up without it (the slot
+                    # stays at its PREPARE, and it is applied once committed)
+                    caught_up = idle and not unapplied
                     if caught_up and target is not None and (stream.server_wal_end or Lsn(0)) >= target:
                         break
             finally:

@@ -328,9 +328,13 @@ class TransactionAssembler:
             case CommitPrepared():
                 held = self._prepared.pop(message.gid, None)
                 if held is None:
-                    raise ProtocolError(
-                        f"Commit Prepared for {message.gid!r}, a prepared transaction pgcdc does not hold: the slot "
-                        "was confirmed past its PREPARE by another consumer; its changes are not in this slot")
+                    # Its PREPARE lies before where this stream started, so the server sends the commit alone.
+                    # pgcdc confirms past a PREPARE only once the transaction's commit is in every mirror (a
+                    # transaction prepared after another one that is still held commits first, then the slot
+                    # waits at the older one's PREPARE): it was applied before this start.
+                    log.info("Commit Prepared for %r at %s: applied before this start (its PREPARE lies before the "
+                             "slot's confirmed position)", message.gid, message.commit_lsn)
+                    held = (_Buffer(message.xid), message.commit_lsn)
                 yield Transaction(held[0], message.commit_lsn, message.end_lsn, message.commit_ts, message.gid)
             case RollbackPrepared():
                 held = self._prepared.pop(message.gid, None)
