@@ -279,21 +279,21 @@ def _fill_from_mirror(spark: SparkSession, mirror: MirrorTable, reduced: DataFra
 # -- tables without a key --------------------------------------------------------------------
 
 
-def _keyless_effect(changes: pa.Table, names: list[str]) -> tuple[list[dict], list[dict]]:
-    """(whole rows to delete from the mirror, rows to insert) of a table without a key: within the batch a
-    delete first cancels an identical row inserted earlier in it."""
+def _keyless_effect(changes: pa.Table, names: list[str]) -> tuple[list[tuple[dict, int]], list[dict]]:
+    """(whole rows to delete from the mirror, each with how many of its identical copies go; rows to insert)
+    of a table without a key: within the batch a delete first cancels an identical row inserted earlier in it."""
     after = plain_rows(changes.select(names))
     before = plain_values(changes.column(C.BEFORE))
     unchanged = changes.column(C.UNCHANGED).to_pylist()
     pending: dict[str, list[dict]] = {}
-    deletes: dict[str, dict] = {}
+    deletes: dict[str, tuple[dict, int]] = {}
     for op, new, old, kept in zip(changes.column(C.OP).to_pylist(), after, before, unchanged, strict=True):
         if op in ("U", "D") and old is not None:
             image = repr(tuple(old[n] for n in names))
             if pending.get(image):
                 pending[image].pop()
             else:
-                deletes[image] = old
+                deletes[image] = (old, deletes[image][1] + 1 if image in deletes else 1)
         if op in ("I", "U"):
             if kept and old is not None:  # the old image (FULL) carries the value an unchanged column kept
                 new = {**new, **{n: old[n] for n in kept}}
@@ -301,21 +301,49 @@ def _keyless_effect(changes: pa.Table, names: list[str]) -> tuple[list[dict], li
     return list(deletes.values()), [row for rows in pending.values() for row in rows]
 
 
+def _keyless_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table,
+                     truncated: bool) -> tuple[pa.Table, pa.Table]:
+    """(whole rows to delete from the mirror, rows to insert) of a table without a key. A table without a key
+    may hold identical rows, and a DELETE of one of them removes that one alone; a match on every column
+    finds them all. So each deleted row goes with all its copies, and the copies that stay are inserted
+    again: the mirror is read for how many it holds."""
+    names = _source_names(mirror)
+    schema = pa.schema([changes.schema.field(n) for n in names])
+    deleted, inserts = _keyless_effect(changes, names)
+    if truncated or not deleted:
+        return from_plain_rows([], schema), from_plain_rows(inserts, schema)
+    held = _copies_held(spark, mirror, from_plain_rows([row for row, _ in deleted], schema))
+    staying = [row for index, (row, gone) in enumerate(deleted) for _ in range(held.get(index, 0) - gone)]
+    return from_plain_rows([row for row, _ in deleted], schema), from_plain_rows(inserts + staying, schema)
+
+
+def _copies_held(spark: SparkSession, mirror: MirrorTable, rows: pa.Table) -> dict[int, int]:
+    """How many rows of the mirror equal each row of ``rows`` (by its index; NULL matches NULL)."""
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    names = _source_names(mirror)
+    indexed = rows.append_column("_pgcdc_row", pa.array(range(rows.num_rows), pa.int32()))
+    schema = StructType([*mirror.spec.spark_schema.fields, StructField("_pgcdc_row", IntegerType())])
+    arrow_to_dataframe(spark, indexed, schema).createOrReplaceTempView("_pgcdc_deleted")
+    match = " AND ".join(f"t.{quote(n)} <=> s.{quote(n)}" for n in names)
+    counted = spark.sql(f"SELECT s._pgcdc_row, count(*) AS n FROM {mirror.identifier} t JOIN _pgcdc_deleted s "
+                        f"ON {match} GROUP BY s._pgcdc_row").collect()
+    return {row[0]: row[1] for row in counted}
+
+
 def _apply_keyless(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, lsn: Lsn, truncated: bool) -> None:
     """REPLICA IDENTITY FULL without a key: rows match on every column, as one MERGE."""
     names = _source_names(mirror)
-    deleted, inserts = _keyless_effect(changes, names)
-    schema = pa.schema([changes.schema.field(n) for n in names])
+    deleted, inserts = _keyless_changes(spark, mirror, changes, truncated)
     if truncated:
-        table = from_plain_rows(inserts, schema)
-        _write_rows(spark, mirror, arrow_to_dataframe(spark, table, mirror.spec.spark_schema), lsn, overwrite=True)
+        _write_rows(spark, mirror, arrow_to_dataframe(spark, inserts, mirror.spec.spark_schema), lsn, overwrite=True)
         return
-    marked = [{**row, C.OP: "D"} for row in deleted] + [{**row, C.OP: "I"} for row in inserts]
-    table = from_plain_rows(marked, schema.append(pa.field(C.OP, pa.string())))
+    marked = pa.concat_tables([deleted.append_column(C.OP, pa.array(["D"] * deleted.num_rows, pa.string())),
+                               inserts.append_column(C.OP, pa.array(["I"] * inserts.num_rows, pa.string()))])
     from pyspark.sql.types import StringType, StructField, StructType
 
     frame_schema = StructType([*mirror.spec.spark_schema.fields, StructField(C.OP, StringType())])
-    arrow_to_dataframe(spark, table, frame_schema).createOrReplaceTempView("_pgcdc_source")
+    arrow_to_dataframe(spark, marked, frame_schema).createOrReplaceTempView("_pgcdc_source")
     match = " AND ".join(f"t.{quote(n)} <=> s.{quote(n)}" for n in names)
     statement = (
         f"MERGE INTO {mirror.identifier} t USING _pgcdc_source s ON s.{C.OP} = 'D' AND {match} "
@@ -366,12 +394,11 @@ def _apply_delta(spark: SparkSession, mirror: MirrorTable, target: DeltaTable, c
                         spec.source, changes.num_rows - inserts.num_rows)
         target.commit(inserts.select(names), None, properties, table_properties=recorded, replace_all=truncated)
     else:
-        deleted, inserts = _keyless_effect(changes, names)
-        schema = pa.schema([changes.schema.field(n) for n in names])
+        deleted, inserts = _keyless_changes(spark, mirror, changes, truncated)
         # an equality delete on every column removes every identical older row (NULL matches NULL), as the
-        # MERGE's null-safe match does
-        target.commit(from_plain_rows(inserts, schema), None if truncated else from_plain_rows(deleted, schema),
-                      properties, table_properties=recorded, replace_all=truncated)
+        # MERGE's null-safe match does; the copies that stay are among the commit's new rows
+        target.commit(inserts, None if truncated else deleted, properties, table_properties=recorded,
+                      replace_all=truncated)
 
 
 def _last_per_key(events: pa.Table, keys: list[str]) -> pa.Table:
