@@ -40,6 +40,11 @@ class TextValuesRequired(ConversionError):
     """Binary values of a column whose type pgcdc reads only as text (a column added while streaming binary)."""
 
 
+class InProgressDecodingFailed(PgcdcError):
+    """The server's decoder failed on a transaction it was streaming in progress (a PostgreSQL internal error,
+    such as "could not map filenumber ... to relation OID"): decoded whole at its commit, it may not fail."""
+
+
 class ConfigError(PgcdcError):
     """Bad configuration or a server set-up pgcdc cannot work with; the message says how to fix it."""
 

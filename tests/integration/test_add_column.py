@@ -132,3 +132,21 @@ def test_a_default_is_read_exactly_whatever_the_servers_own_output_settings(pg, 
     mirror = pipeline.mirrors.identifier_for("public", "items")
     thirds = {r.third for r in spark.sql(f"SELECT third FROM {mirror}").collect()}
     assert thirds == {1 / 3}
+
+
+def test_names_and_defaults_that_mention_secrets_are_read_back_whole(pg, spark):
+    """Spark redacts table properties whose value mentions a secret, a password or a token; the key and the
+    default pgcdc records in the mirror's properties are read from Iceberg itself."""
+    pg.execute("""
+        CREATE TABLE tokens (api_token text PRIMARY KEY, password text);
+        INSERT INTO tokens VALUES ('t1', 'p1'), ('t2', 'p2');
+        CREATE PUBLICATION shop FOR TABLE tokens;
+    """)
+    config = pipeline_config(pg, spark, publication="shop")
+    catch_up(config, spark)
+    pg.execute("ALTER TABLE tokens ADD COLUMN note text DEFAULT 'the secret token is hunter2'; "
+               "UPDATE tokens SET password = 'p3' WHERE api_token = 't2'")
+    pipeline = catch_up(config, spark)
+    assert_equal(pipeline, pg)
+    pg.execute("INSERT INTO tokens VALUES ('t3', 'p', 'n')")
+    assert_equal(catch_up(config, spark), pg)

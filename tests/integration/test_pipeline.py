@@ -209,3 +209,31 @@ def test_a_prepared_transaction_committed_while_another_is_held_is_applied_once_
     pipeline = Pipeline(config, spark=spark)
     pipeline.run(until_caught_up=True, handle_signals=False)
     assert_mirrors_equal(config, spark, pg.dsn, {"public.t"})
+
+
+def test_a_transaction_the_server_cannot_decode_while_streaming_is_decoded_at_its_commit(pg, spark, caplog):
+    """A large transaction that adds a column inside a rolled-back savepoint, then another: PostgreSQL's decoder
+    fails on it while streaming it in progress ("could not map filenumber"), and decodes it whole at commit.
+    pgcdc streams on without in-progress streaming, and mirrors it whole."""
+    pg.execute("""
+        CREATE TABLE t (id int PRIMARY KEY, v int);
+        INSERT INTO t SELECT g, g FROM generate_series(1, 100) g;
+        CREATE PUBLICATION pub FOR TABLE t;
+    """)
+    config = pipeline_config(pg, spark, publication="pub")
+    Pipeline(config, spark=spark).snapshot()
+    pg.execute("""
+        BEGIN;
+        INSERT INTO t SELECT g, g FROM generate_series(1000, 21000) g;
+        SAVEPOINT a;
+        ALTER TABLE t ADD COLUMN x int DEFAULT 5;
+        INSERT INTO t SELECT g, g, 7 FROM generate_series(30000, 40000) g;
+        ROLLBACK TO SAVEPOINT a;
+        INSERT INTO t SELECT g, g FROM generate_series(50000, 60000) g;
+        ALTER TABLE t ADD COLUMN y text;
+        INSERT INTO t SELECT g, g, 'y' FROM generate_series(70000, 80000) g;
+        COMMIT;
+        INSERT INTO t VALUES (-1, -1, 'after');
+    """)
+    Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+    assert_mirrors_equal(config, spark, pg.dsn, {"public.t"})

@@ -4,6 +4,8 @@ and the generated columns it publishes. A real server, the session's Spark, ever
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from pgcdc.pipeline import Pipeline
@@ -151,3 +153,55 @@ def test_a_row_moved_into_a_row_filter_gets_the_toast_values_it_did_not_change(p
     pipeline.run(until_caught_up=True, handle_signals=False)
     spark.catalog.clearCache()
     assert mirror_rows(spark, pipeline, "docs") == sorted(pg.execute("SELECT id, v, body FROM docs WHERE id > 10"))
+
+
+def test_a_table_without_columns_is_passed_over_until_it_has_one(pg, spark, caplog):
+    """``CREATE TABLE z ()`` is valid, and its rows carry nothing a mirror could hold: the publication's other
+    tables are mirrored as ever, and z from the first change after it gains a column."""
+    pg.execute("""
+        CREATE TABLE t (id int PRIMARY KEY);
+        CREATE TABLE z ();
+        ALTER TABLE z REPLICA IDENTITY FULL;
+        INSERT INTO t VALUES (1);
+        INSERT INTO z DEFAULT VALUES;
+        CREATE PUBLICATION pub FOR TABLE t, z;
+    """)
+    config = pipeline_config(pg, spark, publication="pub")
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.snapshot()
+    pg.execute("INSERT INTO z DEFAULT VALUES; DELETE FROM z; INSERT INTO t VALUES (2)")
+    pipeline.run(until_caught_up=True, handle_signals=False)
+    assert "public.z has no published columns" in caplog.text
+    assert_mirrors_equal(config, spark, pg.dsn, {"public.t"})
+    pg.execute("ALTER TABLE z ADD COLUMN a int; INSERT INTO z VALUES (5), (5); INSERT INTO t VALUES (3)")
+    Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+    assert_mirrors_equal(config, spark, pg.dsn, {"public.t", "public.z"})
+
+
+@pytest.mark.parametrize("change", [
+    "ALTER PUBLICATION pub SET TABLE cl (id, a, secret), rf WHERE (id > 2), plain",  # wider: what it left out is needed
+    "ALTER PUBLICATION pub SET TABLE cl (id), rf WHERE (id > 9), plain",  # narrower: what it leaves out must go
+], ids=["wider", "narrower"])
+def test_a_changed_column_list_or_row_filter_copies_the_table_again(pg, spark, caplog, change):
+    """The mirror holds what the publication published: a new column list or row filter is a new copy."""
+    pg.server.require(15, "column lists and row filters")
+    pg.execute("""
+        CREATE TABLE cl (id int PRIMARY KEY, a text, secret text);
+        CREATE TABLE rf (id int PRIMARY KEY, v int);
+        CREATE TABLE plain (id int PRIMARY KEY);
+        INSERT INTO cl SELECT g, 'a' || g, 's' || g FROM generate_series(1, 4) g;
+        INSERT INTO rf SELECT g, g FROM generate_series(1, 10) g;
+        INSERT INTO plain VALUES (1);
+        CREATE PUBLICATION pub FOR TABLE cl (id, a), rf WHERE (id > 8), plain;
+    """)
+    config = pipeline_config(pg, spark, publication="pub")
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.snapshot()
+    pg.execute("ALTER TABLE plain ADD COLUMN n int; INSERT INTO plain VALUES (2, 2)")  # not a definition change
+    pipeline.run(until_caught_up=True, handle_signals=False)
+    pg.execute(f"{change}; UPDATE cl SET a = 'changed' WHERE id = 1; UPDATE rf SET v = -v WHERE id = 10")
+    with caplog.at_level(logging.WARNING, logger="pgcdc"):
+        Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+    assert_mirrors_equal(config, spark, pg.dsn, {"public.cl", "public.rf", "public.plain"})
+    copied = [r.getMessage() for r in caplog.records if r.getMessage().startswith("copying ")]
+    assert len(copied) == 1 and "public.cl, public.rf again" in copied[0], copied

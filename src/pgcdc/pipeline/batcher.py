@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -19,7 +20,7 @@ from pgcdc.change_table import (
     describe_row,
     first_unconvertible,
 )
-from pgcdc.checkpoint import Span
+from pgcdc.checkpoint import Span, held_whole
 from pgcdc.errors import ConversionError, TextValuesRequired
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import Relation
@@ -72,9 +73,11 @@ class Batch:
     def rejected(self) -> int:
         return sum(segment.rejected for segments in self.tables.values() for segment in segments)
 
-    def versions(self) -> list[Relation]:
-        """Every schema version of every table the batch touches, in order."""
-        return [segment.relation for segments in self.tables.values() for segment in segments]
+    def versions(self, held: Callable[[Relation], Lsn | None]) -> list[Relation]:
+        """Every schema version of every table the batch touches, in order, but those whose every change the
+        mirror already holds (``held``: its position; a replay after a crash, passed over by the apply too)."""
+        return [segment.relation for segments in self.tables.values() for segment in segments
+                if not held_whole(segment.span, held(segment.relation))]
 
 
 class Batcher:
@@ -82,6 +85,7 @@ class Batcher:
 
     def __init__(self, tables: SourceTables) -> None:
         self.tables = tables
+        self._without_columns: set[int] = set()
 
     def add(self, batch: Batch, txn: Transaction) -> None:
         for change in txn.changes():
@@ -92,6 +96,7 @@ class Batcher:
                 targets = (change.relation,)
             else:  # transactional logical messages are not table data
                 continue
+            targets = tuple(r for r in targets if r.columns or not self._warn_without_columns(r))
             if change.op == "I" and change.new is not None and "u" in change.new.kinds and change.relation:
                 batch.incomplete_inserts.add((change.relation.namespace, change.relation.name))
             for relation in targets:
@@ -115,6 +120,15 @@ class Batcher:
         for segments in batch.tables.values():
             for segment in segments:
                 self._convert_pending(segment)
+
+    def _warn_without_columns(self, relation: Relation) -> bool:
+        """A table without columns (``CREATE TABLE z ()``) has nothing a mirror could hold: its changes are
+        passed over, with one warning per table."""
+        if relation.relation_id not in self._without_columns:
+            self._without_columns.add(relation.relation_id)
+            log.warning("%s has no published columns: its changes are not mirrored until it has one",
+                        relation.qualified_name)
+        return True
 
     def _convert_pending(self, segment: Segment) -> None:
         if not segment.pending:

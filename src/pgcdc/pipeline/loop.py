@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pgcdc.checkpoint import Checkpoint, resume_position
-from pgcdc.errors import ConfigError, TextValuesRequired
+from pgcdc.errors import ConfigError, InProgressDecodingFailed, TextValuesRequired
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline.applier import Applier
 from pgcdc.pipeline.batcher import Batch, Batcher
@@ -76,6 +76,7 @@ class Pipeline:
         self._last_heartbeat = 0.0
         self._seen_status: SlotStatus | None = None
         self._text_values_only = False  # set once a column that binary values cannot carry reached the stream
+        self._whole_transactions_only = False  # set once the server failed to decode a transaction in progress
 
     @property
     def spark(self) -> SparkSession:
@@ -129,6 +130,15 @@ class Pipeline:
                     log.warning("%s: streaming text values from here on", str(exc).split(";")[0])
                     self._text_values_only = True
                     self._wait_for_slot_release()
+                except InProgressDecodingFailed as exc:
+                    # a PostgreSQL decoder failure only in-progress streaming meets: the server sends the
+                    # transaction again from the confirmed position, decoded whole at its commit
+                    if self._whole_transactions_only:
+                        raise
+                    log.warning("%s; streaming again without in-progress transactions (--streaming off) for "
+                                "this run", exc)
+                    self._whole_transactions_only = True
+                    self._wait_for_slot_release()
 
     # -- streaming ----------------------------------------------------------------
     def _stream(self, *, until_caught_up: bool) -> Progress:
@@ -140,7 +150,8 @@ class Pipeline:
                                                   wanted=config.binary and not self._text_values_only)
             target = server_lsn(conn) if until_caught_up else None
         options = ReplicationOptions(publication=config.publication, proto_version=config.proto_version,
-                                     streaming=config.streaming, two_phase=config.two_phase,
+                                     streaming="off" if self._whole_transactions_only else config.streaming,
+                                     two_phase=config.two_phase,
                                      binary=binary, messages=True, origin=config.origin)
         stream = LogicalReplicationStream(config.dsn, slot=config.slot, options=options,
                                           start_lsn=checkpoint.confirmed,
@@ -158,7 +169,8 @@ class Pipeline:
         def hand_off(batch: Batch) -> None:
             self._batcher.finish(batch)
             # before anything evolves a mirror to the batch's table versions: they tell what must be copied
-            self._snapshotter.copy_rewritten(batch.versions())
+            self._snapshotter.copy_rewritten(batch.versions(lambda relation: self._tables.mirrors.held_position(
+                relation.namespace, relation.name, changelog=config.changelog)))
             self._snapshotter.copy_again(batch.incomplete_inserts, "a row moved into a publication's row filter came "
                                          "without the TOAST values it did not change, which only the table holds")
             self._snapshotter.copy_unmirrored(batch.relations())

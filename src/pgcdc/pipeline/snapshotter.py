@@ -99,12 +99,20 @@ class Snapshotter:
             self._set_phase("streaming")
 
     def copy_rewritten(self, versions: list[Relation]) -> None:
-        """Tables whose new columns PostgreSQL filled by rewriting the table (a volatile default: logical decoding
-        sends none of those values) are copied again at a fresh consistent point of a temporary slot; rule 2 then
-        skips the batch's changes that the copy already holds."""
-        rewritten = {(r.namespace, r.name) for r in versions if self.tables.needs_copy(r)}
-        self.copy_again(rewritten, "their rows hold values of new or renamed columns that logical decoding does not "
-                                   "send")
+        """Tables whose mirror's rows hold values that a change of the table's schema changed without logical
+        decoding sending them (:meth:`SourceTables.needs_copy`) are copied again at a fresh consistent point of
+        a temporary slot; rule 2 then skips the batch's changes that the copy already holds."""
+        if not versions:
+            return
+        storage = self.tables.storage_of(versions)
+        reasons: dict[tuple[str, str], str] = {}
+        for relation in versions:
+            name = (relation.namespace, relation.name)
+            if (name not in reasons and self.tables.has_position(relation)
+                    and (why := self.tables.needs_copy(relation, storage.get(relation.relation_id))) is not None):
+                reasons[name] = why
+        for why in sorted(set(reasons.values())):
+            self.copy_again({name for name, reason in reasons.items() if reason == why}, why)
 
     def copy_again(self, names: set[tuple[str, str]], why: str) -> None:
         """Copy the tables ``names`` (schema, table) again at a fresh consistent point of a temporary slot, for
@@ -131,7 +139,7 @@ class Snapshotter:
         for table in tables:
             converter = self.tables.converter_for(table.relation)
             # the copy replaces every row: a mirror keyed otherwise is made again with the table's key
-            mirror = self.tables.mirror_for(table.relation, replace_other_key=True)
+            mirror = self.tables.mirror_for(table.relation, replacing_rows=True, storage=table.storage)
             if mirror.position is None:  # files of an interrupted copy of this table, never committed
                 remove_unreferenced_files(self._spark(), mirror.identifier)
             label = f"{table.schema}.{table.name}"
@@ -154,6 +162,8 @@ class Snapshotter:
                 )
             copied[label] = result.rows
             mirror.position = consistent_lsn
+            if mirror.spec.shape is not None and mirror.shape != mirror.spec.shape:  # the rows are the new shape's
+                self.tables.mirrors.record_shape(table.schema, table.name, mirror.spec.shape)
             self.progress.snapshot_rows[label] = result.rows
             log.info("copied %s: %d rows in %.1fs at %s", label, result.rows, result.seconds, consistent_lsn,
                      extra={"event": "snapshot.copied", "table": label, "rows": result.rows,

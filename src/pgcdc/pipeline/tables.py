@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -21,10 +22,12 @@ from pgcdc.pipeline.config import PipelineConfig
 from pgcdc.replication import source_connection
 from pgcdc.replication.published import (
     AddedColumn,
+    TableStorage,
     added_columns,
     identity_key,
     primary_key,
     published_tables,
+    table_storage,
 )
 from pgcdc.types import ConversionOptions, TableConverter, TypeRegistry
 
@@ -105,11 +108,12 @@ class SourceTables:
             key = self._keys[signature] = identity_key(relation, primary)
         return key
 
-    def mirror_for(self, relation: Relation, *, replace_other_key: bool = False) -> MirrorTable:
-        """The mirror of a relation version, created or evolved to it. A mirror keyed otherwise is refused
-        (the way out is a new copy), or, with ``replace_other_key`` (a copy is about to replace its rows),
-        made again with the new key."""
-        from pgcdc.spark.mirror import TableSpec
+    def mirror_for(self, relation: Relation, *, replacing_rows: bool = False,
+                   storage: TableStorage | None = None) -> MirrorTable:
+        """The mirror of a relation version, created or evolved to it. A mirror keyed otherwise, or with a column
+        of a type it cannot take in place, is refused (the way out is a new copy), or, with ``replacing_rows``
+        (a copy is about to replace its rows with the table's, whose ``storage`` it records), made again."""
+        from pgcdc.spark.mirror import SourceShape, TableSpec
         from pgcdc.spark.schema import spark_schema
 
         if relation.replica_identity == REPLICA_IDENTITY_NOTHING:
@@ -118,9 +122,14 @@ class SourceTables:
                         relation.qualified_name, relation.qualified_name)
         spec = TableSpec(source_schema=relation.namespace, source_table=relation.name,
                          spark_schema=spark_schema(self.converter_for(relation).arrow_schema),
-                         key_columns=self.key_for(relation), replica_identity=relation.replica_identity)
-        if replace_other_key:  # a copy is about to replace every row: nothing of the old ones to fill
-            mirror = self.mirrors.ensure(spec, replace_other_key=True)
+                         key_columns=self.key_for(relation), replica_identity=relation.replica_identity,
+                         shape=SourceShape(
+                             relation.relation_id, tuple((c.name, c.type_oid, c.type_modifier) for c in relation.columns),
+                             storage.filenodes if storage is not None else None,
+                             storage.attnums if storage is not None else None,
+                             storage.definition if storage is not None else None))
+        if replacing_rows:  # a copy is about to replace every row: nothing of the old ones to fill
+            mirror = self.mirrors.ensure(spec, replacing_rows=True)
             if mirror.pending_fill:
                 self.mirrors.forget_fill(mirror)
             return mirror
@@ -134,18 +143,76 @@ class SourceTables:
             self.mirrors.fill(mirror, self._values_table(relation, mirror.pending_fill))
         return mirror
 
-    def needs_copy(self, relation: Relation) -> bool:
-        """Whether this relation version's new columns hold, in the existing rows, values that logical decoding
-        never sent, so that the mirror must be copied again: columns added with a default that PostgreSQL wrote
-        by rewriting the table (a volatile one), or into a table rewritten since; and a version that both lacks
-        columns of the mirror and brings new ones, which is what a RENAME COLUMN looks like (the Relation
-        message carries names only). A plain ADD COLUMN (NULL) or a non-volatile default (the catalog's missing
-        value, filled by :meth:`mirror_for`) needs no copy."""
+    def storage_of(self, relations: list[Relation]) -> dict[int, TableStorage]:
+        """The catalog's word on the storage of these relations' tables (those that still exist)."""
+        with source_connection(self.config.dsn, 120.0) as conn:
+            return table_storage(conn, sorted({r.relation_id for r in relations}), self.config.publication)
+
+    def needs_copy(self, relation: Relation, storage: TableStorage | None) -> str | None:
+        """Why this relation version's rows hold, in the mirror, values that logical decoding never sent, so that
+        the mirror must be copied again (None when they do not); ``storage`` is the table's now:
+
+        - it is another table than the mirror's source (dropped and created again under its name);
+        - a column's type changed and the table was rewritten since the mirror's last copy (``ALTER COLUMN ...
+          TYPE`` rewrites every row through the cast or its ``USING`` expression; a change PostgreSQL makes
+          without a rewrite keeps every value), or, for a mirror that does not know, the change is not one
+          that keeps every value (:func:`pgcdc.types.kinds.type_change_keeps_values`);
+        - a column was dropped and added again under its name (it has a new column number);
+        - the publication's column list or row filter for the table changed (the mirror lacks the rows or
+          values the old one left out, or holds rows the new one leaves out);
+        - its new columns were filled by rewriting the table (a volatile default), or added to a table rewritten
+          since;
+        - it both lacks columns of the mirror and brings new ones, which is what a RENAME COLUMN looks like (the
+          Relation message carries names only).
+
+        The catalog may be ahead of the stream: then the copy comes early, which is as right (rule 2 skips what
+        it holds). A plain ADD COLUMN (NULL) or a non-volatile default (the catalog's missing value, filled by
+        :meth:`mirror_for`) needs no copy."""
+        from pgcdc.spark.schema import spark_schema
+        from pgcdc.types.kinds import type_change_keeps_values
+
+        shape = self.mirrors.source_shape(relation.namespace, relation.name)
+        if shape is not None:
+            if shape.relation_id != relation.relation_id:
+                return "the table was dropped and created again under its name"
+            held = {name: (type_oid, typmod) for name, type_oid, typmod in shape.columns}
+            changed = [c.name for c in relation.columns
+                       if c.name in held and held[c.name] != (c.type_oid, c.type_modifier)]
+            if changed and (shape.filenodes is not None and storage is not None
+                            and storage.filenodes != shape.filenodes):
+                return f"the type of {', '.join(changed)} changed and the table was rewritten, which may have " \
+                       "changed their values"
+            if changed and shape.filenodes is None and not all(
+                    type_change_keeps_values(held[c.name], (c.type_oid, c.type_modifier))
+                    for c in relation.columns if c.name in changed):
+                return f"the type of {', '.join(changed)} changed, which may have changed their values"
+            if storage is not None and shape.definition is not None and storage.definition is not None \
+                    and storage.definition != shape.definition:
+                return "the publication's column list or row filter for it changed: the mirror lacks rows or " \
+                       "values the stream never sent"
+            if shape.attnums is not None and storage is not None:
+                before = dict(shape.attnums)
+                renumbered = [name for name, number in storage.attnums if before.get(name, number) != number]
+                if renumbered:
+                    return f"{', '.join(renumbered)} were dropped and added again: their values are the new " \
+                           "columns'"
+            # columns added since, or what a mirror made before pgcdc recorded it did not know: from now on
+            if storage is not None and (shape.attnums is None or set(storage.attnums) - set(shape.attnums)
+                                        or (shape.definition is None and storage.definition is not None)):
+                self.mirrors.record_shape(relation.namespace, relation.name, replace(
+                    shape, attnums=storage.attnums,
+                    definition=shape.definition if shape.definition is not None else storage.definition))
         existing = self.mirrors.columns_of(relation.namespace, relation.name)
         names = {c.name for c in relation.columns}
         if existing is not None and names - existing and existing - names:
-            return True
-        return any(a.missing_text is None and a.has_default for a in self._added_columns(relation))
+            return "columns were renamed: their values are the old columns', under new names"
+        if any(a.missing_text is None and a.has_default for a in self._added_columns(relation)):
+            return "new columns hold values PostgreSQL wrote by rewriting the table, which logical decoding does " \
+                   "not send"
+        if existing is not None and self.mirrors.cannot_take(
+                relation.namespace, relation.name, spark_schema(self.converter_for(relation).arrow_schema)):
+            return "a column's type changed to one its mirror cannot change to in place"
+        return None
 
     def _added_columns(self, relation: Relation) -> list[AddedColumn]:
         existing = self.mirrors.columns_of(relation.namespace, relation.name)

@@ -7,7 +7,8 @@ and the stream share one converter and one mirror schema.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 
 import psycopg
 
@@ -21,6 +22,8 @@ from pgcdc.pgoutput.messages import (
     Relation,
 )
 from pgcdc.replication.options import quote_ident
+
+log = logging.getLogger("pgcdc.replication")
 
 # PostgreSQL 15+ says which columns and rows a publication publishes of each table (its column list, or every
 # column it sends: generated ones too where the publication publishes them; its row filter, already combined
@@ -57,6 +60,65 @@ ORDER BY a.attnum
 """
 
 
+# What the catalog tells of a table's storage that Relation messages do not: the files holding its rows (its
+# partitions' for a partitioned table; a rewrite gives them new file numbers) and its columns' numbers (a column
+# dropped and added again under its name gets a new one).
+_STORAGE_SQL = """
+SELECT c.oid::bigint,
+       ARRAY(SELECT pg_relation_filenode(t.relid)::bigint
+             FROM (SELECT c.oid::regclass AS relid UNION SELECT relid FROM pg_partition_tree(c.oid)) t
+             WHERE pg_relation_filenode(t.relid) IS NOT NULL ORDER BY t.relid::oid),
+       ARRAY(SELECT a.attname::text FROM pg_attribute a
+             WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum),
+       ARRAY(SELECT a.attnum::int FROM pg_attribute a
+             WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum)
+FROM pg_class c
+WHERE c.oid = ANY(%s)
+"""
+
+
+# How the publication publishes each table (PostgreSQL 15+): its explicit column list (None: every column,
+# which ADD COLUMN extends) and its row filter as pgoutput combines them. A change of either gives the mirror
+# rows or values the stream never sent.
+_DEFINITION_SQL = """
+SELECT c.oid::bigint,
+       CASE WHEN EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+                         WHERE p.pubname = pt.pubname AND pr.prrelid = c.oid AND pr.prattrs IS NOT NULL)
+            THEN pt.attnames::text[] END,
+       pt.rowfilter
+FROM pg_publication_tables pt
+JOIN pg_namespace n ON n.nspname = pt.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+WHERE pt.pubname = %s AND c.oid = ANY(%s)
+"""
+
+
+@dataclass(frozen=True)
+class TableStorage:
+    """A table's file numbers (its partitions' too) and its columns' numbers, as the catalog has them now, and
+    how the publication publishes it: ``definition`` is (its explicit column list or None, its row filter or
+    None), itself None where the server cannot tell (before PostgreSQL 15) or was not asked."""
+
+    filenodes: tuple[int, ...]
+    attnums: tuple[tuple[str, int], ...]
+    definition: tuple[tuple[str, ...] | None, str | None] | None = None
+
+
+def table_storage(conn: psycopg.Connection, relation_ids: list[int],
+                  publication: str | None = None) -> dict[int, TableStorage]:
+    """The storage of each table of ``relation_ids`` that exists (with its definition in ``publication``)."""
+    if not relation_ids:
+        return {}
+    definitions: dict[int, tuple[tuple[str, ...] | None, str | None]] = {}
+    if publication is not None and conn.info.server_version >= 150000:
+        definitions = {oid: (None if columns is None else tuple(columns), row_filter)
+                       for oid, columns, row_filter in conn.execute(_DEFINITION_SQL,
+                                                                    (publication, relation_ids)).fetchall()}
+    return {oid: TableStorage(tuple(filenodes), tuple(zip(names, numbers, strict=True)),
+                              definitions.get(oid) if publication is not None else None)
+            for oid, filenodes, names, numbers in conn.execute(_STORAGE_SQL, (relation_ids,)).fetchall()}
+
+
 @dataclass(frozen=True)
 class PublishedTable:
     relation: Relation
@@ -64,6 +126,7 @@ class PublishedTable:
     pages: int
     row_filter: str | None = None  # the publication's WHERE for this table, as PostgreSQL prints it
     partitioned: bool = False  # its rows are its partitions' (published through the root); else its own alone
+    storage: TableStorage | None = None  # read before any copy of it starts
 
     @property
     def schema(self) -> str:
@@ -91,9 +154,13 @@ def published_tables(conn: psycopg.Connection, publication: str) -> list[Publish
             for attname, type_oid, typmod, is_key, generated in conn.execute(_COLUMNS_SQL, (oid,)).fetchall()
             if (attname in sent if sent is not None else not generated)
         )
+        if not columns:  # CREATE TABLE z (): nothing a mirror could hold (the stream passes its changes over)
+            log.warning("%s.%s has no published columns: it is not mirrored until it has one", namespace, name)
+            continue
         tables.append(PublishedTable(Relation(None, oid, namespace, name, identity, columns), rows, pages,
                                      row_filter, partitioned))
-    return tables
+    storage = table_storage(conn, [t.relation.relation_id for t in tables], publication)
+    return [replace(t, storage=storage.get(t.relation.relation_id)) for t in tables]
 
 
 def primary_key(conn: psycopg.Connection, relation_id: int) -> tuple[str, ...]:

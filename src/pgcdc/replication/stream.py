@@ -20,13 +20,15 @@ import psycopg
 import psycopg2
 import psycopg2.errors
 
-from pgcdc.errors import ConfigError, SlotBusyError
+from pgcdc.errors import ConfigError, InProgressDecodingFailed, SlotBusyError
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput import AnyMessage, MessageDecoder
 from pgcdc.replication.options import ReplicationOptions, with_session_settings
 from pgcdc.replication.slots import deadline, replication_connection
 
 log = logging.getLogger("pgcdc.replication")
+
+_INTERNAL_ERROR = "XX000"  # SQLSTATE of an error inside the server (its decoder's, for a walsender)
 
 
 def _connection_lost(exc: BaseException) -> bool:
@@ -63,6 +65,7 @@ class LogicalReplicationStream:
         self._confirmed = start_lsn or Lsn(0)
         self._connection: psycopg2.extensions.connection | None = None
         self._cursor = None
+        self._negotiated: dict[str, str] = {}  # the options of the running stream
         self._closed = False
         self.proto_version = 1
         self.server_wal_end: Lsn | None = None
@@ -107,6 +110,11 @@ class LogicalReplicationStream:
                 if self._closed:
                     return
                 if not _connection_lost(exc):
+                    if (getattr(exc, "pgcode", None) == _INTERNAL_ERROR and self._cursor is not None
+                            and self._negotiated.get("streaming", "off") != "off"):
+                        raise InProgressDecodingFailed(
+                            f"the server failed to decode slot {self.slot!r} while streaming transactions in "
+                            f"progress: {' '.join(str(exc).split())}") from exc
                     raise
                 # After a lost connection the server keeps the old walsender (and the slot) until it notices
                 # too (wal_sender_timeout); only then is the slot free again. On a first start it is really
@@ -130,6 +138,7 @@ class LogicalReplicationStream:
         connection = replication_connection(self.dsn)
         self._connection = connection
         options = self.options.negotiate(connection.server_version)
+        self._negotiated = options
         self.proto_version = int(options["proto_version"])
         cursor = connection.cursor()
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pgcdc.errors import ConfigError, PositionCorruptError
@@ -38,6 +38,9 @@ ORDINAL_PROPERTY = "pgcdc.ordinal"  # with pgcdc.lsn, the last change a __reject
 # a table property: the position again, where snapshot expiry cannot remove it (JSON: lsn, and pending while a
 # commit of a table without a key is in flight); see MirrorCatalog.recording
 RECORD_PROPERTY = "pgcdc.position"
+# The source table's identity and its columns' PostgreSQL types (relation OID; name, type OID, typmod), as the
+# mirror's rows hold them: a table dropped and made again, or a column whose type changed, is told by them.
+SHAPE_PROPERTY = "pgcdc.source-shape"
 _PATH_UNSAFE = {"%": "%25", "/": "%2F", "\\": "%5C"}
 
 
@@ -59,10 +62,60 @@ class TableSpec:
     spark_schema: StructType
     key_columns: tuple[str, ...] = ()
     replica_identity: str = "d"
+    shape: SourceShape | None = None
 
     @property
     def source(self) -> str:
         return f"{self.source_schema}.{self.source_table}"
+
+
+@dataclass(frozen=True)
+class SourceShape:
+    """The source table a mirror's rows come from: its relation OID and each column's PostgreSQL type (as the
+    stream's Relation messages tell them), and what the catalog told of its storage when it was last copied
+    (file numbers, which a rewrite changes; how the publication publishes it) and since (column numbers: a
+    column dropped and added again under its name gets a new one); None where not known."""
+
+    relation_id: int
+    columns: tuple[tuple[str, int, int], ...]  # name, type OID, typmod
+    filenodes: tuple[int, ...] | None = None
+    attnums: tuple[tuple[str, int], ...] | None = None
+    definition: tuple[tuple[str, ...] | None, str | None] | None = None  # the publication's column list, filter
+
+    def encode(self) -> str:
+        definition = None if self.definition is None else {
+            "columns": None if self.definition[0] is None else list(self.definition[0]), "filter": self.definition[1]}
+        return json.dumps({"relation": self.relation_id, "columns": [list(c) for c in self.columns],
+                           "filenodes": None if self.filenodes is None else list(self.filenodes),
+                           "attnums": None if self.attnums is None else dict(self.attnums),
+                           "definition": definition})
+
+    @classmethod
+    def decode(cls, value: str | None) -> SourceShape | None:
+        try:
+            data = json.loads(value) if value else None
+            if data is None:
+                return None
+            filenodes, attnums, definition = data.get("filenodes"), data.get("attnums"), data.get("definition")
+            return cls(int(data["relation"]),
+                       tuple((str(name), int(oid), int(typmod)) for name, oid, typmod in data["columns"]),
+                       None if filenodes is None else tuple(int(f) for f in filenodes),
+                       None if attnums is None else tuple((str(k), int(v)) for k, v in attnums.items()),
+                       None if definition is None else (
+                           None if definition["columns"] is None else tuple(str(c) for c in definition["columns"]),
+                           None if definition["filter"] is None else str(definition["filter"])))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            log.warning("ignoring %s=%r, which is not a source shape", SHAPE_PROPERTY, value)
+            return None
+
+    def following(self, recorded: SourceShape | None) -> SourceShape:
+        """This shape, with what ``recorded`` knows of the storage where this one does not (a Relation message
+        tells nothing of it)."""
+        if recorded is None or recorded.relation_id != self.relation_id:
+            return self
+        return replace(self, filenodes=recorded.filenodes if self.filenodes is None else self.filenodes,
+                       attnums=recorded.attnums if self.attnums is None else self.attnums,
+                       definition=recorded.definition if self.definition is None else self.definition)
 
 
 @dataclass
@@ -78,6 +131,7 @@ class MirrorTable:
     pending_fill: dict[str, str | None] = field(default_factory=dict)  # see FILL_PROPERTY
     rejects_identifier: str = ""  # <table>__rejects: changes set aside (--on-conversion-error quarantine)
     rejects_position: tuple[int, int] | None = None  # (commit LSN, ordinal) of the last change set aside
+    shape: SourceShape | None = None  # see SHAPE_PROPERTY
 
 
 def stored_type(data_type: DataType) -> DataType:
@@ -121,6 +175,17 @@ def _widens(old: DataType, new: DataType) -> bool:
         return True
     return (isinstance(old, DecimalType) and isinstance(new, DecimalType) and old.scale == new.scale
             and new.precision >= old.precision)
+
+
+def _narrowed(current: StructType, spec: TableSpec) -> list[str]:
+    """The mirror's columns whose type Iceberg cannot change in place to ``spec``'s."""
+    return _cannot_widen(current, spec.spark_schema)
+
+
+def _cannot_widen(current: StructType, target: StructType) -> list[str]:
+    wanted = {f.name: f for f in target.fields}
+    return [f.name for f in current.fields if f.name in wanted
+            and not _widens(stored_type(f.dataType), stored_type(wanted[f.name].dataType))]
 
 
 class MirrorCatalog:
@@ -170,11 +235,12 @@ class MirrorCatalog:
             return False
         return True
 
-    def ensure(self, spec: TableSpec, *, replace_other_key: bool = False) -> MirrorTable:
+    def ensure(self, spec: TableSpec, *, replacing_rows: bool = False) -> MirrorTable:
         """The mirror of ``spec``'s source, created or evolved to ``spec.spark_schema``.
 
-        A mirror keyed on other columns than ``spec.key_columns`` is refused with the way out (a new copy),
-        or, with ``replace_other_key`` (the caller is about to replace every row), dropped and made again."""
+        A mirror keyed on other columns than ``spec.key_columns``, or holding a column whose type Iceberg cannot
+        change in place to the new one, is refused with the way out (a new copy), or, with ``replacing_rows``
+        (the caller is about to replace every row), dropped and made again."""
         key = (spec.source_schema, spec.source_table)
         known = self._tables.get(key)
         if known is not None and known.spec == spec:
@@ -185,31 +251,44 @@ class MirrorCatalog:
         recorded = (known.spec.key_columns if known is not None
                     else self._recorded_key(identifier) if readable else None)
         if recorded is not None and _key_tokens(recorded) != _key_tokens(spec.key_columns):
-            if not replace_other_key:
+            if not replacing_rows:
                 raise ConfigError(
                     f"{spec.source}: its mirror {identifier} is keyed on {_describe_key(recorded)}, but the "
                     f"table's replica identity now identifies rows by {_describe_key(spec.key_columns)}; applying "
                     "its changes by the old key would leave wrong rows in the mirror. Copy the tables again with "
                     "the new key: pgcdc run --resnapshot (or restore the table's replica identity)")
-            log.warning("%s: mirror %s was keyed on %s; making it again keyed on %s for a new copy", spec.source,
-                        identifier, _describe_key(recorded), _describe_key(spec.key_columns))
-            self.spark.sql(f"DROP TABLE {identifier}")
-            self._tables.pop(key, None)
+            self._drop_for_copy(identifier, spec, f"was keyed on {_describe_key(recorded)}; making it again keyed "
+                                                  f"on {_describe_key(spec.key_columns)}")
             known, readable = None, False
-        if not readable:
+        current = None if not readable else known.schema if known is not None else self.spark.table(identifier).schema
+        if current is not None and replacing_rows and _narrowed(current, spec):
+            self._drop_for_copy(identifier, spec, f"holds {', '.join(_narrowed(current, spec))} of types Iceberg "
+                                                  "cannot change in place to the source's new ones")
+            known, readable, current = None, False, None
+        if current is None:
             self._create(identifier, spec)
             mirror = MirrorTable(identifier, changelog, spec, self.spark.table(identifier).schema)
+            mirror.shape = spec.shape
         else:
-            current = known.schema if known is not None else self.spark.table(identifier).schema
             mirror = MirrorTable(identifier, changelog, spec, self._evolve(identifier, spec, current))
             mirror.position = known.position if known is not None else self.read_position(identifier)
             mirror.changelog_position = (known.changelog_position if known is not None
                                          else self.read_position(changelog) if self._exists(changelog) else None)
             pending = self._property(identifier, FILL_PROPERTY) if known is None else None
             mirror.pending_fill = json.loads(pending) if pending else {}
+            mirror.shape = (known.shape if known is not None
+                            else SourceShape.decode(self._property(identifier, SHAPE_PROPERTY)))
+            updates = {}
             if known is None and self.slot is not None and self._property(identifier, SLOT_PROPERTY) != self.slot:
-                self.spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES "
-                               f"({sql_string(SLOT_PROPERTY)} = {sql_string(self.slot)})")
+                updates[SLOT_PROPERTY] = self.slot
+            shape = spec.shape.following(mirror.shape) if spec.shape is not None else None
+            # rows about to be replaced keep their shape until the copy replacing them commits (record_shape)
+            if shape is not None and shape != mirror.shape and not replacing_rows:
+                updates[SHAPE_PROPERTY] = shape.encode()
+                mirror.shape = shape
+            if updates:
+                self.spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ("
+                               + ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in updates.items()) + ")")
         mirror.rejects_identifier = self.rejects_identifier_for(spec.source_schema, spec.source_table)
         if known is not None:
             mirror.rejects_position = known.rejects_position
@@ -217,6 +296,38 @@ class MirrorCatalog:
             mirror.rejects_position = self.read_rejects_position(mirror.rejects_identifier)
         self._tables[key] = mirror
         return mirror
+
+    def cannot_take(self, source_schema: str, source_table: str, spark_schema: StructType) -> bool:
+        """Whether the mirror has a column whose type Iceberg cannot change in place to ``spark_schema``'s."""
+        known = self._tables.get((source_schema, source_table))
+        identifier = self.identifier_for(source_schema, source_table)
+        current = known.schema if known is not None else self.spark.table(identifier).schema
+        return bool(_cannot_widen(current, spark_schema))
+
+    def record_shape(self, source_schema: str, source_table: str, shape: SourceShape) -> None:
+        """Record ``shape`` as the mirror's source shape (the mirror exists): after a copy replaced its rows."""
+        identifier = self.identifier_for(source_schema, source_table)
+        self.spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES "
+                       f"({sql_string(SHAPE_PROPERTY)} = {sql_string(shape.encode())})")
+        known = self._tables.get((source_schema, source_table))
+        if known is not None:
+            known.shape = shape
+
+    def _drop_for_copy(self, identifier: str, spec: TableSpec, why: str) -> None:
+        log.warning("%s: mirror %s %s, for a new copy", spec.source, identifier, why)
+        self.spark.sql(f"DROP TABLE {identifier}")
+        self._tables.pop((spec.source_schema, spec.source_table), None)
+
+    def source_shape(self, source_schema: str, source_table: str) -> SourceShape | None:
+        """The source shape the mirror's rows hold (before :meth:`ensure` evolves it); None when there is no
+        mirror or it records none."""
+        known = self._tables.get((source_schema, source_table))
+        if known is not None:
+            return known.shape
+        identifier = self.identifier_for(source_schema, source_table)
+        if not self._readable(identifier):
+            return None
+        return SourceShape.decode(self._property(identifier, SHAPE_PROPERTY))
 
     def _recorded_key(self, identifier: str) -> tuple[str, ...] | None:
         """The key a mirror was created with (its ``pgcdc.key`` property); None when it records none."""
@@ -226,9 +337,12 @@ class MirrorCatalog:
         return (value,) if value else ()  # compared by _key_tokens: a column name may hold a comma
 
     def _property(self, identifier: str, name: str) -> str | None:
-        rows = self.spark.sql(f"SHOW TBLPROPERTIES {identifier} ({sql_string(name)})").collect()
-        value = rows[0].value if rows else None
-        return None if value is None or "does not have property" in value else value
+        # from Iceberg's table, not SHOW TBLPROPERTIES: Spark redacts any value that mentions a secret, a
+        # password or a token (spark.redaction.regex) — a column's name or a default's text, say
+        from pgcdc.spark.iceberg import load_table
+
+        value = load_table(self.spark, identifier).properties().get(name)
+        return None if value is None else str(value)
 
     def held_position(self, source_schema: str, source_table: str, *, changelog: bool) -> Lsn | None:
         """The position below which the mirror (and its change log, when kept) holds every transaction, read
@@ -306,6 +420,7 @@ class MirrorCatalog:
             SOURCE_PROPERTY: spec.source,
             KEY_PROPERTY: ",".join(spec.key_columns),
             **({SLOT_PROPERTY: self.slot} if self.slot is not None else {}),
+            **({SHAPE_PROPERTY: spec.shape.encode()} if spec.shape is not None else {}),
         }
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.namespace_for(spec.source_schema)}")
         self.spark.sql(f"CREATE TABLE {identifier} ({columns}) USING iceberg TBLPROPERTIES ("
@@ -322,14 +437,12 @@ class MirrorCatalog:
     def _evolve(self, identifier: str, spec: TableSpec, current: StructType) -> StructType:
         wanted = {f.name: f for f in spec.spark_schema.fields}
         existing = {f.name: f for f in current.fields}
-        for name, field_ in existing.items():
-            target = wanted.get(name)
-            if target is not None and not _widens(stored_type(field_.dataType), stored_type(target.dataType)):
-                raise ConfigError(
-                    f"{spec.source}.{name} changed from {field_.dataType.simpleString()} to "
-                    f"{target.dataType.simpleString()}, which Iceberg cannot express in place; resnapshot the "
-                    f"table: DROP TABLE {identifier} in Spark (and its {CHANGELOG_SUFFIX} table if kept), then "
-                    "run pgcdc again, which copies it at a fresh consistent point")
+        for name in _narrowed(current, spec)[:1]:
+            raise ConfigError(
+                f"{spec.source}.{name} changed from {existing[name].dataType.simpleString()} to "
+                f"{wanted[name].dataType.simpleString()}, which Iceberg cannot express in place; resnapshot the "
+                f"table: DROP TABLE {identifier} in Spark (and its {CHANGELOG_SUFFIX} table if kept), then "
+                "run pgcdc again, which copies it at a fresh consistent point")
         statements = []
         for name, field_ in existing.items():
             target = wanted.get(name)

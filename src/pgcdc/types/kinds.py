@@ -35,3 +35,32 @@ def _scalar_kind(pg_type: PgType, typmod: int, options: ConversionOptions, kinds
     if pg_type.is_enum:
         return enum_kind(pg_type.name)
     return kinds.get(pg_type.name, typmod, options) or text_form(pg_type.name)
+
+
+# Built-in type OIDs (fixed in PostgreSQL's catalog) of the type changes PostgreSQL makes without a rewrite.
+_TEXT, _VARCHAR, _VARBIT, _NUMERIC, _INTERVAL = 25, 1043, 1562, 1700, 1186
+_TIMES = frozenset({1083, 1114, 1184, 1266})  # time, timestamp, timestamptz, timetz: typmod = fractional digits
+
+
+def type_change_keeps_values(old: tuple[int, int], new: tuple[int, int]) -> bool:
+    """Whether ``ALTER COLUMN ... TYPE`` from ``old`` to ``new`` (type OID, typmod) is one PostgreSQL makes
+    without rewriting the table, leaving every value as it was: ``text`` or a longer ``varchar``/``varbit``, a
+    ``numeric`` of more digits at the same scale, more fractional digits of a time or timestamp, or the type's
+    limit removed. Any other change rewrites every row through the cast or a ``USING`` expression, which may
+    give them values that logical decoding never sends (a wider integer too: its ``USING`` may be anything)."""
+    (old_type, old_mod), (new_type, new_mod) = old, new
+    if old == new:
+        return True
+    if old_type in (_TEXT, _VARCHAR) and new_type in (_TEXT, _VARCHAR):
+        return new_type == _TEXT or new_mod < 0 or (old_type == _VARCHAR and 0 <= old_mod <= new_mod)
+    if old_type != new_type:
+        return False
+    if new_mod < 0:  # the limit removed: every value fits as it is
+        return old_type in (_VARBIT, _NUMERIC, _INTERVAL) or old_type in _TIMES
+    if old_mod < 0:
+        return False
+    if old_type == _VARBIT or old_type in _TIMES:
+        return new_mod >= old_mod
+    if old_type == _NUMERIC:  # typmod - 4 = precision << 16 | scale (11 bits, signed): same scale, more digits
+        return (old_mod - 4) & 0x7FF == (new_mod - 4) & 0x7FF and (new_mod - 4) >> 16 >= (old_mod - 4) >> 16
+    return False
