@@ -205,3 +205,29 @@ def test_a_changed_column_list_or_row_filter_copies_the_table_again(pg, spark, c
     assert_mirrors_equal(config, spark, pg.dsn, {"public.cl", "public.rf", "public.plain"})
     copied = [r.getMessage() for r in caplog.records if r.getMessage().startswith("copying ")]
     assert len(copied) == 1 and "public.cl, public.rf again" in copied[0], copied
+
+
+def test_a_table_taken_out_of_the_publication_and_put_back_is_copied_again(pg, spark, caplog):
+    """Its changes while out were never sent: put back, it is copied again (as a table added later is)."""
+    pg.server.require(15, "publication membership read with column lists")
+    pg.execute("""
+        CREATE TABLE t (id int PRIMARY KEY, v text);
+        CREATE TABLE u (id int PRIMARY KEY);
+        INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 5) g;
+        INSERT INTO u VALUES (1);
+        CREATE PUBLICATION pub FOR TABLE t, u;
+    """)
+    config = pipeline_config(pg, spark, publication="pub")
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.snapshot()
+    pg.execute("ALTER PUBLICATION pub DROP TABLE t")
+    pg.execute("UPDATE t SET v = 'while out' WHERE id = 1; DELETE FROM t WHERE id = 2; INSERT INTO t VALUES (6, 'x')")
+    pg.execute("INSERT INTO u VALUES (2)")
+    pipeline.run(until_caught_up=True, handle_signals=False)
+    pg.execute("ALTER PUBLICATION pub ADD TABLE t")
+    pg.execute("UPDATE t SET v = 'back' WHERE id = 3; INSERT INTO u VALUES (3)")
+    with caplog.at_level(logging.WARNING, logger="pgcdc"):
+        Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+    assert_mirrors_equal(config, spark, pg.dsn, {"public.t", "public.u"})
+    copied = [r.getMessage() for r in caplog.records if r.getMessage().startswith("copying ")]
+    assert len(copied) == 1 and copied[0].startswith("copying public.t again"), copied

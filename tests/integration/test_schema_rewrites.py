@@ -13,8 +13,7 @@ import logging
 import pytest
 
 from pgcdc.pipeline import Pipeline
-from pgcdc.verify import compare_publication
-from pipeline_support import pipeline_config, run_cli
+from pipeline_support import assert_mirrors_equal, catch_up_in_process, pipeline_config, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -31,15 +30,11 @@ CREATE PUBLICATION shop FOR TABLE items, other;
 
 
 def catch_up(config, spark) -> Pipeline:
-    pipeline = Pipeline(config, spark=spark)
-    pipeline.run(until_caught_up=True, handle_signals=False)
-    return pipeline
+    return catch_up_in_process(config, spark)
 
 
 def assert_equal(pipeline: Pipeline, pg) -> None:
-    pipeline.spark.catalog.clearCache()
-    for result in compare_publication(pipeline, pg.dsn, "shop"):
-        assert result.equal, result.describe()
+    assert_mirrors_equal(pipeline.config, pipeline.spark, pg.dsn)
 
 
 def copied_again(caplog) -> set[str]:
@@ -190,3 +185,25 @@ def test_a_replay_after_a_crash_does_not_take_the_older_table_shape_for_a_change
         pipeline = catch_up(config, spark)
     assert_equal(pipeline, pg)
     assert copied_again(caplog) == set()
+
+
+def test_a_table_swapped_in_under_its_name_is_copied_again(pg, spark, caplog):
+    """A blue/green swap by renames (t to t_old, t_new to t) under FOR ALL TABLES: the mirror of t holds the
+    new table's rows, and t_old gets a mirror of its own."""
+    pg.execute(SCHEMA.replace("FOR TABLE items, other", "FOR ALL TABLES"))
+    config = pipeline_config(pg, spark, publication="shop")
+    catch_up(config, spark)
+    pg.execute("""
+        CREATE TABLE items_new (LIKE items INCLUDING ALL);
+        INSERT INTO items_new (id, name) SELECT g, 'new ' || g FROM generate_series(100, 104) g;
+        BEGIN;
+        ALTER TABLE items RENAME TO items_old;
+        ALTER TABLE items_new RENAME TO items;
+        COMMIT;
+        UPDATE items SET qty = 1 WHERE id = 100;
+        UPDATE items_old SET qty = -1 WHERE id = 1;
+    """)
+    with caplog.at_level(logging.WARNING, logger="pgcdc"):
+        pipeline = catch_up(config, spark)
+    assert_equal(pipeline, pg)
+    assert "public.items" in copied_again(caplog)

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import psycopg
+
 from pgcdc.checkpoint import Checkpoint, resume_position
 from pgcdc.errors import ConfigError, InProgressDecodingFailed, TextValuesRequired
 from pgcdc.lsn import Lsn
@@ -119,9 +121,22 @@ class Pipeline:
                 self.snapshot()
             else:
                 self.check()
+            lost = 0  # source connections lost in a row, with no change applied in between
             while True:
+                applied = self.progress.applied_lsn
                 try:
                     return self._stream(until_caught_up=until_caught_up)
+                except psycopg.OperationalError as exc:
+                    # a catalog or status query between batches met a server restarting, or a network cut: as
+                    # the stream does for its own connection, start again from the slot's confirmed position
+                    lost = 1 if self.progress.applied_lsn != applied else lost + 1
+                    delay = min(30.0, 0.5 * 2 ** (lost - 1))
+                    log.warning("connection to the source lost (%s); streaming again from the slot's confirmed "
+                                "position in %.1fs", " ".join(str(exc).split()), delay)
+                    self.progress.reconnections += 1
+                    if self._stop.wait(delay):
+                        self._set_phase("stopped")
+                        return self.progress
                 except TextValuesRequired as exc:
                     # a column of a type read only as text was added while streaming binary values: nothing
                     # past the mirrors' positions was applied, and the server sends it all again, as text

@@ -159,7 +159,8 @@ class SourceTables:
           that keeps every value (:func:`pgcdc.types.kinds.type_change_keeps_values`);
         - a column was dropped and added again under its name (it has a new column number);
         - the publication's column list or row filter for the table changed (the mirror lacks the rows or
-          values the old one left out, or holds rows the new one leaves out);
+          values the old one left out, or holds rows the new one leaves out), or the table was taken out of
+          the publication and put back (its changes in between were never sent);
         - its new columns were filled by rewriting the table (a volatile default), or added to a table rewritten
           since;
         - it both lacks columns of the mirror and brings new ones, which is what a RENAME COLUMN looks like (the
@@ -188,8 +189,8 @@ class SourceTables:
                 return f"the type of {', '.join(changed)} changed, which may have changed their values"
             if storage is not None and shape.definition is not None and storage.definition is not None \
                     and storage.definition != shape.definition:
-                return "the publication's column list or row filter for it changed: the mirror lacks rows or " \
-                       "values the stream never sent"
+                return "the publication's column list or row filter for it changed, or it was taken out of the " \
+                       "publication and put back: the mirror lacks rows or values the stream never sent"
             if shape.attnums is not None and storage is not None:
                 before = dict(shape.attnums)
                 renumbered = [name for name, number in storage.attnums if before.get(name, number) != number]

@@ -78,14 +78,20 @@ WHERE c.oid = ANY(%s)
 
 
 # How the publication publishes each table (PostgreSQL 15+): its explicit column list (None: every column,
-# which ADD COLUMN extends) and its row filter as pgoutput combines them. A change of either gives the mirror
-# rows or values the stream never sent.
+# which ADD COLUMN extends), its row filter as pgoutput combines them, and the catalog rows that make it a
+# member (FOR TABLE, FOR TABLES IN SCHEMA; none for FOR ALL TABLES), which a table taken out of the
+# publication and put back gets anew. A change of any gives the mirror rows or values the stream never sent.
 _DEFINITION_SQL = """
 SELECT c.oid::bigint,
        CASE WHEN EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
                          WHERE p.pubname = pt.pubname AND pr.prrelid = c.oid AND pr.prattrs IS NOT NULL)
             THEN pt.attnames::text[] END,
-       pt.rowfilter
+       pt.rowfilter,
+       concat_ws(' ',
+                 (SELECT 'table ' || pr.oid FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+                  WHERE p.pubname = pt.pubname AND pr.prrelid = c.oid),
+                 (SELECT 'schema ' || pn.oid FROM pg_publication_namespace pn
+                  JOIN pg_publication p ON p.oid = pn.pnpubid WHERE p.pubname = pt.pubname AND pn.pnnspid = n.oid))
 FROM pg_publication_tables pt
 JOIN pg_namespace n ON n.nspname = pt.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
@@ -97,11 +103,12 @@ WHERE pt.pubname = %s AND c.oid = ANY(%s)
 class TableStorage:
     """A table's file numbers (its partitions' too) and its columns' numbers, as the catalog has them now, and
     how the publication publishes it: ``definition`` is (its explicit column list or None, its row filter or
-    None), itself None where the server cannot tell (before PostgreSQL 15) or was not asked."""
+    None, its membership rows), itself None where the server cannot tell (before PostgreSQL 15) or was not
+    asked."""
 
     filenodes: tuple[int, ...]
     attnums: tuple[tuple[str, int], ...]
-    definition: tuple[tuple[str, ...] | None, str | None] | None = None
+    definition: tuple[tuple[str, ...] | None, str | None, str] | None = None
 
 
 def table_storage(conn: psycopg.Connection, relation_ids: list[int],
@@ -109,11 +116,11 @@ def table_storage(conn: psycopg.Connection, relation_ids: list[int],
     """The storage of each table of ``relation_ids`` that exists (with its definition in ``publication``)."""
     if not relation_ids:
         return {}
-    definitions: dict[int, tuple[tuple[str, ...] | None, str | None]] = {}
+    definitions: dict[int, tuple[tuple[str, ...] | None, str | None, str]] = {}
     if publication is not None and conn.info.server_version >= 150000:
-        definitions = {oid: (None if columns is None else tuple(columns), row_filter)
-                       for oid, columns, row_filter in conn.execute(_DEFINITION_SQL,
-                                                                    (publication, relation_ids)).fetchall()}
+        definitions = {oid: (None if columns is None else tuple(columns), row_filter, member)
+                       for oid, columns, row_filter, member in conn.execute(
+                           _DEFINITION_SQL, (publication, relation_ids)).fetchall()}
     return {oid: TableStorage(tuple(filenodes), tuple(zip(names, numbers, strict=True)),
                               definitions.get(oid) if publication is not None else None)
             for oid, filenodes, names, numbers in conn.execute(_STORAGE_SQL, (relation_ids,)).fetchall()}

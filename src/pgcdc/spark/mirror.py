@@ -80,11 +80,13 @@ class SourceShape:
     columns: tuple[tuple[str, int, int], ...]  # name, type OID, typmod
     filenodes: tuple[int, ...] | None = None
     attnums: tuple[tuple[str, int], ...] | None = None
-    definition: tuple[tuple[str, ...] | None, str | None] | None = None  # the publication's column list, filter
+    # the publication's column list, row filter and membership rows (pgcdc.replication.published.TableStorage)
+    definition: tuple[tuple[str, ...] | None, str | None, str] | None = None
 
     def encode(self) -> str:
         definition = None if self.definition is None else {
-            "columns": None if self.definition[0] is None else list(self.definition[0]), "filter": self.definition[1]}
+            "columns": None if self.definition[0] is None else list(self.definition[0]), "filter": self.definition[1],
+            "member": self.definition[2]}
         return json.dumps({"relation": self.relation_id, "columns": [list(c) for c in self.columns],
                            "filenodes": None if self.filenodes is None else list(self.filenodes),
                            "attnums": None if self.attnums is None else dict(self.attnums),
@@ -103,7 +105,8 @@ class SourceShape:
                        None if attnums is None else tuple((str(k), int(v)) for k, v in attnums.items()),
                        None if definition is None else (
                            None if definition["columns"] is None else tuple(str(c) for c in definition["columns"]),
-                           None if definition["filter"] is None else str(definition["filter"])))
+                           None if definition["filter"] is None else str(definition["filter"]),
+                           str(definition["member"])))
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("ignoring %s=%r, which is not a source shape", SHAPE_PROPERTY, value)
             return None
