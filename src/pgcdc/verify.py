@@ -124,6 +124,7 @@ def compare_publication(pipeline: Pipeline, dsn: str, publication: str) -> list[
     """Compare every table of ``publication`` with its mirror."""
     results = []
     with psycopg.connect(with_session_settings(dsn), autocommit=True) as conn:
+        pipeline.load_types(conn)
         for table in published_tables(conn, publication):
             relation = table.relation
             converter = pipeline.converter_for(relation)

@@ -98,6 +98,11 @@ class Pipeline:
         """The converter of a relation version (one per distinct schema, reused)."""
         return self._tables.converter_for(relation)
 
+    def load_types(self, conn: psycopg.Connection) -> None:
+        """Read the source's own types (enums, domains, arrays of them) before converters are made from the
+        catalog's relations, so that they convert as the mirrors hold them."""
+        self._tables.registry.load_from_server(conn)
+
     def stop(self) -> None:
         """Ask a running pipeline to finish its current batch, confirm it and return."""
         self._stop.set()

@@ -127,7 +127,8 @@ class SourceTables:
                              relation.relation_id, tuple((c.name, c.type_oid, c.type_modifier) for c in relation.columns),
                              storage.filenodes if storage is not None else None,
                              storage.attnums if storage is not None else None,
-                             storage.definition if storage is not None else None))
+                             storage.definition if storage is not None else None,
+                             storage.printed_types if storage is not None else None))
         if replacing_rows:  # a copy is about to replace every row: nothing of the old ones to fill
             mirror = self.mirrors.ensure(spec, replacing_rows=True)
             if mirror.pending_fill:
@@ -158,6 +159,8 @@ class SourceTables:
           without a rewrite keeps every value), or, for a mirror that does not know, the change is not one
           that keeps every value (:func:`pgcdc.types.kinds.type_change_keeps_values`);
         - a column was dropped and added again under its name (it has a new column number);
+        - an enum or composite its values print through changed that text (``ALTER TYPE ... RENAME VALUE``,
+          ``ADD ATTRIBUTE``; ``ADD VALUE`` changes no existing value);
         - the publication's column list or row filter for the table changed (the mirror lacks the rows or
           values the old one left out, or holds rows the new one leaves out), or the table was taken out of
           the publication and put back (its changes in between were never sent);
@@ -197,11 +200,18 @@ class SourceTables:
                 if renumbered:
                     return f"{', '.join(renumbered)} were dropped and added again: their values are the new " \
                            "columns'"
-            # columns added since, or what a mirror made before pgcdc recorded it did not know: from now on
+            if storage is not None and shape.printed_types is not None:
+                reprinted = _reprinted_types(shape.printed_types, storage.printed_types)
+                if reprinted:
+                    return f"{reprinted} changed how its values print (an enum value renamed, a composite's " \
+                           "attributes changed): the mirror holds the old text"
+            # columns, enum values or types added since, or what a mirror made before pgcdc recorded it did
+            # not know: from now on
             if storage is not None and (shape.attnums is None or set(storage.attnums) - set(shape.attnums)
-                                        or (shape.definition is None and storage.definition is not None)):
+                                        or (shape.definition is None and storage.definition is not None)
+                                        or shape.printed_types != storage.printed_types):
                 self.mirrors.record_shape(relation.namespace, relation.name, replace(
-                    shape, attnums=storage.attnums,
+                    shape, attnums=storage.attnums, printed_types=storage.printed_types,
                     definition=shape.definition if shape.definition is not None else storage.definition))
         existing = self.mirrors.columns_of(relation.namespace, relation.name)
         names = {c.name for c in relation.columns}
@@ -242,3 +252,17 @@ class SourceTables:
                 return False
             self._positioned.add(name)
         return True
+
+
+def _reprinted_types(before: tuple[str, ...], now: tuple[str, ...]) -> str | None:
+    """The type (as "type <oid>") whose definition changed so that values the mirror holds print otherwise:
+    an enum value of a type still used with another label, or an attribute of a composite used before that
+    changed, appeared or went. A new enum value, or a type newly used or no longer used, changes no value."""
+    def type_of(fact: str) -> str:
+        return fact.split(" ", 2)[1]
+
+    still_used, used_before = {type_of(f) for f in now}, {type_of(f) for f in before}
+    changed = sorted({type_of(f) for f in set(before) - set(now) if type_of(f) in still_used}
+                     | {type_of(f) for f in set(now) - set(before)
+                        if f.startswith("composite ") and type_of(f) in used_before})
+    return f"type {changed[0]}" if changed else None

@@ -61,8 +61,10 @@ ORDER BY a.attnum
 
 
 # What the catalog tells of a table's storage that Relation messages do not: the files holding its rows (its
-# partitions' for a partitioned table; a rewrite gives them new file numbers) and its columns' numbers (a column
-# dropped and added again under its name gets a new one).
+# partitions' for a partitioned table; a rewrite gives them new file numbers), its columns' numbers (a column
+# dropped and added again under its name gets a new one), and the definitions its values print through (the
+# labels of the enums and the attributes of the composites its columns hold, through arrays and domains): an
+# enum value renamed or an attribute added changes the text of rows no change was decoded for.
 _STORAGE_SQL = """
 SELECT c.oid::bigint,
        ARRAY(SELECT pg_relation_filenode(t.relid)::bigint
@@ -71,7 +73,25 @@ SELECT c.oid::bigint,
        ARRAY(SELECT a.attname::text FROM pg_attribute a
              WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum),
        ARRAY(SELECT a.attnum::int FROM pg_attribute a
-             WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum)
+             WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum),
+       ARRAY(WITH RECURSIVE used(oid) AS (
+               SELECT a.atttypid FROM pg_attribute a
+               WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid >= 16384
+             UNION
+               SELECT part.oid FROM used u JOIN pg_type t ON t.oid = u.oid
+               CROSS JOIN LATERAL (SELECT t.typelem UNION ALL SELECT t.typbasetype
+                                   UNION ALL SELECT a.atttypid FROM pg_attribute a
+                                   WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0
+                                     AND NOT a.attisdropped) part(oid)
+               WHERE part.oid >= 16384)
+             SELECT fact FROM (
+               SELECT 'enum ' || e.enumtypid || ' ' || e.oid || ' ' || e.enumlabel
+               FROM used JOIN pg_enum e ON e.enumtypid = used.oid
+               UNION ALL
+               SELECT 'composite ' || t.oid || ' ' || a.attnum || ' ' || a.atttypid || ' ' || a.atttypmod
+               FROM used JOIN pg_type t ON t.oid = used.oid AND t.typtype = 'c'
+               JOIN pg_attribute a ON a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) f(fact)
+             ORDER BY fact)
 FROM pg_class c
 WHERE c.oid = ANY(%s)
 """
@@ -101,7 +121,8 @@ WHERE pt.pubname = %s AND c.oid = ANY(%s)
 
 @dataclass(frozen=True)
 class TableStorage:
-    """A table's file numbers (its partitions' too) and its columns' numbers, as the catalog has them now, and
+    """A table's file numbers (its partitions' too), its columns' numbers and the definitions of the enums and
+    composites its values print through (``printed_types``), as the catalog has them now, and
     how the publication publishes it: ``definition`` is (its explicit column list or None, its row filter or
     None, its membership rows), itself None where the server cannot tell (before PostgreSQL 15) or was not
     asked."""
@@ -109,6 +130,8 @@ class TableStorage:
     filenodes: tuple[int, ...]
     attnums: tuple[tuple[str, int], ...]
     definition: tuple[tuple[str, ...] | None, str | None, str] | None = None
+    # "enum <type> <value oid> <label>", "composite <type> <attnum> <type> <typmod>"
+    printed_types: tuple[str, ...] = ()
 
 
 def table_storage(conn: psycopg.Connection, relation_ids: list[int],
@@ -122,8 +145,8 @@ def table_storage(conn: psycopg.Connection, relation_ids: list[int],
                        for oid, columns, row_filter, member in conn.execute(
                            _DEFINITION_SQL, (publication, relation_ids)).fetchall()}
     return {oid: TableStorage(tuple(filenodes), tuple(zip(names, numbers, strict=True)),
-                              definitions.get(oid) if publication is not None else None)
-            for oid, filenodes, names, numbers in conn.execute(_STORAGE_SQL, (relation_ids,)).fetchall()}
+                              definitions.get(oid) if publication is not None else None, tuple(printed))
+            for oid, filenodes, names, numbers, printed in conn.execute(_STORAGE_SQL, (relation_ids,)).fetchall()}
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ class SourceShape:
     attnums: tuple[tuple[str, int], ...] | None = None
     # the publication's column list, row filter and membership rows (pgcdc.replication.published.TableStorage)
     definition: tuple[tuple[str, ...] | None, str | None, str] | None = None
+    printed_types: tuple[str, ...] | None = None  # (pgcdc.replication.published.TableStorage)
 
     def encode(self) -> str:
         definition = None if self.definition is None else {
@@ -90,7 +91,8 @@ class SourceShape:
         return json.dumps({"relation": self.relation_id, "columns": [list(c) for c in self.columns],
                            "filenodes": None if self.filenodes is None else list(self.filenodes),
                            "attnums": None if self.attnums is None else dict(self.attnums),
-                           "definition": definition})
+                           "definition": definition,
+                           "printed_types": None if self.printed_types is None else list(self.printed_types)})
 
     @classmethod
     def decode(cls, value: str | None) -> SourceShape | None:
@@ -99,6 +101,7 @@ class SourceShape:
             if data is None:
                 return None
             filenodes, attnums, definition = data.get("filenodes"), data.get("attnums"), data.get("definition")
+            printed = data.get("printed_types")
             return cls(int(data["relation"]),
                        tuple((str(name), int(oid), int(typmod)) for name, oid, typmod in data["columns"]),
                        None if filenodes is None else tuple(int(f) for f in filenodes),
@@ -106,7 +109,8 @@ class SourceShape:
                        None if definition is None else (
                            None if definition["columns"] is None else tuple(str(c) for c in definition["columns"]),
                            None if definition["filter"] is None else str(definition["filter"]),
-                           str(definition["member"])))
+                           str(definition["member"])),
+                       None if printed is None else tuple(str(f) for f in printed))
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("ignoring %s=%r, which is not a source shape", SHAPE_PROPERTY, value)
             return None
@@ -118,7 +122,8 @@ class SourceShape:
             return self
         return replace(self, filenodes=recorded.filenodes if self.filenodes is None else self.filenodes,
                        attnums=recorded.attnums if self.attnums is None else self.attnums,
-                       definition=recorded.definition if self.definition is None else self.definition)
+                       definition=recorded.definition if self.definition is None else self.definition,
+                       printed_types=recorded.printed_types if self.printed_types is None else self.printed_types)
 
 
 @dataclass
