@@ -239,3 +239,20 @@ def test_type_changes_that_change_how_values_print_copy_the_tables_using_them(pg
     with caplog.at_level(logging.WARNING, logger="pgcdc"):
         assert_equal(catch_up(config, spark), pg)
     assert copied_again(caplog) == {"public.feelings", "public.pairs"}
+
+
+def test_the_change_log_keeps_a_column_whose_type_changed_beside_its_new_type(pg, spark):
+    """A change log's row images cannot change a column's type in place either (int to text): the older
+    values stay under ``<column>__<old type>``, and the column goes on with its new type."""
+    pg.execute(SCHEMA)
+    config = pipeline_config(pg, spark, publication="shop", changelog=True)
+    catch_up(config, spark)
+    pg.execute("UPDATE items SET qty = 5 WHERE id = 1")
+    catch_up(config, spark)
+    pg.execute("ALTER TABLE items ALTER COLUMN qty TYPE text USING 'q' || qty; UPDATE items SET qty = 'z' WHERE id = 2")
+    pipeline = catch_up(config, spark)
+    assert_equal(pipeline, pg)
+    changes = pipeline.mirrors.changelog_identifier_for("public", "items")
+    rows = spark.sql(f"SELECT op, after.qty__int AS older, after.qty AS newer FROM {changes} "
+                     "ORDER BY commit_lsn_value").collect()
+    assert [tuple(r) for r in rows] == [("U", 5, None), ("U", None, "z")]

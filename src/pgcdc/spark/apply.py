@@ -40,6 +40,8 @@ from pgcdc.spark.mirror import (
     POSITION_PROPERTY,
     RECORD_PROPERTY,
     MirrorTable,
+    cannot_widen,
+    ddl_type,
     position_record,
     quote,
     sql_string,
@@ -525,11 +527,38 @@ def _append_changelog(spark: SparkSession, mirror: MirrorTable, changes: pa.Tabl
               .option(f"snapshot-property.{POSITION_PROPERTY}", str(lsn))
               .option("merge-schema", "true"))
     if spark.catalog.tableExists(mirror.changelog_identifier):
+        if mirror.changelog_image != image:
+            _keep_older_images(spark, mirror.changelog_identifier, image)
         writer.append()
     else:
         (writer.using("iceberg").tableProperty("format-version", "2")
          .tableProperty("write.spark.accept-any-schema", "true").create())
     mirror.changelog_position = lsn
+    mirror.changelog_image = image
+
+
+def _keep_older_images(spark: SparkSession, identifier: str, image: StructType) -> None:
+    """A column whose type changed to one Iceberg cannot change in place (``int`` to ``text``, a smaller
+    scale): its older values stay in the change log under ``<column>__<old type>`` in the before and after
+    images, and the column is added again in its place with its new type."""
+    from pyspark.sql.types import StructType
+
+    current = spark.table(identifier).schema
+    for side in ("before", "after"):
+        held = current[side].dataType
+        assert isinstance(held, StructType)
+        for name in cannot_widen(held, image):
+            kept = f"{name}__{held[name].dataType.simpleString()}"
+            number = 1
+            while kept in held.names:  # changed more than once
+                number += 1
+                kept = f"{name}__{held[name].dataType.simpleString()}_{number}"
+            log.info("%s: %s.%s changed type; its older values are kept as %s.%s", identifier, side, name, side,
+                     kept)
+            spark.sql(f"ALTER TABLE {identifier} RENAME COLUMN {side}.{quote(name)} TO {quote(kept)}")
+            # in the older one's place: a write's row image must list the columns in the table's order
+            spark.sql(f"ALTER TABLE {identifier} ADD COLUMN {side}.{quote(name)} {ddl_type(image[name].dataType)} "
+                      f"AFTER {quote(kept)}")
 
 
 def append_rejects(spark: SparkSession, mirror: MirrorTable, rejects: pa.Table) -> int:

@@ -140,6 +140,7 @@ class MirrorTable:
     rejects_identifier: str = ""  # <table>__rejects: changes set aside (--on-conversion-error quarantine)
     rejects_position: tuple[int, int] | None = None  # (commit LSN, ordinal) of the last change set aside
     shape: SourceShape | None = None  # see SHAPE_PROPERTY
+    changelog_image: StructType | None = None  # the row image the change log was last written with
 
 
 def stored_type(data_type: DataType) -> DataType:
@@ -187,10 +188,11 @@ def _widens(old: DataType, new: DataType) -> bool:
 
 def _narrowed(current: StructType, spec: TableSpec) -> list[str]:
     """The mirror's columns whose type Iceberg cannot change in place to ``spec``'s."""
-    return _cannot_widen(current, spec.spark_schema)
+    return cannot_widen(current, spec.spark_schema)
 
 
-def _cannot_widen(current: StructType, target: StructType) -> list[str]:
+def cannot_widen(current: StructType, target: StructType) -> list[str]:
+    """The fields of ``current`` whose type Iceberg cannot change in place to ``target``'s."""
     wanted = {f.name: f for f in target.fields}
     return [f.name for f in current.fields if f.name in wanted
             and not _widens(stored_type(f.dataType), stored_type(wanted[f.name].dataType))]
@@ -310,7 +312,7 @@ class MirrorCatalog:
         known = self._tables.get((source_schema, source_table))
         identifier = self.identifier_for(source_schema, source_table)
         current = known.schema if known is not None else self.spark.table(identifier).schema
-        return bool(_cannot_widen(current, spark_schema))
+        return bool(cannot_widen(current, spark_schema))
 
     def record_shape(self, source_schema: str, source_table: str, shape: SourceShape) -> None:
         """Record ``shape`` as the mirror's source shape (the mirror exists): after a copy replaced its rows."""
