@@ -231,3 +231,39 @@ def test_a_table_taken_out_of_the_publication_and_put_back_is_copied_again(pg, s
     assert_mirrors_equal(config, spark, pg.dsn, {"public.t", "public.u"})
     copied = [r.getMessage() for r in caplog.records if r.getMessage().startswith("copying ")]
     assert len(copied) == 1 and copied[0].startswith("copying public.t again"), copied
+
+
+def test_partitions_attached_detached_or_dropped_copy_the_table_and_new_empty_ones_do_not(pg, spark, caplog):
+    """A partitioned table published through its root gains or loses rows with no change decoded when a
+    partition holding rows is attached, or one is detached or dropped: its mirror is copied again. A partition
+    created empty (a new month's) brings no rows, and nothing is copied."""
+    pg.execute("""
+        CREATE TABLE readings (id int, at date, v int, PRIMARY KEY (id, at)) PARTITION BY RANGE (at);
+        CREATE TABLE readings_2024 PARTITION OF readings FOR VALUES FROM ('2024-01-01') TO ('2025-01-01');
+        CREATE TABLE readings_2025 PARTITION OF readings FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');
+        INSERT INTO readings SELECT g, date '2024-01-01' + g * 3, g FROM generate_series(1, 200) g;
+        CREATE PUBLICATION pub FOR TABLE readings WITH (publish_via_partition_root = true);
+    """)
+    config = pipeline_config(pg, spark, publication="pub")
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.snapshot()
+
+    def run_and_compare() -> set[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="pgcdc"):
+            Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+        assert_mirrors_equal(config, spark, pg.dsn, {"public.readings"})
+        return {r.getMessage().split(" again:")[0] for r in caplog.records if r.getMessage().startswith("copying ")}
+
+    pg.execute("CREATE TABLE readings_2026 PARTITION OF readings FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');"
+               "INSERT INTO readings VALUES (1000, '2026-02-02', 1)")
+    assert run_and_compare() == set()
+    pg.execute("DROP TABLE readings_2024; UPDATE readings SET v = -v WHERE id = 150")
+    assert run_and_compare() == {"copying public.readings"}
+    pg.execute("CREATE TABLE readings_2027 (id int, at date, v int, PRIMARY KEY (id, at));"
+               "INSERT INTO readings_2027 VALUES (2000, '2027-03-03', 7), (2001, '2027-04-04', 8)")
+    pg.execute("ALTER TABLE readings ATTACH PARTITION readings_2027 FOR VALUES FROM ('2027-01-01') TO ('2028-01-01');"
+               "UPDATE readings SET v = 0 WHERE id = 1000")
+    assert run_and_compare() == {"copying public.readings"}
+    pg.execute("ALTER TABLE readings DETACH PARTITION readings_2025; INSERT INTO readings VALUES (3000, '2026-05-05', 1)")
+    assert run_and_compare() == {"copying public.readings"}

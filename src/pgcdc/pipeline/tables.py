@@ -24,6 +24,7 @@ from pgcdc.replication.published import (
     AddedColumn,
     TableStorage,
     added_columns,
+    holds_rows_from_before_it_joined,
     identity_key,
     primary_key,
     published_tables,
@@ -128,7 +129,8 @@ class SourceTables:
                              storage.filenodes if storage is not None else None,
                              storage.attnums if storage is not None else None,
                              storage.definition if storage is not None else None,
-                             storage.printed_types if storage is not None else None))
+                             storage.printed_types if storage is not None else None,
+                             tuple(leaf for leaf, _ in storage.partitions) if storage is not None else None))
         if replacing_rows:  # a copy is about to replace every row: nothing of the old ones to fill
             mirror = self.mirrors.ensure(spec, replacing_rows=True)
             if mirror.pending_fill:
@@ -161,6 +163,8 @@ class SourceTables:
         - a column was dropped and added again under its name (it has a new column number);
         - an enum or composite its values print through changed that text (``ALTER TYPE ... RENAME VALUE``,
           ``ADD ATTRIBUTE``; ``ADD VALUE`` changes no existing value);
+        - a partition was detached or dropped, or one holding rows written before it joined was attached (a
+          new partition, and the rows written into it since, change nothing);
         - the publication's column list or row filter for the table changed (the mirror lacks the rows or
           values the old one left out, or holds rows the new one leaves out), or the table was taken out of
           the publication and put back (its changes in between were never sent);
@@ -205,13 +209,22 @@ class SourceTables:
                 if reprinted:
                     return f"{reprinted} changed how its values print (an enum value renamed, a composite's " \
                            "attributes changed): the mirror holds the old text"
-            # columns, enum values or types added since, or what a mirror made before pgcdc recorded it did
-            # not know: from now on
+            if storage is not None and shape.partitions is not None:
+                leaves = dict(storage.partitions)
+                if set(shape.partitions) - set(leaves):
+                    return "partitions were detached or dropped: their rows left the table with no change decoded"
+                filled = [leaf for leaf in set(leaves) - set(shape.partitions) if leaves[leaf]]
+                if filled and self._attached_with_rows(filled):
+                    return "a partition holding rows was attached: its rows joined the table with no change decoded"
+            # columns, enum values, types or (empty) partitions added since, or what a mirror made before pgcdc
+            # recorded it did not know: from now on
+            partitions = tuple(leaf for leaf, _ in storage.partitions) if storage is not None else None
             if storage is not None and (shape.attnums is None or set(storage.attnums) - set(shape.attnums)
                                         or (shape.definition is None and storage.definition is not None)
-                                        or shape.printed_types != storage.printed_types):
+                                        or shape.printed_types != storage.printed_types
+                                        or shape.partitions != partitions):
                 self.mirrors.record_shape(relation.namespace, relation.name, replace(
-                    shape, attnums=storage.attnums, printed_types=storage.printed_types,
+                    shape, attnums=storage.attnums, printed_types=storage.printed_types, partitions=partitions,
                     definition=shape.definition if shape.definition is not None else storage.definition))
         existing = self.mirrors.columns_of(relation.namespace, relation.name)
         names = {c.name for c in relation.columns}
@@ -224,6 +237,10 @@ class SourceTables:
                 relation.namespace, relation.name, spark_schema(self.converter_for(relation).arrow_schema)):
             return "a column's type changed to one its mirror cannot change to in place"
         return None
+
+    def _attached_with_rows(self, partition_ids: list[int]) -> bool:
+        with source_connection(self.config.dsn, 600.0) as conn:
+            return any(holds_rows_from_before_it_joined(conn, oid) for oid in sorted(partition_ids))
 
     def _added_columns(self, relation: Relation) -> list[AddedColumn]:
         existing = self.mirrors.columns_of(relation.namespace, relation.name)

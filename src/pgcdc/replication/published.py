@@ -64,7 +64,9 @@ ORDER BY a.attnum
 # partitions' for a partitioned table; a rewrite gives them new file numbers), its columns' numbers (a column
 # dropped and added again under its name gets a new one), and the definitions its values print through (the
 # labels of the enums and the attributes of the composites its columns hold, through arrays and domains): an
-# enum value renamed or an attribute added changes the text of rows no change was decoded for.
+# enum value renamed or an attribute added changes the text of rows no change was decoded for; and a
+# partitioned table's partitions, each with whether it holds rows (ATTACH and DETACH PARTITION, or a partition
+# dropped, bring or take rows with no change decoded).
 _STORAGE_SQL = """
 SELECT c.oid::bigint,
        ARRAY(SELECT pg_relation_filenode(t.relid)::bigint
@@ -91,7 +93,9 @@ SELECT c.oid::bigint,
                SELECT 'composite ' || t.oid || ' ' || a.attnum || ' ' || a.atttypid || ' ' || a.atttypmod
                FROM used JOIN pg_type t ON t.oid = used.oid AND t.typtype = 'c'
                JOIN pg_attribute a ON a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) f(fact)
-             ORDER BY fact)
+             ORDER BY fact),
+       ARRAY(SELECT t.relid::oid::bigint || ' ' || (pg_relation_size(t.relid) > 0)::int
+             FROM pg_partition_tree(c.oid) t WHERE t.isleaf AND t.relid::oid <> c.oid ORDER BY t.relid::oid)
 FROM pg_class c
 WHERE c.oid = ANY(%s)
 """
@@ -132,6 +136,7 @@ class TableStorage:
     definition: tuple[tuple[str, ...] | None, str | None, str] | None = None
     # "enum <type> <value oid> <label>", "composite <type> <attnum> <type> <typmod>"
     printed_types: tuple[str, ...] = ()
+    partitions: tuple[tuple[int, bool], ...] = ()  # (OID, holds rows) of each leaf of a partitioned table
 
 
 def table_storage(conn: psycopg.Connection, relation_ids: list[int],
@@ -145,8 +150,24 @@ def table_storage(conn: psycopg.Connection, relation_ids: list[int],
                        for oid, columns, row_filter, member in conn.execute(
                            _DEFINITION_SQL, (publication, relation_ids)).fetchall()}
     return {oid: TableStorage(tuple(filenodes), tuple(zip(names, numbers, strict=True)),
-                              definitions.get(oid) if publication is not None else None, tuple(printed))
-            for oid, filenodes, names, numbers, printed in conn.execute(_STORAGE_SQL, (relation_ids,)).fetchall()}
+                              definitions.get(oid) if publication is not None else None, tuple(printed),
+                              tuple((int(leaf.split()[0]), leaf.split()[1] == "1") for leaf in leaves))
+            for oid, filenodes, names, numbers, printed, leaves in conn.execute(
+                _STORAGE_SQL, (relation_ids,)).fetchall()}
+
+
+def holds_rows_from_before_it_joined(conn: psycopg.Connection, partition_id: int) -> bool:
+    """Whether a partition holds rows written before it became one (ATTACH PARTITION of a filled table: its
+    ``pg_class`` row was rewritten then, after those rows), which were never decoded as the root's; rows
+    inserted since it was created as a partition are younger than its catalog row. Reads the partition until
+    the first such row: asked once, of a partition pgcdc has not seen before."""
+    row = conn.execute("SELECT %s::oid::regclass::text, age(xmin) FROM pg_class WHERE oid = %s",
+                       (partition_id, partition_id)).fetchone()
+    if row is None:  # gone since
+        return False
+    name, joined_age = row
+    older = conn.execute(f"SELECT EXISTS (SELECT 1 FROM ONLY {name} WHERE age(xmin) > %s)", (joined_age,)).fetchone()
+    return bool(older and older[0])
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ class SourceShape:
     # the publication's column list, row filter and membership rows (pgcdc.replication.published.TableStorage)
     definition: tuple[tuple[str, ...] | None, str | None, str] | None = None
     printed_types: tuple[str, ...] | None = None  # (pgcdc.replication.published.TableStorage)
+    partitions: tuple[int, ...] | None = None  # the leaves' OIDs, of a partitioned table
 
     def encode(self) -> str:
         definition = None if self.definition is None else {
@@ -92,7 +93,8 @@ class SourceShape:
                            "filenodes": None if self.filenodes is None else list(self.filenodes),
                            "attnums": None if self.attnums is None else dict(self.attnums),
                            "definition": definition,
-                           "printed_types": None if self.printed_types is None else list(self.printed_types)})
+                           "printed_types": None if self.printed_types is None else list(self.printed_types),
+                           "partitions": None if self.partitions is None else list(self.partitions)})
 
     @classmethod
     def decode(cls, value: str | None) -> SourceShape | None:
@@ -101,7 +103,7 @@ class SourceShape:
             if data is None:
                 return None
             filenodes, attnums, definition = data.get("filenodes"), data.get("attnums"), data.get("definition")
-            printed = data.get("printed_types")
+            printed, partitions = data.get("printed_types"), data.get("partitions")
             return cls(int(data["relation"]),
                        tuple((str(name), int(oid), int(typmod)) for name, oid, typmod in data["columns"]),
                        None if filenodes is None else tuple(int(f) for f in filenodes),
@@ -110,7 +112,8 @@ class SourceShape:
                            None if definition["columns"] is None else tuple(str(c) for c in definition["columns"]),
                            None if definition["filter"] is None else str(definition["filter"]),
                            str(definition["member"])),
-                       None if printed is None else tuple(str(f) for f in printed))
+                       None if printed is None else tuple(str(f) for f in printed),
+                       None if partitions is None else tuple(int(p) for p in partitions))
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("ignoring %s=%r, which is not a source shape", SHAPE_PROPERTY, value)
             return None
@@ -123,7 +126,8 @@ class SourceShape:
         return replace(self, filenodes=recorded.filenodes if self.filenodes is None else self.filenodes,
                        attnums=recorded.attnums if self.attnums is None else self.attnums,
                        definition=recorded.definition if self.definition is None else self.definition,
-                       printed_types=recorded.printed_types if self.printed_types is None else self.printed_types)
+                       printed_types=recorded.printed_types if self.printed_types is None else self.printed_types,
+                       partitions=recorded.partitions if self.partitions is None else self.partitions)
 
 
 @dataclass
