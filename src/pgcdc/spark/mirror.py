@@ -38,8 +38,9 @@ ORDINAL_PROPERTY = "pgcdc.ordinal"  # with pgcdc.lsn, the last change a __reject
 # a table property: the position again, where snapshot expiry cannot remove it (JSON: lsn, and pending while a
 # commit of a table without a key is in flight); see MirrorCatalog.recording
 RECORD_PROPERTY = "pgcdc.position"
-# The source table's identity and its columns' PostgreSQL types (relation OID; name, type OID, typmod), as the
-# mirror's rows hold them: a table dropped and made again, or a column whose type changed, is told by them.
+# The source a mirror's rows hold (JSON of SourceShape): the table's OID, its columns' PostgreSQL types, and
+# what the catalog said of its storage and publication; a change that gave existing rows values the stream
+# never sends is told by them (pgcdc.pipeline.tables.SourceTables.needs_copy).
 SHAPE_PROPERTY = "pgcdc.source-shape"
 _PATH_UNSAFE = {"%": "%25", "/": "%2F", "\\": "%5C"}
 
