@@ -314,9 +314,15 @@ def _keyless_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table
     deleted, inserts = _keyless_effect(changes, names)
     if truncated or not deleted:
         return from_plain_rows([], schema), from_plain_rows(inserts, schema)
-    held = _copies_held(spark, mirror, from_plain_rows([row for row, _ in deleted], schema))
+    deleted_rows = from_plain_rows([row for row, _ in deleted], schema)
+    held = _copies_held(spark, mirror, deleted_rows)
     staying = [row for index, (row, gone) in enumerate(deleted) for _ in range(held.get(index, 0) - gone)]
-    return from_plain_rows([row for row, _ in deleted], schema), from_plain_rows(inserts + staying, schema)
+    return deleted_rows, from_plain_rows(inserts + staying, schema)
+
+
+def _whole_row_match(names: list[str]) -> str:
+    """Mirror row ``t`` equals source row ``s`` on every column, NULL matching NULL."""
+    return " AND ".join(f"t.{quote(n)} <=> s.{quote(n)}" for n in names)
 
 
 def _copies_held(spark: SparkSession, mirror: MirrorTable, rows: pa.Table) -> dict[int, int]:
@@ -327,9 +333,8 @@ def _copies_held(spark: SparkSession, mirror: MirrorTable, rows: pa.Table) -> di
     indexed = rows.append_column("_pgcdc_row", pa.array(range(rows.num_rows), pa.int32()))
     schema = StructType([*mirror.spec.spark_schema.fields, StructField("_pgcdc_row", IntegerType())])
     arrow_to_dataframe(spark, indexed, schema).createOrReplaceTempView("_pgcdc_deleted")
-    match = " AND ".join(f"t.{quote(n)} <=> s.{quote(n)}" for n in names)
     counted = spark.sql(f"SELECT s._pgcdc_row, count(*) AS n FROM {mirror.identifier} t JOIN _pgcdc_deleted s "
-                        f"ON {match} GROUP BY s._pgcdc_row").collect()
+                        f"ON {_whole_row_match(names)} GROUP BY s._pgcdc_row").collect()
     return {row[0]: row[1] for row in counted}
 
 
@@ -346,9 +351,8 @@ def _apply_keyless(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, 
 
     frame_schema = StructType([*mirror.spec.spark_schema.fields, StructField(C.OP, StringType())])
     arrow_to_dataframe(spark, marked, frame_schema).createOrReplaceTempView("_pgcdc_source")
-    match = " AND ".join(f"t.{quote(n)} <=> s.{quote(n)}" for n in names)
     statement = (
-        f"MERGE INTO {mirror.identifier} t USING _pgcdc_source s ON s.{C.OP} = 'D' AND {match} "
+        f"MERGE INTO {mirror.identifier} t USING _pgcdc_source s ON s.{C.OP} = 'D' AND {_whole_row_match(names)} "
         f"WHEN MATCHED THEN DELETE "
         f"WHEN NOT MATCHED AND s.{C.OP} = 'I' THEN INSERT ({', '.join(quote(n) for n in names)}) "
         f"VALUES ({', '.join('s.' + quote(n) for n in names)})")

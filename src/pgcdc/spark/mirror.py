@@ -289,21 +289,19 @@ class MirrorCatalog:
             mirror.position = known.position if known is not None else self.read_position(identifier)
             mirror.changelog_position = (known.changelog_position if known is not None
                                          else self.read_position(changelog) if self._exists(changelog) else None)
-            pending = self._property(identifier, FILL_PROPERTY) if known is None else None
+            properties = self._properties(identifier) if known is None else {}
+            pending = properties.get(FILL_PROPERTY)
             mirror.pending_fill = json.loads(pending) if pending else {}
-            mirror.shape = (known.shape if known is not None
-                            else SourceShape.decode(self._property(identifier, SHAPE_PROPERTY)))
+            mirror.shape = known.shape if known is not None else SourceShape.decode(properties.get(SHAPE_PROPERTY))
             updates = {}
-            if known is None and self.slot is not None and self._property(identifier, SLOT_PROPERTY) != self.slot:
+            if known is None and self.slot is not None and properties.get(SLOT_PROPERTY) != self.slot:
                 updates[SLOT_PROPERTY] = self.slot
             shape = spec.shape.following(mirror.shape) if spec.shape is not None else None
             # rows about to be replaced keep their shape until the copy replacing them commits (record_shape)
             if shape is not None and shape != mirror.shape and not replacing_rows:
                 updates[SHAPE_PROPERTY] = shape.encode()
                 mirror.shape = shape
-            if updates:
-                self.spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ("
-                               + ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in updates.items()) + ")")
+            self._set_properties(identifier, updates)
         mirror.rejects_identifier = self.rejects_identifier_for(spec.source_schema, spec.source_table)
         if known is not None:
             mirror.rejects_position = known.rejects_position
@@ -321,9 +319,7 @@ class MirrorCatalog:
 
     def record_shape(self, source_schema: str, source_table: str, shape: SourceShape) -> None:
         """Record ``shape`` as the mirror's source shape (the mirror exists): after a copy replaced its rows."""
-        identifier = self.identifier_for(source_schema, source_table)
-        self.spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES "
-                       f"({sql_string(SHAPE_PROPERTY)} = {sql_string(shape.encode())})")
+        self._set_properties(self.identifier_for(source_schema, source_table), {SHAPE_PROPERTY: shape.encode()})
         known = self._tables.get((source_schema, source_table))
         if known is not None:
             known.shape = shape
@@ -352,12 +348,20 @@ class MirrorCatalog:
         return (value,) if value else ()  # compared by _key_tokens: a column name may hold a comma
 
     def _property(self, identifier: str, name: str) -> str | None:
+        return self._properties(identifier).get(name)
+
+    def _properties(self, identifier: str) -> dict[str, str]:
         # from Iceberg's table, not SHOW TBLPROPERTIES: Spark redacts any value that mentions a secret, a
         # password or a token (spark.redaction.regex) — a column's name or a default's text, say
         from pgcdc.spark.iceberg import load_table
 
-        value = load_table(self.spark, identifier).properties().get(name)
-        return None if value is None else str(value)
+        return {str(k): str(v) for k, v in load_table(self.spark, identifier).properties().items()}
+
+    def _set_properties(self, identifier: str, values: Mapping[str, str]) -> None:
+        """One metadata commit setting ``values`` among the table's properties (none when empty)."""
+        if values:
+            self.spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ("
+                           + ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in values.items()) + ")")
 
     def held_position(self, source_schema: str, source_table: str, *, changelog: bool) -> Lsn | None:
         """The position below which the mirror (and its change log, when kept) holds every transaction, read
@@ -390,8 +394,7 @@ class MirrorCatalog:
         identifier = self.identifier_for(spec.source_schema, spec.source_table)
         pending = json.loads(self._property(identifier, FILL_PROPERTY) or "{}")
         pending.update(values)
-        self.spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES "
-                       f"({sql_string(FILL_PROPERTY)} = {sql_string(json.dumps(pending))})")
+        self._set_properties(identifier, {FILL_PROPERTY: json.dumps(pending)})
         self._tables.pop((spec.source_schema, spec.source_table), None)  # ensure reads the promise back
 
     def fill(self, mirror: MirrorTable, values: pa.Table) -> None:
