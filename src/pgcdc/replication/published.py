@@ -70,7 +70,7 @@ ORDER BY a.attnum
 _STORAGE_SQL = """
 SELECT c.oid::bigint,
        ARRAY(SELECT pg_relation_filenode(t.relid)::bigint
-             FROM (SELECT c.oid::regclass AS relid UNION SELECT relid FROM pg_partition_tree(c.oid)) t
+             FROM (SELECT c.oid::regclass AS relid UNION SELECT p.relid FROM {tree} p) t
              WHERE pg_relation_filenode(t.relid) IS NOT NULL ORDER BY t.relid::oid),
        ARRAY(SELECT a.attname::text FROM pg_attribute a
              WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum),
@@ -95,7 +95,7 @@ SELECT c.oid::bigint,
                JOIN pg_attribute a ON a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) f(fact)
              ORDER BY fact),
        ARRAY(SELECT t.relid::oid::bigint || ' ' || (pg_relation_size(t.relid) > 0)::int
-             FROM pg_partition_tree(c.oid) t WHERE t.isleaf AND t.relid::oid <> c.oid ORDER BY t.relid::oid)
+             FROM {tree} t WHERE t.isleaf AND t.relid::oid <> c.oid ORDER BY t.relid::oid)
 FROM pg_class c
 WHERE c.oid = ANY(%s)
 """
@@ -149,11 +149,14 @@ def table_storage(conn: psycopg.Connection, relation_ids: list[int],
         definitions = {oid: (None if columns is None else tuple(columns), row_filter, member)
                        for oid, columns, row_filter, member in conn.execute(
                            _DEFINITION_SQL, (publication, relation_ids)).fetchall()}
+    # pg_partition_tree came with PostgreSQL 12; before 13 no publication holds a partitioned table anyway
+    tree = ("pg_partition_tree(c.oid)" if conn.info.server_version >= 120000
+            else "(SELECT c.oid::regclass AS relid, true AS isleaf WHERE false)")
     return {oid: TableStorage(tuple(filenodes), tuple(zip(names, numbers, strict=True)),
                               definitions.get(oid) if publication is not None else None, tuple(printed),
                               tuple((int(leaf.split()[0]), leaf.split()[1] == "1") for leaf in leaves))
             for oid, filenodes, names, numbers, printed, leaves in conn.execute(
-                _STORAGE_SQL, (relation_ids,)).fetchall()}
+                _STORAGE_SQL.format(tree=tree), (relation_ids,)).fetchall()}
 
 
 def holds_rows_from_before_it_joined(conn: psycopg.Connection, partition_id: int) -> bool:

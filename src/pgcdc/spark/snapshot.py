@@ -93,9 +93,10 @@ class PageRange:
         return f"{self.schema}.{self.table} pages {self.first}..{'' if self.last is None else self.last}"
 
 
-# the relations holding a table's rows: its leaf partitions (pg_partition_tree), else (a plain table) itself
+# the relations holding a table's rows: its leaf partitions (pg_partition_tree, PostgreSQL 12+; before 13 no
+# publication holds a partitioned table), else (a plain table) itself
 _SIZES_SQL = """
-WITH leaves AS (SELECT relid FROM pg_partition_tree(%(table)s::regclass) WHERE isleaf)
+WITH leaves AS ({leaves})
 SELECT n.nspname, c.relname, pg_relation_size(c.oid) / current_setting('block_size')::bigint,
        GREATEST(c.reltuples, 0)::bigint, c.relpages,
        pg_relation_size(c.oid) + CASE WHEN c.reltoastrelid = 0 THEN 0 ELSE pg_relation_size(c.reltoastrelid) END
@@ -115,7 +116,9 @@ def plan_table_ranges(conn: psycopg.Connection, schema: str, table: str, *, targ
     (65,536 x 64 MB); past it, ranges grow."""
     qualified = sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(table)).as_string(conn)
     try:
-        leaves = conn.execute(_SIZES_SQL, {"table": qualified}).fetchall()
+        query = _SIZES_SQL.format(leaves="SELECT relid FROM pg_partition_tree(%(table)s::regclass) WHERE isleaf"
+                                  if conn.info.server_version >= 120000 else "SELECT NULL::regclass AS relid WHERE false")
+        leaves = conn.execute(query, {"table": qualified}).fetchall()
     except psycopg.errors.UndefinedTable:
         leaves = []
     if not leaves:
