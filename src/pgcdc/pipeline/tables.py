@@ -147,8 +147,9 @@ class SourceTables:
         return mirror
 
     def storage_of(self, relations: list[Relation]) -> dict[int, TableStorage]:
-        """The catalog's word on the storage of these relations' tables (those that still exist)."""
-        with source_connection(self.config.dsn, 120.0) as conn:
+        """The catalog's word on the storage of these relations' tables (those that still exist). Read before
+        every batch: bounded as the stream's silence is, so a silent partition is noticed here as soon."""
+        with source_connection(self.config.dsn, self.config.receive_timeout_seconds) as conn:
             return table_storage(conn, sorted({r.relation_id for r in relations}), self.config.publication)
 
     def needs_copy(self, relation: Relation, storage: TableStorage | None) -> str | None:
