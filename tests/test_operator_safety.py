@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -170,6 +171,11 @@ def test_second_run_on_a_busy_slot_fails_before_copying_anything(db, tmp_path):
         assert not warehouse.exists() or not any(p.is_file() for p in warehouse.rglob("*"))
     finally:
         holder.close()
+        # the holder's walsender ends a moment after its connection closes; the slot is busy until then
+        deadline = time.monotonic() + 30
+        while db.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))[0][0] \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
         db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 

@@ -160,6 +160,19 @@ REJECTS_SCHEMA = pa.schema([
 ])
 
 
+COPIED = "S"  # the op of a row a copy set aside: the table's row at the copy's consistent point
+
+
+def copied_rejects(rows: list[tuple[str, tuple[tuple[str, str | None], ...]]], consistent_lsn: Lsn) -> pa.Table:
+    """Rows of :data:`REJECTS_SCHEMA` for the rows a copy at ``consistent_lsn`` set aside, each (error, its
+    columns' values as hex of the bytes COPY sent): op ``S``, numbered in the copy's order."""
+    return pa.Table.from_pylist([{
+        "op": COPIED, "commit_lsn": str(consistent_lsn), "commit_lsn_value": int(consistent_lsn), "ordinal": ordinal,
+        "xid": None, "commit_ts": None, "error": error, "value_format": "binary", "new_values": list(values),
+        "old_values": None, "unchanged_toast": []} for ordinal, (error, values) in enumerate(rows)],
+        schema=REJECTS_SCHEMA)
+
+
 def build_change_table_setting_aside(changes: list[tuple[Transaction, Change]], converter: TableConverter,
                                      key_columns: tuple[str, ...]) -> tuple[list[pa.Table], pa.Table | None]:
     """:func:`build_change_table`, with the changes whose values cannot be converted set aside whole and raw:
@@ -170,12 +183,39 @@ def build_change_table_setting_aside(changes: list[tuple[Transaction, Change]], 
     except ConversionError as exc:
         if len(changes) == 1:
             txn, change = changes[0]
-            return [], rejected_changes([(txn, change, str(exc))], converter)
+            return _removal(txn, change, converter, key_columns), rejected_changes([(txn, change, str(exc))], converter)
         middle = len(changes) // 2
         first, first_rejected = build_change_table_setting_aside(changes[:middle], converter, key_columns)
         second, second_rejected = build_change_table_setting_aside(changes[middle:], converter, key_columns)
         rejected = [t for t in (first_rejected, second_rejected) if t is not None]
         return first + second, pa.concat_tables(rejected) if rejected else None
+
+
+def _removal(txn: Transaction, change: Change, converter: TableConverter, key_columns: tuple[str, ...]
+             ) -> list[pa.Table]:
+    """For an UPDATE set aside: the change table of a DELETE of the row as it was, so that the mirror does not keep
+    it: a row the mirror cannot hold is not in it, whether a copy or the stream met it (and its __rejects table
+    tells why). Nothing when the row cannot be named (a table without a key sent no old row) or its key itself
+    cannot be converted."""
+    if change.op != "U":
+        return []
+    from pgcdc.transactions import Change
+
+    old = change.old if change.old is not None else change.key
+    if old is None and change.new is not None:  # the key did not change: it is in the new row
+        names = [c.name for c in converter.relation.columns]
+        kept = {names.index(k) for k in key_columns if k in names}
+        if not kept:
+            return []
+        old = TupleData("".join(kind if i in kept else "n" for i, kind in enumerate(change.new.kinds)),
+                        tuple(value if i in kept else None for i, value in enumerate(change.new.values)))
+    if old is None:
+        return []
+    try:
+        return [build_change_table([(txn, Change(change.commit_lsn, change.ordinal, "D", change.relation, key=old))],
+                                   converter, key_columns)]
+    except ConversionError:
+        return []
 
 
 def first_unconvertible(changes: list[tuple[Transaction, Change]], converter: TableConverter,

@@ -241,6 +241,10 @@ def run(
         "--on-conversion-error", envvar="PGCDC_ON_CONVERSION_ERROR",
         help="stop (default) at a value pgcdc cannot mirror, or quarantine: set the change aside, whole and raw, "
              "in <table>__rejects and go on.")] = "stop",
+    on_identity_change: Annotated[str, typer.Option(
+        "--on-identity-change", envvar="PGCDC_ON_IDENTITY_CHANGE",
+        help="copy (default): a table whose replica identity changes is copied again, keyed on its new identity, "
+             "while the others stream; stop: pgcdc stops there (exit 1).")] = "copy",
     maintenance: Annotated[bool, typer.Option(
         "--maintenance/--no-maintenance", envvar="PGCDC_MAINTENANCE",
         help="Maintain the mirrors while streaming: compact data and delete files, expire "
@@ -272,7 +276,7 @@ def run(
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
         snapshot_writer=snapshot_writer, apply_writer=apply, snapshot_rows_per_task=snapshot_rows_per_task,
         memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout,
-        on_conversion_error=on_conversion_error,
+        on_conversion_error=on_conversion_error, on_identity_change=on_identity_change,
         maintenance=MaintenancePolicy(
             enabled=maintenance, interval_seconds=maintenance_interval, data_files=compact_data_files,
             delete_files=compact_delete_files, snapshot_max_age_seconds=snapshot_retention_minutes * 60,
@@ -471,11 +475,13 @@ def check(
     from pgcdc.replication import check_source
     from pgcdc.status import idle_slot_warnings, slot_status
 
-    problems: list[Any] = list(check_source(dsn, publication=publication, slot=slot))
+    found = check_source(dsn, publication=publication, slot=slot)
+    problems: list[Any] = [p for p in found if not p.warning]
     if warehouse:
         problems += _destination_problems(warehouse, catalog, catalog_type, catalog_uri, namespace,
                                           _key_values(conf))
-    warnings = idle_slot_warnings(slot_status(dsn, None))
+    warnings = [{"warning": p.what, "fix": p.fix} for p in found if p.warning]
+    warnings += idle_slot_warnings(slot_status(dsn, None))
     if as_json:
         out.print_json(json.dumps([{"problem": p.what, "fix": p.fix, "severity": "error"} for p in problems]
                                   + [{"problem": w["warning"], "fix": w["fix"], "severity": "warning"}

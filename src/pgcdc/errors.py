@@ -57,6 +57,10 @@ class SourceChangedError(PgcdcError):
     """The source's catalog changed under pgcdc (a table or a type dropped while it was being read)."""
 
 
+class IdentityChangedError(PgcdcError):
+    """A table's replica identity changed while pgcdc streams it, under ``--on-identity-change stop``."""
+
+
 class EmbeddedPostgresError(PgcdcError):
     """The embedded server could not be set up or started; the message carries its log's tail."""
 

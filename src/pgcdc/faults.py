@@ -9,9 +9,12 @@ prepared transaction is held. The code marks those places with :func:`injection_
     PGCDC_INJECT=apply.merge:3                  ... at the third hit
     PGCDC_INJECT=apply.merge:1:0.4              ... 0.4 s after the first hit (inside the MERGE)
     PGCDC_INJECT=apply.merge:1:0.4:INT          ... sends SIGINT instead (a user's Ctrl-C; or TERM)
+    PGCDC_INJECT=apply.before-confirm:1:8:PAUSE ... holds the thread there for 8 s (a slow store or catalog)
+    PGCDC_INJECT=apply.merge:2,snapshot.copy:1:3:PAUSE   several, comma-separated
 
 The fault is SIGKILL of the whole process: no handler, no ``finally``, no flush, exactly
-what an OOM kill or a lost machine does; INT and TERM test what a stop asked for does.
+what an OOM kill or a lost machine does; INT and TERM test what a stop asked for does; PAUSE makes one step
+slow, as a loaded object store or catalog does.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 
 POINTS = (
     "snapshot.copy",          # a table's copy job is about to run
+    "snapshot.rejects",       # the rows a copy set aside committed to a __rejects table, the copy not yet
     "apply.merge",            # a mirror's apply (MERGE, overwrite or row delta) is about to run
     "apply.delta-write",      # a mirror's row-delta files are about to be written
     "apply.delta-deletes",    # its data file written, its equality-delete file not yet
@@ -47,23 +52,24 @@ class _Armed:
     point: str
     hit: int
     delay: float
-    signal: signal.Signals = signal.SIGKILL
+    signal: signal.Signals | None = signal.SIGKILL  # None: pause the thread for ``delay`` seconds
 
 
-def _parse(value: str | None) -> _Armed | None:
-    if not value:
-        return None
-    parts = value.split(":")
-    if parts[0] not in POINTS or len(parts) > 4 or (len(parts) == 4 and parts[3] not in _SIGNALS):
-        raise ValueError(f"PGCDC_INJECT={value!r}: expected POINT[:HIT[:DELAY_SECONDS[:KILL|INT|TERM]]] with POINT "
-                         "one of " + ", ".join(POINTS))
-    hit = int(parts[1]) if len(parts) > 1 else 1
-    delay = float(parts[2]) if len(parts) > 2 else 0.0
-    sent = _SIGNALS[parts[3]] if len(parts) == 4 else signal.SIGKILL
-    return _Armed(parts[0], hit, delay, sent)
+_SIGNALS: dict[str, signal.Signals | None] = {"KILL": signal.SIGKILL, "INT": signal.SIGINT, "TERM": signal.SIGTERM,
+                                              "PAUSE": None}
 
 
-_SIGNALS = {"KILL": signal.SIGKILL, "INT": signal.SIGINT, "TERM": signal.SIGTERM}
+def _parse(value: str | None) -> dict[str, _Armed]:
+    armed: dict[str, _Armed] = {}
+    for spec in filter(None, (value or "").split(",")):
+        parts = spec.split(":")
+        if parts[0] not in POINTS or len(parts) > 4 or (len(parts) == 4 and parts[3] not in _SIGNALS):
+            raise ValueError(f"PGCDC_INJECT={value!r}: expected POINT[:HIT[:DELAY_SECONDS[:KILL|INT|TERM|PAUSE]]], "
+                             "comma-separated, with POINT one of " + ", ".join(POINTS))
+        hit = int(parts[1]) if len(parts) > 1 else 1
+        delay = float(parts[2]) if len(parts) > 2 else 0.0
+        armed[parts[0]] = _Armed(parts[0], hit, delay, _SIGNALS[parts[3]] if len(parts) == 4 else signal.SIGKILL)
+    return armed
 
 
 _armed = _parse(os.environ.get("PGCDC_INJECT"))
@@ -71,18 +77,21 @@ _hits: dict[str, int] = {}
 
 
 def injection_point(name: str) -> None:
-    """Kill this process here if ``PGCDC_INJECT`` arms ``name`` and this is the armed hit."""
-    if _armed is None or _armed.point != name:
+    """Kill this process here (or whatever ``PGCDC_INJECT`` asks) if it arms ``name`` and this is the armed hit."""
+    armed = _armed.get(name) if _armed else None
+    if armed is None:
         return
     _hits[name] = count = _hits.get(name, 0) + 1
-    if count != _armed.hit:
+    if count != armed.hit:
         return
-    if _armed.delay > 0:
-        timer = threading.Timer(_armed.delay, _fire, args=(_armed.signal,))
+    if armed.signal is None:
+        time.sleep(armed.delay)
+    elif armed.delay > 0:
+        timer = threading.Timer(armed.delay, _fire, args=(armed.signal,))
         timer.daemon = True
         timer.start()
     else:
-        _fire(_armed.signal)
+        _fire(armed.signal)
 
 
 def _fire(sent: signal.Signals) -> None:

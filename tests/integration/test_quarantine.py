@@ -4,6 +4,8 @@ change goes whole and raw to <table>__rejects, the mirror row stays as it was, a
 
 from __future__ import annotations
 
+import dataclasses
+
 import psycopg
 import pytest
 
@@ -112,21 +114,84 @@ def test_killed_after_setting_changes_aside_loses_and_doubles_nothing(pg, spark)
 
 @pytest.mark.parametrize("writer", ["arrow", "spark"])
 def test_the_initial_copy_of_a_value_it_cannot_hold_names_the_row_and_the_way_out(pg, spark, writer):
-    """In the copy, such a value stops the copy of its table with one error naming the row and the fixes (not
-    Spark's job failure), nothing of that table is committed, and once the value is corrected the next run
-    copies it."""
+    """In the copy, such a value stops the copy of its table with one error naming the row (its value as
+    PostgreSQL writes it, its key) and the fixes (not Spark's job failure); nothing of that table is committed,
+    the other tables are copied and the error says which were and which were not, and once the value is
+    corrected the next run copies it."""
     pg.execute(SCHEMA)
     pg.execute(f"UPDATE items SET at = '{FAR}' WHERE id = 13")
     config = pipeline_config(pg, spark, snapshot_writer=writer, snapshot_rows_per_task=5)
     with pytest.raises(ConversionError) as raised:
         Pipeline(config, spark=spark).snapshot()
     message = str(raised.value)
-    assert message.startswith("public.items.at (timestamp, binary): ")
+    assert message.startswith(f"public.items.at (timestamp, binary): {FAR} is past 294247-01-10"), message
     assert "in the row with id = 13" in message
     assert "nothing of it is committed" in message and "correct the value in the source" in message
+    assert "--on-conversion-error quarantine" in message
+    assert "copied: public.other; not copied: public.items" in message
     pipeline = Pipeline(config, spark=spark)
     assert pipeline.mirrors.positions().get(("public", "items")) is None
+    assert pipeline.mirrors.positions().get(("public", "other")) is not None
     pg.execute("UPDATE items SET at = '2024-06-01' WHERE id = 13")
     pipeline.snapshot()
     pipeline.spark.catalog.clearCache()
     assert all(result.equal for result in compare_publication(pipeline, pg.dsn, "shop"))
+
+
+COPY_REJECTS = f"UPDATE items SET at = '{FAR}' WHERE id IN (3, 13)"
+
+
+def test_a_copy_under_quarantine_sets_rows_aside_once_through_a_kill_and_the_stream_judges_them_alike(pg, spark):
+    """With quarantine the copy sets the rows it cannot hold aside in <table>__rejects (op 'S', at the copy's
+    position) and copies everything else. Killed between that commit and the copy's, the run copies again and
+    sets nothing aside twice; later changes to those rows are judged as the stream judges any."""
+    pg.execute(SCHEMA)
+    pg.execute(COPY_REJECTS)
+    config = pipeline_config(pg, spark, publication="shop", snapshot_rows_per_task=5)
+    # the default policy: one readable sentence, none of the executor's stack trace on the way
+    stopped = run_cli(config, "--until-caught-up", env={"PGCDC_LOG_LEVEL": "INFO"})
+    output, _ = stopped.communicate(timeout=300)
+    assert stopped.returncode == 1, output[-3000:]
+    assert f"{FAR} is past" in output and "not copied: public.items" in output, output[-3000:]
+    assert "pgcdc.spark.jvm" not in output and "\tat org.apache" not in output, output[-3000:]
+
+    killed = run_cli(config, "--until-caught-up", "--on-conversion-error", "quarantine",
+                     env={"PGCDC_INJECT": "snapshot.rejects:1"})
+    output, _ = killed.communicate(timeout=300)
+    assert killed.returncode == -9, output[-3000:]  # the rows set aside committed, the copy of items not yet
+
+    quarantine = dataclasses.replace(config, on_conversion_error="quarantine")
+    pipeline = catch_up(quarantine, spark)
+    assert pipeline.progress.rows_rejected == 2
+    rejects = rejects_of(spark, pipeline)
+    assert [r.op for r in rejects] == ["S", "S"] and len({r.commit_lsn for r in rejects}) == 1
+    assert {int(dict(r.new_values)["id"], 16) for r in rejects} == {3, 13}
+    assert all(r.value_format == "binary" and f"{FAR} is past" in r.error for r in rejects)
+    assert_equal_but_rows(pipeline, pg, unmirrorable=2)
+    described = {row["source"]: row for row in pipeline.mirrors.describe()}
+    assert described["public.items"]["rejected"] == 2
+
+    # the stream: a row set aside given a value the mirror can hold arrives; one given a bad value is set aside
+    pg.execute("UPDATE items SET at = '2030-01-01' WHERE id = 3; UPDATE items SET at = "
+               f"'{FAR}', note = 'far now' WHERE id = 4; UPDATE items SET note = 'still' WHERE id = 13")
+    pipeline = catch_up(quarantine, spark)
+    assert [r.op for r in rejects_of(spark, pipeline)] == ["S", "S", "U", "U"]
+    assert_equal_but_rows(pipeline, pg, unmirrorable=2)
+
+
+def assert_equal_but_rows(pipeline: Pipeline, pg, *, unmirrorable: int) -> None:
+    pipeline.spark.catalog.clearCache()
+    for result in compare_publication(pipeline, pg.dsn, "shop"):
+        assert result.equal, result.describe()
+        assert len(result.unmirrorable) == (unmirrorable if result.table == "public.items" else 0), result.describe()
+
+
+@pytest.mark.parametrize("writer", ["spark"])
+def test_a_copy_through_spark_s_writer_sets_rows_aside_too(pg, spark, writer):
+    pg.execute(SCHEMA)
+    pg.execute(COPY_REJECTS)
+    config = pipeline_config(pg, spark, publication="shop", snapshot_rows_per_task=5, snapshot_writer=writer,
+                             on_conversion_error="quarantine")
+    pipeline = catch_up(config, spark)
+    assert [r.op for r in rejects_of(spark, pipeline)] == ["S", "S"]
+    assert_equal_but_rows(pipeline, pg, unmirrorable=2)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import psycopg
 import pytest
 
-from pgcdc.errors import ConfigError
+from pgcdc.errors import IdentityChangedError
 from pgcdc.pipeline import Pipeline
 from pgcdc.verify import compare_publication
 from pipeline_support import pipeline_config
@@ -61,44 +62,107 @@ def test_replica_identity_using_index_keys_the_mirror_on_the_index_not_the_prima
     assert spark.table(pipeline.mirrors.identifier_for("public", "ri")).count() == remaining
 
 
-def test_a_replica_identity_changed_while_streaming_is_refused_until_the_table_is_copied_again(pg, spark):
-    pg.execute("CREATE TABLE t (id int PRIMARY KEY, code text NOT NULL, v text)")
-    pg.execute("CREATE UNIQUE INDEX t_code ON t (code)")
-    pg.execute("INSERT INTO t SELECT i, 'c' || i, 'v' || i FROM generate_series(1, 100) i")
-    pg.execute("CREATE PUBLICATION pub FOR TABLE t")
+IDENTITY_SCHEMA = """
+CREATE TABLE a (id int PRIMARY KEY, code text NOT NULL, v text);
+CREATE UNIQUE INDEX a_code_key ON a (code);
+INSERT INTO a SELECT i, 'c' || i, 'v' || i FROM generate_series(1, 100) i;
+CREATE TABLE b (id int PRIMARY KEY, v text);
+INSERT INTO b SELECT i, 'v' || i FROM generate_series(1, 50) i;
+CREATE PUBLICATION pub FOR TABLE a, b;
+"""
+
+
+def _change_identity_while_b_streams(conn) -> None:
+    conn.execute("UPDATE a SET v = 'before' WHERE id <= 10")
+    conn.execute("DELETE FROM a WHERE id = 11")
+    conn.execute("UPDATE b SET v = 'b before' WHERE id <= 5")
+    conn.execute("ALTER TABLE a REPLICA IDENTITY USING INDEX a_code_key")  # the next Relation message says so
+    conn.execute("UPDATE a SET id = id + 1000 WHERE id BETWEEN 30 AND 39")  # updates that change id
+    conn.execute("DELETE FROM a WHERE code IN ('c20', 'c21', 'c22')")  # deletes carry only the code
+    conn.execute("UPDATE b SET v = 'b after' WHERE id > 45")
+
+
+def test_a_replica_identity_changed_while_streaming_keys_that_one_mirror_again(pg, spark):
+    """The table whose identity changed is copied again at a fresh consistent point, keyed on its new identity,
+    with no operator action, while the other table goes on streaming; later changes by the new key apply."""
+    pg.execute(IDENTITY_SCHEMA)
     config = pipeline_config(pg, spark, publication="pub")
     pipeline = Pipeline(config, spark=spark)
     pipeline.snapshot()
+    b_position = pipeline.mirrors.positions()[("public", "b")]
     with pg.connect() as conn:
-        conn.execute("UPDATE t SET v = 'before' WHERE id <= 10")
-        conn.execute("DELETE FROM t WHERE id = 11")
-        conn.execute("ALTER TABLE t REPLICA IDENTITY USING INDEX t_code")  # the next Relation message says so
-        conn.execute("DELETE FROM t WHERE id BETWEEN 20 AND 29")
-        conn.execute("UPDATE t SET id = id + 1000 WHERE id BETWEEN 30 AND 39")
-    refused = r"public\.t: its mirror .* is keyed on \(id\).* now identifies rows by \(code\).*pgcdc run --resnapshot"
-    # the stream meets the new Relation message after changes under the old identity: refused, never applied
-    with pytest.raises(ConfigError, match=refused):
-        pipeline.run(until_caught_up=True, handle_signals=False)
-    position = pipeline.mirrors.positions()[("public", "t")]
-    identifier = pipeline.mirrors.identifier_for("public", "t")
-    assert spark.table(identifier).where("v = 'before'").count() == 10  # what came before the change is in
-    assert spark.table(identifier).where("id BETWEEN 20 AND 29").count() == 10  # nothing after it
-
-    # a restart meets the mirror's recorded key: refused too, and the mirror stays where it was
+        _change_identity_while_b_streams(conn)
+    pipeline.run(until_caught_up=True, handle_signals=False)
+    assert _recorded_key(pipeline, "a") == "code" and _recorded_key(pipeline, "b") == "id"
+    assert pipeline.mirrors.positions()[("public", "b")] > b_position  # b streamed on, it was not copied
+    _assert_equal(pipeline, pg.dsn)
+    with pg.connect() as conn:
+        conn.execute("UPDATE a SET id = id + 2000, v = 'again' WHERE id BETWEEN 40 AND 49")
+        conn.execute("DELETE FROM a WHERE code = 'c50'")
     restarted = Pipeline(config, spark=spark)
-    with pytest.raises(ConfigError, match=refused):
-        restarted.run(until_caught_up=True, handle_signals=False)
-    assert restarted.mirrors.positions()[("public", "t")] == position
+    restarted.run(until_caught_up=True, handle_signals=False)
+    _assert_equal(restarted, pg.dsn)
 
-    # the way out the error names: copied again, keyed on the new identity, and streamed on
-    again = Pipeline(dataclasses.replace(config, resnapshot=True), spark=spark)
-    again.run(until_caught_up=True, handle_signals=False)
-    assert _recorded_key(again, "t") == "code"
+
+def test_on_identity_change_stop_refuses_without_applying_and_exits_1(pg, spark):
+    pg.execute(IDENTITY_SCHEMA)
+    config = pipeline_config(pg, spark, publication="pub", on_identity_change="stop")
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.snapshot()
+    copied_at = pipeline.mirrors.positions()[("public", "a")]
     with pg.connect() as conn:
-        conn.execute("DELETE FROM t WHERE id BETWEEN 40 AND 49")
-        conn.execute("UPDATE t SET id = id + 1000 WHERE id BETWEEN 50 AND 59")
-    Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
-    _assert_equal(again, pg.dsn)
+        _change_identity_while_b_streams(conn)
+    refused = (r"public\.a: its replica identity now identifies rows by \(code\), but its mirror is keyed on "
+               r"\(id\).*--on-identity-change copy")
+    with pytest.raises(IdentityChangedError, match=refused):
+        pipeline.run(until_caught_up=True, handle_signals=False)
+    # refused before the batch touched a mirror: nothing after the change was applied by the old key
+    assert pipeline.mirrors.positions()[("public", "a")] == copied_at
+    assert spark.table(pipeline.mirrors.identifier_for("public", "a")).where("id > 1000").count() == 0
+    from pgcdc.cli import _explain
+
+    assert _explain(IdentityChangedError("x"))[1] == 1  # a runtime stop, not bad usage (2)
+    # the way out the error names
+    Pipeline(dataclasses.replace(config, on_identity_change="copy"), spark=spark).run(
+        until_caught_up=True, handle_signals=False)
+    _assert_equal(pipeline, pg.dsn)
+
+
+def test_an_insert_only_table_without_replica_identity_is_mirrored_append_only_then_keyed(pg, spark, caplog):
+    """pgbench_history's shape: no primary key, REPLICA IDENTITY DEFAULT, insert-only. PostgreSQL publishes it
+    and refuses only UPDATE and DELETE on it: mirrored append-only with a warning; once it gets a key, its
+    mirror is keyed again by itself."""
+    pg.execute("""
+        CREATE TABLE history (tid int, bid int, aid int NOT NULL, delta int, mtime timestamp, filler char(22));
+        INSERT INTO history SELECT i % 10, i % 3, i, i * 2, '2024-01-01', NULL FROM generate_series(1, 200) i;
+        INSERT INTO history SELECT 1, 1, 7, 14, '2024-01-01', NULL;  -- the same row twice: no key, kept twice
+        CREATE TABLE accounts (aid int PRIMARY KEY, abalance int);
+        INSERT INTO accounts SELECT i, 0 FROM generate_series(1, 20) i;
+        CREATE PUBLICATION pub FOR TABLE history, accounts;
+    """)
+    config = pipeline_config(pg, spark, publication="pub")
+    pipeline = Pipeline(config, spark=spark)
+    with caplog.at_level("WARNING", logger="pgcdc"):
+        pipeline.run(until_caught_up=True, handle_signals=False)
+    assert any("history" in r.getMessage() and "append-only" in r.getMessage() for r in caplog.records)
+    with pg.connect() as conn:
+        conn.execute("INSERT INTO history SELECT 2, 2, i, -i, '2024-02-01', 'x' FROM generate_series(201, 300) i")
+        conn.execute("UPDATE accounts SET abalance = abalance + 5 WHERE aid <= 10")
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):  # what PostgreSQL itself refuses
+            conn.execute("DELETE FROM history WHERE aid = 1")
+    pipeline.run(until_caught_up=True, handle_signals=False)
+    _assert_equal(pipeline, pg.dsn)
+    assert _recorded_key(pipeline, "history") == ""
+
+    with pg.connect() as conn:  # a key later: the mirror is keyed on it, and updates and deletes apply
+        conn.execute("ALTER TABLE history REPLICA IDENTITY FULL")
+        conn.execute("DELETE FROM history WHERE ctid = (SELECT max(ctid) FROM history WHERE aid = 7)")
+        conn.execute("ALTER TABLE history ADD PRIMARY KEY (aid)")
+        conn.execute("UPDATE history SET delta = 0 WHERE aid <= 50")
+        conn.execute("DELETE FROM history WHERE aid > 280")
+    pipeline.run(until_caught_up=True, handle_signals=False)
+    _assert_equal(pipeline, pg.dsn)
+    assert _recorded_key(pipeline, "history") == "aid"
 
 
 @pytest.mark.parametrize("writer", ["delta", "merge"])

@@ -411,3 +411,27 @@ def test_dates_timestamps_times_and_intervals(pg_factory, binary, rows):
             continue
         assert mine["months"] == 0  # generated from day-time intervals
         assert dt.timedelta(days=mine["days"], microseconds=mine["microseconds"]) == theirs
+
+
+@settings(max_examples=40, deadline=None)
+@given(micros=st.lists(st.one_of(
+    st.integers(-211_813_488_000_000_000, 9_223_371_331_199_999_999),  # 4713 BC to 294276 AD, PostgreSQL's range
+    st.sampled_from([0, -1, 1, 500_000, 9_223_371_331_199_000_000, -63_082_281_600_000_000])), min_size=1,
+    max_size=20))
+def test_timestamps_are_shown_as_postgresql_writes_them(pg_factory, micros):
+    """An error shows a value it cannot mirror as PostgreSQL prints it: the server is the oracle, from the
+    binary form (microseconds since 2000) to the text of timestamp and timestamptz (UTC)."""
+    from pgcdc.types.temporal import timestamp_text
+
+    pg = pg_factory()
+    with pg.connect() as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        conn.execute("SET DateStyle = 'ISO, YMD'")
+        # whole days and the microseconds left: exact integer arithmetic over the server's whole range
+        rows = conn.execute(
+            "SELECT v::text, v::timestamptz::text FROM (SELECT timestamp '2000-01-01' + (m / 86400000000) * "
+            "interval '1 day' + (m %% 86400000000) * interval '1 microsecond' AS v FROM unnest(%s::bigint[]) m) s",
+            (micros,)).fetchall()
+    for (plain, zoned), value in zip(rows, micros, strict=True):
+        assert timestamp_text(value, with_zone=False) == plain
+        assert timestamp_text(value, with_zone=True) == zoned

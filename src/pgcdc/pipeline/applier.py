@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
@@ -31,11 +33,26 @@ from pgcdc.spark.maintenance import Maintainer, MaintenancePolicy, mirror_tables
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from pgcdc.spark.apply import AppliedChanges
     from pgcdc.spark.mirror import MirrorTable
 
 log = logging.getLogger("pgcdc.pipeline")
 
+T = TypeVar("T")
+
 COMMIT_ATTEMPTS = 8  # a mirror's apply, when concurrent commits of others keep conflicting with it
+
+
+@dataclass
+class Applied:
+    """What the apply of one batch put into the mirrors: the changes they did not hold yet (a replay after a
+    reconnection or a crash holds some or all of its changes already), those set aside, and the transactions
+    they belong to."""
+
+    seconds: float = 0.0
+    changes: int = 0
+    rejected: int = 0
+    commit_lsns: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -44,7 +61,36 @@ class Applying:
 
     batch: Batch
     flush: Lsn
-    future: Future[float]
+    future: Future[Applied]
+
+
+class _Worker:
+    """One daemon thread running the calls submitted to it, in order. Unlike a ThreadPoolExecutor's worker, which
+    the interpreter joins at exit, it never keeps a stopping process alive: a second Ctrl-C stops at once, and a
+    maintenance cut short at a stop is not waited for past its bound."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, call: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._calls.put((future, call))
+        return future
+
+    def shutdown(self) -> None:
+        self._calls.put(None)
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            future, call = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(call())
+            except BaseException as exc:
+                future.set_exception(exc)
 
 
 class Applier:
@@ -59,9 +105,8 @@ class Applier:
         self._emit = emit
         self._changelog = changelog
         self._writer = writer
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgcdc-apply")
-        self._maintenance_executor = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgcdc-maintain")
-                                      if writer == "delta" else self._executor)
+        self._executor = _Worker("pgcdc-apply")
+        self._maintenance_executor = _Worker("pgcdc-maintain") if writer == "delta" else self._executor
         self.applying: Applying | None = None
         self._rate_window: list[tuple[float, int]] = []
         self.maintainer = Maintainer(spark, maintenance or MaintenancePolicy(enabled=False), self._maintained)
@@ -71,8 +116,23 @@ class Applier:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._executor.shutdown(wait=True)
-        self._maintenance_executor.shutdown(wait=True)
+        self._executor.shutdown()
+        self._maintenance_executor.shutdown()
+
+    def stop_maintenance(self, timeout: float) -> None:
+        """Cancel the maintenance turn in flight, if any (its Spark jobs: a step cut short commits nothing), and
+        wait for it up to ``timeout`` seconds; one still running then is left to end with the process."""
+        running = self._maintaining
+        if running is None or running.done():
+            return
+        self.maintainer.cancel()
+        try:
+            running.result(timeout=timeout)
+        except TimeoutError:
+            log.warning("a maintenance still runs %.0fs after it was cancelled; stopping without it (a step cut "
+                        "short changes nothing, and runs again at the next maintenance)", timeout)
+        except Exception:
+            pass
 
     @property
     def busy(self) -> bool:
@@ -85,7 +145,7 @@ class Applier:
         """Hand ``batch`` to the apply thread; nothing else may be applying."""
         assert self.applying is None
         self.progress.applying_rows = batch.rows
-        self.applying = Applying(batch, flush, self._executor.submit(self._apply, batch))
+        self.applying = Applying(batch, flush, self._executor.submit(lambda: self._apply(batch)))
 
     def maintain(self) -> None:
         """Queue one maintenance turn when one may be due: on its own thread beside the applies of the row-delta
@@ -115,31 +175,32 @@ class Applier:
         applying, self.applying = self.applying, None
         if applying is None:
             return
-        elapsed = applying.future.result()
+        applied = applying.future.result()
         batch = applying.batch
         confirm(applying.flush)
         progress = self.progress
-        progress.rows_applied += batch.rows - batch.rejected
-        progress.rows_rejected += batch.rejected
-        progress.transactions_applied += batch.transactions
+        progress.rows_applied += applied.changes
+        progress.rows_rejected += applied.rejected
+        progress.transactions_applied += len(applied.commit_lsns)
         progress.batches_applied += 1
         progress.applied_lsn = batch.last_end_lsn
-        progress.confirmed_lsn = applying.flush
-        progress.last_batch_seconds = elapsed
+        progress.last_batch_seconds = applied.seconds
         progress.applying_rows = 0
         self._rate_window.append((time.monotonic(), progress.rows_applied))
         self._rate_window = self._rate_window[-20:]
         (t0, r0), (t1, r1) = self._rate_window[0], self._rate_window[-1]
         progress.rows_per_s = (r1 - r0) / (t1 - t0) if t1 > t0 else 0.0
-        log.info("applied %d rows of %d transactions up to %s in %.2fs", batch.rows, batch.transactions,
-                 batch.last_commit_lsn, elapsed)
+        log.info("applied %d changes of %d transactions up to %s in %.2fs%s", applied.changes,
+                 len(applied.commit_lsns), batch.last_commit_lsn, applied.seconds,
+                 f" ({applied.rejected} set aside)" if applied.rejected else "")
         self._emit()
 
-    def _apply(self, batch: Batch) -> float:
-        """Merge every segment of ``batch`` into its mirror (on the apply thread); returns the seconds taken."""
+    def _apply(self, batch: Batch) -> Applied:
+        """Apply every segment of ``batch`` to its mirror (on the apply thread); returns what was applied."""
         from pgcdc.spark.apply import append_rejects
 
         started = time.monotonic()
+        outcome = Applied()
         applied = 0
         for segments in batch.tables.values():
             for index, segment in enumerate(segments):
@@ -153,17 +214,22 @@ class Applier:
                 if applied:
                     injection_point("apply.between-mirrors")
                 if segment.rejects:  # first: its own position makes a replay after a crash here harmless
-                    append_rejects(self._spark(), mirror, pa.concat_tables(segment.rejects))
+                    rejected = append_rejects(self._spark(), mirror, pa.concat_tables(segment.rejects))
+                    outcome.rejected += rejected.changes
+                    outcome.commit_lsns |= rejected.commit_lsns
                     injection_point("apply.rejects")
                 if not segment.chunks:  # every change of the run was set aside
                     continue
                 injection_point("apply.merge")
-                self._apply_segment(mirror, pa.concat_tables(segment.chunks), position)
+                changes = self._apply_segment(mirror, pa.concat_tables(segment.chunks), position)
+                outcome.changes += changes.changes
+                outcome.commit_lsns |= changes.commit_lsns
                 applied += 1
         injection_point("apply.before-confirm")
-        return time.monotonic() - started
+        outcome.seconds = time.monotonic() - started
+        return outcome
 
-    def _apply_segment(self, mirror: MirrorTable, changes: pa.Table, position: Lsn) -> None:
+    def _apply_segment(self, mirror: MirrorTable, changes: pa.Table, position: Lsn) -> AppliedChanges:
         """One mirror's changes (and its change log's), retried when a commit of someone else's beside pgcdc's
         (a compaction job, a catalog's optimizer) conflicts with it: the failed commit changed nothing, and the
         retry skips what the change log already holds."""
@@ -182,12 +248,12 @@ class Applier:
                     recording = recordings.enter_context(mirrors.recording(
                         mirror.identifier, before=mirror.position, upto=position, held=lambda: mirror.position,
                         whole=not mirror.spec.key_columns, deferred=True))
-                    apply_changes(self._spark(), mirror, changes, lsn=position, changelog=self._changelog,
-                                  writer=self._writer, before_merge=recording.mark_pending)
-                return
+                    return apply_changes(self._spark(), mirror, changes, lsn=position, changelog=self._changelog,
+                                         writer=self._writer, before_merge=recording.mark_pending)
             except Exception as exc:
                 if attempt == COMMIT_ATTEMPTS or not is_commit_conflict(exc):
                     raise
                 log.warning("%s: the commit conflicted with a concurrent one (%s); applying again (attempt %d of "
                             "%d)", mirror.spec.source, str(exc).splitlines()[0][:300], attempt + 1, COMMIT_ATTEMPTS)
                 time.sleep(min(0.5 * 2 ** attempt, 10.0))
+        raise AssertionError("unreachable: the last attempt returns or raises")

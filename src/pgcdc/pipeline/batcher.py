@@ -43,10 +43,6 @@ class Segment:
     span: Span = field(default_factory=Span)
     rejects: list[pa.Table] = field(default_factory=list)  # changes set aside (REJECTS_SCHEMA)
 
-    @property
-    def rejected(self) -> int:
-        return sum(table.num_rows for table in self.rejects)
-
 
 @dataclass
 class Batch:
@@ -68,10 +64,6 @@ class Batch:
     def relations(self) -> list[Relation]:
         """The first schema version of each table the batch touches."""
         return [segments[0].relation for segments in self.tables.values()]
-
-    @property
-    def rejected(self) -> int:
-        return sum(segment.rejected for segments in self.tables.values() for segment in segments)
 
     def versions(self, held: Callable[[Relation], Lsn | None]) -> list[Relation]:
         """Every schema version of every table the batch touches, in order, but those whose every change the

@@ -54,6 +54,9 @@ class PipelineConfig:
     apply_writer: str = "delta"  # "delta": Iceberg row deltas written from Arrow; "merge": a Spark MERGE per batch
     snapshot_rows_per_task: int = 250_000  # rows of a copy task (a page range); more tasks than executors
     on_conversion_error: str = "stop"  # or "quarantine": changes that cannot be converted go to <table>__rejects
+    # a table whose replica identity changes while streaming: "copy" it again keyed on the new identity while the
+    # others stream, or "stop" (IdentityChangedError)
+    on_identity_change: str = "copy"
     maintenance: MaintenancePolicy = field(default_factory=MaintenancePolicy)  # compaction, expiry, orphan files
 
     def __post_init__(self) -> None:
@@ -91,6 +94,8 @@ class PipelineConfig:
             problems.append(f"numeric policy {self.numeric!r} must be string or decimal38")
         if self.on_conversion_error not in ("stop", "quarantine"):
             problems.append(f"on_conversion_error {self.on_conversion_error!r} must be stop or quarantine")
+        if self.on_identity_change not in ("copy", "stop"):
+            problems.append(f"on_identity_change {self.on_identity_change!r} must be copy or stop")
         if self.snapshot_writer not in ("auto", "arrow", "spark"):
             problems.append(f"snapshot writer {self.snapshot_writer!r} must be auto, arrow or spark")
         if self.apply_writer not in ("delta", "merge"):

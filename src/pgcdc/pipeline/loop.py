@@ -1,10 +1,10 @@
 """The pipeline: a replication slot mirrored into Iceberg tables, exactly once.
 
 The one place that knows every room. Read it top to bottom: :meth:`Pipeline.run` snapshots what is not
-mirrored yet (:mod:`.snapshotter`), then :meth:`Pipeline._stream` reads committed transactions from the
-slot (:class:`pgcdc.transactions.TransactionReader`), collects them into batches of Arrow change tables
-(:mod:`.batcher`), merges each batch into the mirrors on the apply thread (:mod:`.applier`) and confirms
-to the server what the mirrors hold. Every position decision — what a batch may confirm, what a mirror
+mirrored yet (:mod:`.snapshotter`), then streams (:class:`.streaming.StreamRun`, once per connection): committed
+transactions from the slot (:class:`pgcdc.transactions.TransactionReader`) are collected into batches of Arrow
+change tables (:mod:`.batcher`), applied to the mirrors on the apply thread (:mod:`.applier`), and what the
+mirrors hold is confirmed to the server. Every position decision — what a batch may confirm, what a mirror
 records, what a restart resumes from — is :mod:`pgcdc.checkpoint`'s, and its rules are written there.
 
 >>> Pipeline(PipelineConfig(dsn="host=... dbname=shop", publication="shop")).run(until_caught_up=True)  # doctest: +SKIP
@@ -23,24 +23,22 @@ import psycopg
 from pgcdc.checkpoint import Checkpoint, resume_position
 from pgcdc.errors import ConfigError, InProgressDecodingFailed, TextValuesRequired
 from pgcdc.lsn import Lsn
-from pgcdc.pipeline.applier import Applier
-from pgcdc.pipeline.batcher import Batch, Batcher
+from pgcdc.pipeline.batcher import Batcher
 from pgcdc.pipeline.config import PipelineConfig, Progress
 from pgcdc.pipeline.signals import stop_on_signals
 from pgcdc.pipeline.snapshotter import Snapshotter
+from pgcdc.pipeline.streaming import StreamRun
 from pgcdc.pipeline.tables import SourceTables
 from pgcdc.replication import (
     LogicalReplicationStream,
     ReplicationOptions,
     SlotManager,
-    SlotStatus,
-    SourceWatch,
     check_source,
     source_connection,
 )
 from pgcdc.replication.published import server_lsn
 from pgcdc.runtime import streaming_gc
-from pgcdc.transactions import Tick, Transaction, TransactionReader
+from pgcdc.transactions import TransactionReader
 from pgcdc.types import TableConverter
 
 if TYPE_CHECKING:
@@ -75,8 +73,6 @@ class Pipeline:
         self._snapshotter = Snapshotter(config, self._tables, lambda: self.spark, self.progress,
                                         self._set_phase, self._emit)
         self._batcher = Batcher(self._tables)
-        self._last_heartbeat = 0.0
-        self._seen_status: SlotStatus | None = None
         self._text_values_only = False  # set once a column that binary values cannot carry reached the stream
         self._whole_transactions_only = False  # set once the server failed to decode a transaction in progress
 
@@ -109,7 +105,10 @@ class Pipeline:
 
     def check(self) -> None:
         """Raise ConfigError listing every problem of the source set-up, each with its fix."""
-        problems = check_source(self.config.dsn, publication=self.config.publication, slot=self.config.slot)
+        found = check_source(self.config.dsn, publication=self.config.publication, slot=self.config.slot)
+        for warning in (p for p in found if p.warning):
+            log.warning("%s Fix: %s", warning.what, warning.fix)
+        problems = [p for p in found if not p.warning]
         if problems:
             raise ConfigError("the source is not ready for pgcdc:\n" + "\n".join(
                 f"  - {p.what} Fix: {p.fix}" for p in problems))
@@ -162,6 +161,7 @@ class Pipeline:
 
     # -- streaming ----------------------------------------------------------------
     def _stream(self, *, until_caught_up: bool) -> Progress:
+        """One replication connection's run (:class:`.streaming.StreamRun`), from the slot's confirmed position."""
         config = self.config
         checkpoint = Checkpoint(resume_from=self._resume_position())
         with source_connection(config.dsn, 120.0) as conn:
@@ -180,80 +180,10 @@ class Pipeline:
         reader = TransactionReader(stream.events(idle_timeout=min(0.25, config.batch_max_seconds)),
                                    memory_limit_bytes=config.memory_limit_bytes, spill_dir=config.spill_dir,
                                    on_type=self._tables.observe_type)
-
-        def confirm(lsn: Lsn | None) -> None:
-            if checkpoint.advance(lsn):
-                assert lsn is not None
-                stream.confirm(lsn)
-
-        def hand_off(batch: Batch) -> None:
-            self._batcher.finish(batch)
-            # before anything evolves a mirror to the batch's table versions: they tell what must be copied
-            self._snapshotter.copy_rewritten(batch.versions(lambda relation: self._tables.mirrors.held_position(
-                relation.namespace, relation.name, changelog=config.changelog)))
-            self._snapshotter.copy_again(batch.incomplete_inserts, "a row moved into a publication's row filter came "
-                                         "without the TOAST values it did not change, which only the table holds")
-            self._snapshotter.copy_unmirrored(batch.relations())
-            assert batch.last_end_lsn is not None
-            applier.start(batch, checkpoint.batch_flush(batch.last_end_lsn, reader.oldest_pending_lsn()))
-
         self._set_phase("streaming")
-        batch = Batch()
-        items = iter(reader)
-        # One batch applies on the apply thread while the next one is read, decoded and converted here: the
-        # stream never waits for a MERGE unless a full batch is ready before the one before it is applied.
-        with SourceWatch(config.dsn, config.slot) as watch, \
-                Applier(self._tables, lambda: self.spark, self.progress, self._emit,
-                        changelog=config.changelog, writer=config.apply_writer,
-                        maintenance=config.maintenance) as applier:
-            try:
-                for item in items:
-                    if isinstance(item, Transaction):
-                        self._batcher.add(batch, item)
-                        self.progress.received_lsn = item.end_lsn
-                        continue
-                    if item is Tick.RECONNECTED:  # the server resends everything after the confirmed position
-                        self.progress.reconnections += 1
-                        batch = Batch()
-                        continue
-                    if self._stop.is_set():
-                        applier.collect(confirm)
-                        if batch:
-                            hand_off(batch)
-                            applier.collect(confirm)
-                        batch = Batch()
-                        break
-                    idle = item is Tick.IDLE
-                    # a full batch waits for the one applying: memory stays bounded by two batches
-                    if applier.busy and (applier.done() or batch.rows >= config.batch_max_rows):
-                        applier.collect(confirm)
-                    if not applier.busy and batch and (
-                            batch.rows >= config.batch_max_rows
-                            or time.monotonic() - batch.started >= config.batch_max_seconds
-                            or (target is not None and idle)):
-                        hand_off(batch)
-                        batch = Batch()
-                    applier.maintain()  # between applies, when a mirror is due: compaction, expiry
-                    held = reader.oldest_pending_lsn()
-                    unapplied = bool(batch) or applier.busy
-                    if idle:
-                        confirm(checkpoint.quiet_flush(stream.server_wal_end, unapplied=unapplied, held=held))
-                    self._watch(watch, idle)
-                    # a prepared transaction still held is not committed: caught up without it (the slot
-                    # stays at its PREPARE, and it is applied once committed)
-                    caught_up = idle and not unapplied
-                    if caught_up and target is not None and (stream.server_wal_end or Lsn(0)) >= target:
-                        break
-            finally:
-                if applier.busy:  # the loop failed: the batch applying finishes, and counts if it worked
-                    try:
-                        applier.collect(confirm)
-                    except Exception as exc:
-                        log.error("the batch being applied failed too: %s", exc)
-                if batch and not self._stop.is_set():
-                    log.warning("stopping with %d unapplied transactions; they will be replayed", batch.transactions)
-                stream.close()
-                items.close()  # drops what the assembler held (spill files too): the server resends it
+        StreamRun(config, stream=stream, reader=reader, checkpoint=checkpoint, target=target, tables=self._tables,
+                  batcher=self._batcher, snapshotter=self._snapshotter, spark=lambda: self.spark,
+                  progress=self.progress, emit=self._emit, stop=self._stop).run()
         self._set_phase("stopped")
         return self.progress
 
@@ -275,20 +205,6 @@ class Pipeline:
         self._snapshotter.check_positions()
         invalidated = (slot.invalidation_reason or slot.wal_status) if slot.invalidated else None
         return resume_position(self.config.slot, slot.confirmed_flush_lsn, invalidated=invalidated)
-
-    def _watch(self, watch: SourceWatch, idle: bool) -> None:
-        """The slot's status from the watch thread into the progress; a heartbeat when idle, if asked for."""
-        status = watch.latest()
-        if status is not self._seen_status and status is not None:
-            self._seen_status = status
-            self.progress.server_lsn = status.server_lsn
-            self.progress.wal_retained_bytes = status.wal_retained_bytes
-            self.progress.wal_status = status.wal_status
-            self._emit()
-        now = time.monotonic()
-        if idle and self.config.heartbeat_seconds and now - self._last_heartbeat >= self.config.heartbeat_seconds:
-            watch.heartbeat()
-            self._last_heartbeat = now
 
     def _set_phase(self, phase: str) -> None:
         self.progress.phase = phase

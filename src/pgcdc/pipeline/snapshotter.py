@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pgcdc.checkpoint import refuse_lost_slot, refuse_positions_ahead
+from pgcdc.errors import ConversionError
 from pgcdc.faults import injection_point
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import Relation
@@ -129,43 +130,76 @@ class Snapshotter:
 
     def _copy(self, tables: list[PublishedTable], snapshot_name: str, consistent_lsn: Lsn,
               copied: dict[str, int] | None = None) -> dict[str, int]:
-        from pgcdc.spark.orphans import remove_unreferenced_files
-        from pgcdc.spark.schema import spark_schema
-        from pgcdc.spark.snapshot import copy_table
-
+        """Copy ``tables`` at ``consistent_lsn`` (``snapshot_name`` exports it), one commit each; returns the rows
+        of each. A table a value of which stops its copy (``--on-conversion-error stop``) does not stop the others:
+        they are copied, then one error names it and says which tables were copied and which were not."""
         copied = {} if copied is None else copied
         for table in tables:  # every total is known before the first copy starts: progress shows what is left
             self.progress.snapshot_estimates[f"{table.schema}.{table.name}"] = table.estimated_rows
+        stopped: dict[str, ConversionError] = {}
         for table in tables:
-            converter = self.tables.converter_for(table.relation)
-            # the copy replaces every row: a mirror keyed otherwise is made again with the table's key
-            mirror = self.tables.mirror_for(table.relation, replacing_rows=True, storage=table.storage)
-            if mirror.position is None:  # files of an interrupted copy of this table, never committed
-                remove_unreferenced_files(self._spark(), mirror.identifier)
             label = f"{table.schema}.{table.name}"
-            injection_point("snapshot.copy")
-
-            def report(p, label=label):
-                self.progress.snapshot_rows[label] = p.rows
-                self._emit()
-
-            # the position goes into the table's properties too, where snapshot expiry cannot remove it
-            with self.tables.mirrors.recording(mirror.identifier, before=mirror.position, upto=consistent_lsn,
-                                               held=lambda: consistent_lsn, whole=not mirror.spec.key_columns):
-                result = copy_table(
-                    self._spark(), dsn=self.config.dsn, source_schema=table.schema, source_table=table.name,
-                    columns=[c.name for c in table.relation.columns], converter=converter,
-                    spark_schema=spark_schema(converter.arrow_schema), target_identifier=mirror.identifier,
-                    snapshot_name=snapshot_name, consistent_lsn=consistent_lsn,
-                    session_settings=dict(SESSION_SETTINGS), progress=report, writer=self.config.snapshot_writer,
-                    target_rows_per_task=self.config.snapshot_rows_per_task, row_filter=table.row_filter,
-                )
-            copied[label] = result.rows
-            mirror.position = consistent_lsn
-            if mirror.spec.shape is not None and mirror.shape != mirror.spec.shape:  # the rows are the new shape's
-                self.tables.mirrors.record_shape(table.schema, table.name, mirror.spec.shape)
-            self.progress.snapshot_rows[label] = result.rows
-            log.info("copied %s: %d rows in %.1fs at %s", label, result.rows, result.seconds, consistent_lsn,
-                     extra={"event": "snapshot.copied", "table": label, "rows": result.rows,
-                            "lsn": str(consistent_lsn), "seconds": round(result.seconds, 3)})
+            try:
+                copied[label] = self._copy_table(table, snapshot_name, consistent_lsn)
+            except ConversionError as exc:
+                log.error("%s", exc)
+                stopped[label] = exc
+        if stopped:
+            done = sorted(label for label in copied if label not in stopped)
+            first = next(iter(stopped.values()))
+            raise ConversionError(
+                f"{first} — copied: {', '.join(done) or 'none'}; not copied: {', '.join(sorted(stopped))} (each "
+                "is copied at the next run, the others stream from where their copy ended)")
         return copied
+
+    def _copy_table(self, table: PublishedTable, snapshot_name: str, consistent_lsn: Lsn) -> int:
+        """One table's copy, committed with ``consistent_lsn`` as its mirror's position (and, under quarantine, the
+        rows it set aside committed before it); returns the rows copied."""
+        from pgcdc.change_table import copied_rejects
+        from pgcdc.spark.apply import replace_copied_rejects
+        from pgcdc.spark.orphans import remove_unreferenced_files
+        from pgcdc.spark.schema import spark_schema
+        from pgcdc.spark.snapshot import SetAside, copy_table
+
+        converter = self.tables.converter_for(table.relation)
+        # the copy replaces every row: a mirror keyed otherwise is made again with the table's key
+        mirror = self.tables.mirror_for(table.relation, replacing_rows=True, storage=table.storage)
+        if mirror.position is None:  # files of an interrupted copy of this table, never committed
+            remove_unreferenced_files(self._spark(), mirror.identifier)
+        label = f"{table.schema}.{table.name}"
+        injection_point("snapshot.copy")
+
+        def report(p, label=label):
+            self.progress.snapshot_rows[label] = p.rows
+            self._emit()
+
+        def set_aside(rows: list[SetAside]) -> None:
+            replace_copied_rejects(self._spark(), mirror, copied_rejects(
+                [(row.error, row.values) for row in rows], consistent_lsn))
+            injection_point("snapshot.rejects")
+            if rows:
+                self.progress.rows_rejected += len(rows)
+                log.warning("%s: %d rows set aside in its __rejects table (first: %s)", label, len(rows),
+                            rows[0].error)
+
+        quarantine = self.config.on_conversion_error == "quarantine"
+        # the position goes into the table's properties too, where snapshot expiry cannot remove it
+        with self.tables.mirrors.recording(mirror.identifier, before=mirror.position, upto=consistent_lsn,
+                                           held=lambda: consistent_lsn, whole=not mirror.spec.key_columns):
+            result = copy_table(
+                self._spark(), dsn=self.config.dsn, source_schema=table.schema, source_table=table.name,
+                columns=[c.name for c in table.relation.columns], converter=converter,
+                spark_schema=spark_schema(converter.arrow_schema), target_identifier=mirror.identifier,
+                snapshot_name=snapshot_name, consistent_lsn=consistent_lsn,
+                session_settings=dict(SESSION_SETTINGS), progress=report, writer=self.config.snapshot_writer,
+                target_rows_per_task=self.config.snapshot_rows_per_task, row_filter=table.row_filter,
+                set_aside=set_aside if quarantine else None,
+            )
+        mirror.position = consistent_lsn
+        if mirror.spec.shape is not None and mirror.shape != mirror.spec.shape:  # the rows are the new shape's
+            self.tables.mirrors.record_shape(table.schema, table.name, mirror.spec.shape)
+        self.progress.snapshot_rows[label] = result.rows
+        log.info("copied %s: %d rows in %.1fs at %s", label, result.rows, result.seconds, consistent_lsn,
+                 extra={"event": "snapshot.copied", "table": label, "rows": result.rows,
+                        "lsn": str(consistent_lsn), "seconds": round(result.seconds, 3)})
+        return result.rows

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import psycopg
 import pyarrow as pa
 
+from pgcdc.errors import IdentityChangedError
 from pgcdc.faults import injection_point
 from pgcdc.pgoutput.messages import REPLICA_IDENTITY_FULL, REPLICA_IDENTITY_NOTHING, Relation, TupleData, Type
 from pgcdc.pipeline.config import PipelineConfig
@@ -57,6 +58,7 @@ class SourceTables:
         self._keys: dict[tuple, tuple[str, ...]] = {}
         self._mirrors: MirrorCatalog | None = None
         self._positioned: set[tuple[str, str]] = set()
+        self._append_only_told: set[int] = set()  # tables whose append-only mirror was warned about
 
     @property
     def mirrors(self) -> MirrorCatalog:
@@ -117,10 +119,6 @@ class SourceTables:
         from pgcdc.spark.mirror import SourceShape, TableSpec
         from pgcdc.spark.schema import spark_schema
 
-        if relation.replica_identity == REPLICA_IDENTITY_NOTHING:
-            log.warning("%s has REPLICA IDENTITY NOTHING: its mirror is insert-only (updates and deletes cannot "
-                        "be matched); fix with ALTER TABLE %s REPLICA IDENTITY FULL or add a primary key",
-                        relation.qualified_name, relation.qualified_name)
         spec = TableSpec(source_schema=relation.namespace, source_table=relation.name,
                          spark_schema=spark_schema(self.converter_for(relation).arrow_schema),
                          key_columns=self.key_for(relation), replica_identity=relation.replica_identity,
@@ -131,6 +129,13 @@ class SourceTables:
                              storage.definition if storage is not None else None,
                              storage.printed_types if storage is not None else None,
                              tuple(leaf for leaf, _ in storage.partitions) if storage is not None else None))
+        if spec.append_only and relation.relation_id not in self._append_only_told:
+            self._append_only_told.add(relation.relation_id)
+            log.warning("%s has no replica identity (%s): its mirror is append-only, as PostgreSQL refuses UPDATE "
+                        "and DELETE on it; if that is not meant, ALTER TABLE %s ADD PRIMARY KEY (...) or REPLICA "
+                        "IDENTITY FULL, and pgcdc keys its mirror again", relation.qualified_name,
+                        "NOTHING" if relation.replica_identity == REPLICA_IDENTITY_NOTHING
+                        else "DEFAULT without a primary key", relation.qualified_name)
         if replacing_rows:  # a copy is about to replace every row: nothing of the old ones to fill
             mirror = self.mirrors.ensure(spec, replacing_rows=True)
             if mirror.pending_fill:
@@ -153,9 +158,12 @@ class SourceTables:
             return table_storage(conn, sorted({r.relation_id for r in relations}), self.config.publication)
 
     def needs_copy(self, relation: Relation, storage: TableStorage | None) -> str | None:
-        """Why this relation version's rows hold, in the mirror, values that logical decoding never sent, so that
-        the mirror must be copied again (None when they do not); ``storage`` is the table's now:
+        """Why this relation version's rows hold, in the mirror, values that logical decoding never sent, or are
+        keyed otherwise, so that the mirror must be copied again (None when they do not); ``storage`` is the
+        table's now:
 
+        - its replica identity identifies rows by other columns than the mirror's key (under
+          ``--on-identity-change stop``: :class:`pgcdc.errors.IdentityChangedError` instead);
         - it is another table than the mirror's source (dropped and created again under its name);
         - a column's type changed and the table was rewritten since the mirror's last copy (``ALTER COLUMN ...
           TYPE`` rewrites every row through the cast or its ``USING`` expression; a change PostgreSQL makes
@@ -177,9 +185,21 @@ class SourceTables:
         The catalog may be ahead of the stream: then the copy comes early, which is as right (rule 2 skips what
         it holds). A plain ADD COLUMN (NULL) or a non-volatile default (the catalog's missing value, filled by
         :meth:`mirror_for`) needs no copy."""
+        from pgcdc.spark.mirror import describe_key
         from pgcdc.spark.schema import spark_schema
         from pgcdc.types.kinds import type_change_keeps_values
 
+        keyed_on = self.mirrors.keyed_otherwise(relation.namespace, relation.name, self.key_for(relation))
+        if keyed_on is not None:
+            change = (f"{relation.qualified_name}: its replica identity now identifies rows by "
+                      f"{describe_key(self.key_for(relation))}, but its mirror is keyed on {describe_key(keyed_on)}")
+            if self.config.on_identity_change == "stop":
+                raise IdentityChangedError(
+                    f"{change}; applying its changes by the old key would leave wrong rows in the mirror, and "
+                    "--on-identity-change stop stops here. Run with --on-identity-change copy (the default) to copy "
+                    "that table again keyed on its new identity while the others stream, or restore its replica "
+                    "identity")
+            return "its replica identity changed: the mirror is made again, keyed on the new one"
         shape = self.mirrors.source_shape(relation.namespace, relation.name)
         if shape is not None:
             if shape.relation_id != relation.relation_id:

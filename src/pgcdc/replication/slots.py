@@ -63,6 +63,7 @@ class CreatedSlot:
 class SourceProblem:
     what: str
     fix: str
+    warning: bool = False  # worth knowing, but pgcdc works: the source is ready all the same
 
 
 @dataclass(frozen=True)
@@ -346,8 +347,9 @@ def _capacity_problems(conn: psycopg.Connection, settings: dict[str, str], slot:
 
 
 def check_source(dsn: str, *, publication: str, slot: str | None = None) -> list[SourceProblem]:
-    """Everything that would stop pgcdc on this source, each with its fix; empty when ready. ``slot`` is the
-    slot pgcdc streams: when it exists already, a full set of slots is no problem."""
+    """Everything that would stop pgcdc on this source, each with its fix (and what is only worth a warning,
+    marked so); nothing that stops it: ready. ``slot`` is the slot pgcdc streams: when it exists already, a full
+    set of slots is no problem."""
     problems: list[SourceProblem] = []
     with psycopg.connect(dsn, autocommit=True, application_name="pgcdc check",
                          client_encoding=CLIENT_ENCODING) as conn:
@@ -389,11 +391,16 @@ def check_source(dsn: str, *, publication: str, slot: str | None = None) -> list
             qualified = f"{quote_ident(schema)}.{quote_ident(table)}"
             no_identity = identity == "n" or (identity == "d" and not has_primary_key)
             if no_identity and (pub[0] or pub[1]):
+                # PostgreSQL publishes such a table and refuses UPDATE and DELETE on it, which an insert-only table
+                # (a log, events, an audit trail) never runs: its mirror is append-only
                 problems.append(SourceProblem(
                     f"table {schema}.{table} has no replica identity (REPLICA IDENTITY "
-                    f"{'NOTHING' if identity == 'n' else 'DEFAULT without a primary key'}) but the publication "
-                    "publishes updates/deletes: PostgreSQL will refuse UPDATE and DELETE on it.",
-                    f"ALTER TABLE {qualified} ADD PRIMARY KEY (...); or ALTER TABLE {qualified} REPLICA IDENTITY FULL;"))
+                    f"{'NOTHING' if identity == 'n' else 'DEFAULT without a primary key'}): pgcdc mirrors it "
+                    "append-only, and PostgreSQL refuses UPDATE and DELETE on it while the publication publishes "
+                    "them.",
+                    f"nothing, if it is insert-only; otherwise ALTER TABLE {qualified} ADD PRIMARY KEY (...); or "
+                    f"ALTER TABLE {qualified} REPLICA IDENTITY FULL; (pgcdc then keys its mirror again by itself)",
+                    warning=True))
             if not readable:
                 problems.append(SourceProblem(f"the initial copy cannot read {schema}.{table}.",
                                               f"GRANT SELECT ON {qualified} TO {quote_ident(role[0])};"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import select
+import threading
 import time
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -28,7 +29,9 @@ from pgcdc.replication.slots import deadline, replication_connection
 
 log = logging.getLogger("pgcdc.replication")
 
-_INTERNAL_ERROR = "XX000"  # SQLSTATE of an error inside the server (its decoder's, for a walsender)
+_INTERNAL_ERROR = "XX000"
+# how often kept_alive reports to the server: well inside any wal_sender_timeout (60 s by default; tests go low)
+KEEPALIVE_SECONDS = 1.0  # SQLSTATE of an error inside the server (its decoder's, for a walsender)
 
 
 def _connection_lost(exc: BaseException) -> bool:
@@ -69,6 +72,7 @@ class LogicalReplicationStream:
         self._closed = False
         self.proto_version = 1
         self.server_wal_end: Lsn | None = None
+        self._feedback_lock = threading.Lock()  # kept_alive's thread and the caller's confirm may both send
 
     # -- caller interface ------------------------------------------------------------------------
     @property
@@ -85,6 +89,31 @@ class LogicalReplicationStream:
         except psycopg2.DatabaseError as exc:
             # the connection is gone: the reader notices and reconnects, starting from this position
             log.debug("feedback not sent (%s); it goes with the reconnection", exc)
+
+    @contextlib.contextmanager
+    def kept_alive(self, interval: float = KEEPALIVE_SECONDS) -> Iterator[None]:
+        """``with stream.kept_alive():`` around work that keeps the caller from reading the stream for long
+        (waiting for a batch to apply, copying a table): a thread of its own sends a standby status update every
+        ``interval`` seconds meanwhile, so the server's ``wal_sender_timeout`` never ends a connection whose
+        reader is only busy (the server then sends everything after the confirmed position again, and a
+        confirmation made meanwhile is lost). The caller must not read the stream inside."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(interval):
+                try:
+                    self._send_feedback(force=True)
+                except (psycopg2.Error, OSError) as exc:  # the connection is gone: the next read reconnects
+                    log.debug("standby status update not sent while busy: %s", exc)
+                    return
+
+        thread = threading.Thread(target=beat, name="pgcdc-keepalive", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def close(self) -> None:
         """Send the final flush position and close."""
@@ -211,17 +240,20 @@ class LogicalReplicationStream:
             yield ReplicationEvent(decode(message.payload), Lsn(message.data_start), Lsn(message.wal_end))
 
     def _send_feedback(self, *, force: bool) -> None:
-        if self._cursor is None:
-            return
-        lsn = int(self._confirmed)
-        self._cursor.send_feedback(write_lsn=lsn, flush_lsn=lsn, apply_lsn=lsn, force=force)
+        with self._feedback_lock:
+            cursor = self._cursor
+            if cursor is None:
+                return
+            lsn = int(self._confirmed)
+            cursor.send_feedback(write_lsn=lsn, flush_lsn=lsn, apply_lsn=lsn, force=force)
 
     def _disconnect(self) -> None:
-        if self._connection is not None:
-            with contextlib.suppress(psycopg2.Error):
-                self._connection.close()
-        self._connection = None
-        self._cursor = None
+        with self._feedback_lock:
+            if self._connection is not None:
+                with contextlib.suppress(psycopg2.Error):
+                    self._connection.close()
+            self._connection = None
+            self._cursor = None
 
 
 class SqlInterfaceReader:

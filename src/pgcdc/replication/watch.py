@@ -21,7 +21,7 @@ from pgcdc.replication.slots import source_connection
 log = logging.getLogger(__name__)
 
 _STATUS_SQL = ("SELECT pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,"
-               " wal_status FROM pg_replication_slots WHERE slot_name = %s")
+               " wal_status, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s")
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class SlotStatus:
     server_lsn: Lsn
     wal_retained_bytes: int | None
     wal_status: str | None
+    confirmed_flush_lsn: Lsn | None = None  # what the server records as confirmed (not what was sent)
 
 
 class SourceWatch:
@@ -87,7 +88,7 @@ class SourceWatch:
             return
         if row is None:
             return
-        status = SlotStatus(Lsn.parse(row[0]), row[1], row[2])
+        status = SlotStatus(Lsn.parse(row[0]), row[1], row[2], Lsn.parse(row[3]) if row[3] else None)
         if status.wal_status in ("extended", "unreserved"):
             log.warning("slot %s has wal_status=%s: it retains %d bytes of WAL and may be invalidated; "
                         "let pgcdc catch up or raise max_slot_wal_keep_size", self._slot, status.wal_status,

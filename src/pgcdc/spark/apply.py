@@ -23,15 +23,16 @@ Input is an Arrow change table (see :mod:`pgcdc.change_table`), not replication 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pgcdc.change_table import COPIED
 from pgcdc.change_table import ChangeColumns as C
 from pgcdc.checkpoint import first_unapplied
 from pgcdc.lsn import Lsn
-from pgcdc.pgoutput.messages import REPLICA_IDENTITY_NOTHING
 from pgcdc.spark.arrow import arrow_to_dataframe, from_plain_rows, from_plain_values, plain_rows, plain_values
 from pgcdc.spark.delta import DeltaTable
 from pgcdc.spark.iceberg import with_commit_properties
@@ -40,6 +41,7 @@ from pgcdc.spark.mirror import (
     POSITION_PROPERTY,
     RECORD_PROPERTY,
     MirrorTable,
+    TableSpec,
     cannot_widen,
     ddl_type,
     position_record,
@@ -58,10 +60,19 @@ log = logging.getLogger("pgcdc.spark.apply")
 WRITERS = ("delta", "merge")
 
 
+@dataclass(frozen=True)
+class AppliedChanges:
+    """What an apply put into a mirror: the changes it did not already hold, and their transactions' commit
+    LSNs (a replay after a reconnection or a crash applies, and counts, only what the mirror lacked)."""
+
+    changes: int = 0
+    commit_lsns: frozenset[int] = frozenset()
+
+
 def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *, lsn: Lsn,
                   changelog: bool = False, writer: str = "delta",
-                  before_merge: Callable[[], None] | None = None) -> int:
-    """Apply ``changes`` to ``mirror`` and record ``lsn`` as its position; returns the changes applied.
+                  before_merge: Callable[[], None] | None = None) -> AppliedChanges:
+    """Apply ``changes`` to ``mirror`` and record ``lsn`` as its position; returns what was applied.
 
     ``lsn`` is the commit LSN of the last transaction ``changes`` holds whole. Nothing is committed when
     every change is already in the mirror. ``writer``: "delta" or "merge" (see the module). The row-delta
@@ -75,7 +86,8 @@ def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *
         _append_changelog(spark, mirror, _after_position(ordered, mirror.changelog_position), lsn)
     changes = _after_position(ordered, mirror.position)
     if changes.num_rows == 0:
-        return 0
+        return AppliedChanges()
+    applied = AppliedChanges(changes.num_rows, frozenset(pc.unique(changes.column(C.LSN)).to_pylist()))
     ops = changes.column(C.OP)
     truncates = pc.indices_nonzero(pc.equal(ops, "T")).to_pylist()
     truncated = bool(truncates)
@@ -89,16 +101,12 @@ def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *
         _apply_delta(spark, mirror, target, changes, lsn, truncated)
     elif spec.key_columns:
         _apply_keyed(spark, mirror, changes, lsn, truncated)
-    elif spec.replica_identity == REPLICA_IDENTITY_NOTHING:
-        inserts = changes.filter(pc.equal(changes.column(C.OP), "I"))
-        if inserts.num_rows != changes.num_rows:
-            log.warning("%s has no replica identity: %d updates/deletes cannot be mirrored",
-                        spec.source, changes.num_rows - inserts.num_rows)
-        _write_rows(spark, mirror, _source_frame(spark, mirror, inserts), lsn, overwrite=truncated)
+    elif spec.append_only:
+        _write_rows(spark, mirror, _source_frame(spark, mirror, _inserts(spec, changes)), lsn, overwrite=truncated)
     else:
         _apply_keyless(spark, mirror, changes, lsn, truncated)
     mirror.position = lsn
-    return changes.num_rows
+    return applied
 
 
 # -- ordering and filtering ------------------------------------------------------------------
@@ -119,6 +127,15 @@ def _sorted(changes: pa.Table) -> pa.Table:
 
 def _source_names(mirror: MirrorTable) -> list[str]:
     return list(mirror.spec.spark_schema.names)
+
+
+def _inserts(spec: TableSpec, changes: pa.Table) -> pa.Table:
+    """The inserts of an append-only mirror's changes (see :attr:`TableSpec.append_only`)."""
+    inserts = changes.filter(pc.equal(changes.column(C.OP), "I"))
+    if inserts.num_rows != changes.num_rows:  # only a publication that does not publish them lets them happen
+        log.warning("%s has no replica identity: %d updates/deletes cannot be mirrored", spec.source,
+                    changes.num_rows - inserts.num_rows)
+    return inserts
 
 
 # -- keyed tables ----------------------------------------------------------------------------
@@ -367,7 +384,7 @@ def _delta_target(spark: SparkSession, mirror: MirrorTable) -> DeltaTable | None
     when it cannot, with the reason logged."""
     target = DeltaTable(spark, mirror.identifier)
     matched_on = list(mirror.spec.key_columns) or (
-        [] if mirror.spec.replica_identity == REPLICA_IDENTITY_NOTHING else _source_names(mirror))
+        [] if mirror.spec.append_only else _source_names(mirror))
     reason = target.unwritable(matched_on)
     if reason is not None:
         log.info("%s: the MERGE writer applies this batch to %s: %s", mirror.spec.source, mirror.identifier, reason)
@@ -393,12 +410,8 @@ def _apply_delta(spark: SparkSession, mirror: MirrorTable, target: DeltaTable, c
         # shares the commit's sequence number, which equality deletes do not reach
         target.commit(rows.select(names), None if truncated else last.select(keys), properties,
                       table_properties=recorded, replace_all=truncated)
-    elif spec.replica_identity == REPLICA_IDENTITY_NOTHING:
-        inserts = changes.filter(pc.equal(changes.column(C.OP), "I"))
-        if inserts.num_rows != changes.num_rows:
-            log.warning("%s has no replica identity: %d updates/deletes cannot be mirrored",
-                        spec.source, changes.num_rows - inserts.num_rows)
-        target.commit(inserts.select(names), None, properties, table_properties=recorded, replace_all=truncated)
+    elif spec.append_only:
+        target.commit(_inserts(spec, changes).select(names), None, properties, table_properties=recorded, replace_all=truncated)
     else:
         deleted, inserts = _keyless_changes(spark, mirror, changes, truncated)
         # an equality delete on every column removes every identical older row (NULL matches NULL), as the
@@ -565,10 +578,10 @@ def _keep_older_images(spark: SparkSession, identifier: str, image: StructType) 
                       f"AFTER {quote(kept)}")
 
 
-def append_rejects(spark: SparkSession, mirror: MirrorTable, rejects: pa.Table) -> int:
+def append_rejects(spark: SparkSession, mirror: MirrorTable, rejects: pa.Table) -> AppliedChanges:
     """Append changes set aside (:data:`pgcdc.change_table.REJECTS_SCHEMA`) to ``<mirror>__rejects``, skipping
     those it holds already, in one commit that records the last one held (rule 2, by commit LSN and ordinal,
-    since a transaction split by a schema change sets changes aside from two runs); returns the rows added."""
+    since a transaction split by a schema change sets changes aside from two runs); returns what was added."""
     rejects = rejects.take(pc.sort_indices(rejects, sort_keys=[("commit_lsn_value", "ascending"),
                                                                ("ordinal", "ascending")]))
     if mirror.rejects_position is not None:
@@ -577,7 +590,27 @@ def append_rejects(spark: SparkSession, mirror: MirrorTable, rejects: pa.Table) 
         rejects = rejects.filter(pc.or_(pc.greater(lsns, held_lsn),
                                         pc.and_(pc.equal(lsns, held_lsn), pc.greater(ordinals, held_ordinal))))
     if rejects.num_rows == 0:
-        return 0
+        return AppliedChanges()
+    _write_rejects(spark, mirror, rejects)
+    return AppliedChanges(rejects.num_rows, frozenset(pc.unique(rejects.column("commit_lsn_value")).to_pylist()))
+
+
+def replace_copied_rejects(spark: SparkSession, mirror: MirrorTable, rejects: pa.Table) -> None:
+    """The rows a copy of ``mirror`` set aside (:func:`pgcdc.change_table.copied_rejects`, maybe none) into its
+    ``__rejects`` table, committed before the copy. The rows an earlier copy set aside and never committed (their
+    position is past the mirror's: a run stopped between that commit and its copy's) are deleted first, so a copy
+    made again sets nothing aside twice."""
+    identifier = mirror.rejects_identifier
+    if spark.catalog.tableExists(identifier):
+        held = -1 if mirror.position is None else int(mirror.position)
+        spark.sql(f"DELETE FROM {identifier} WHERE op = {sql_string(COPIED)} AND commit_lsn_value > {held}")
+    if rejects.num_rows:
+        _write_rejects(spark, mirror, rejects)
+
+
+def _write_rejects(spark: SparkSession, mirror: MirrorTable, rejects: pa.Table) -> None:
+    """Append ``rejects`` (ordered) to the mirror's ``__rejects`` table, created if need be, in one commit that
+    records the last one (``pgcdc.lsn`` and ``pgcdc.ordinal``)."""
     from pyspark.sql.types import StructType
 
     last_lsn, last_ordinal = rejects.column("commit_lsn_value")[-1].as_py(), rejects.column("ordinal")[-1].as_py()
@@ -590,4 +623,3 @@ def append_rejects(spark: SparkSession, mirror: MirrorTable, rejects: pa.Table) 
     else:
         writer.using("iceberg").tableProperty("format-version", "2").create()
     mirror.rejects_position = (last_lsn, last_ordinal)
-    return rejects.num_rows

@@ -28,9 +28,10 @@ position deletes a compaction would conflict with; ``pgcdc maintain`` runs it on
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ log = logging.getLogger("pgcdc.spark.maintenance")
 
 MIN_ORPHAN_AGE_SECONDS = 3600.0  # a commit in flight writes its files before it references them
 ORPHANS_REMOVED_PROPERTY = "pgcdc.orphans-removed-at"  # epoch seconds of the last orphan-file removal
+MAINTENANCE_JOB_GROUP = "pgcdc-maintenance"  # the Spark job group of the pipeline's maintenance: cancelled at a stop
 STEPS = ("compact-data", "compact-deletes", "rewrite-manifests", "expire", "remove-orphans")
 # Old metadata.json files are kept by Iceberg unless told otherwise: one per commit, forever.
 METADATA_CLEANUP = {"write.metadata.delete-after-commit.enabled": "true",
@@ -184,6 +186,8 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
 
     for step in wanted:
         injection_point(f"maintain.{step}")
+        log.info("%s: %s starting", identifier, step, extra={"event": "maintenance.step", "table": identifier,
+                                                              "step": step})
         try:
             if step == "compact-data" and (before.data_files > 1 or before.delete_files > 0):
                 # every data file a delete applies to is rewritten without the deleted rows; the new files keep the
@@ -348,7 +352,15 @@ class Maintainer:
         self._changed: dict[str, tuple[int | None, float]] = {}  # per table: its snapshot, first seen when
         self._last_check = float("-inf")
         self._next = 0
+        self._cancelled = False
         self.results: list[MaintenanceResult] = []
+
+    def cancel(self) -> None:
+        """Cancel the Spark jobs of the turn in flight (at a stop): its step fails having committed nothing, and
+        runs again at the next maintenance."""
+        self._cancelled = True
+        with contextlib.suppress(Exception):  # a JVM already gone has nothing left to cancel
+            self._spark().sparkContext.cancelJobGroup(MAINTENANCE_JOB_GROUP)
 
     def ready(self, now: float | None = None) -> bool:
         """Whether a turn may find something to do (a clock check only; no table is read)."""
@@ -376,11 +388,16 @@ class Maintainer:
                     continue
                 self._last[candidate.identifier] = now
                 self._next = (self._next + offset + 1) % len(tables)
-                result = maintain_table(spark, candidate.identifier, candidate.carried(), self.policy, steps=steps)
+                with _job_group(spark):
+                    result = maintain_table(spark, candidate.identifier, candidate.carried(), self.policy,
+                                            steps=steps)
             except Exception as exc:  # maintenance must never stop the stream
                 self._last[candidate.identifier] = now
-                log.warning("maintenance of %s failed, tried again in %.0fs: %s", candidate.identifier,
-                            self.policy.interval_seconds, _first_line(exc))
+                if self._cancelled:
+                    log.info("maintenance of %s cancelled by the stop", candidate.identifier)
+                else:
+                    log.warning("maintenance of %s failed, tried again in %.0fs: %s", candidate.identifier,
+                                self.policy.interval_seconds, _first_line(exc))
                 return None
             # a table whose maintenance takes long (a large mirror, every file of it touched by deletes) rests
             # for a multiple of that time: maintenance of any one table takes at most a quarter of the time
@@ -397,6 +414,18 @@ class Maintainer:
             self._changed[identifier] = (snapshot, now)
             return False
         return now - recorded[1] >= self.policy.interval_seconds
+
+
+@contextlib.contextmanager
+def _job_group(spark: SparkSession) -> Iterator[None]:
+    """The Spark jobs this thread starts inside belong to the maintenance's job group (cancelled at a stop)."""
+    context = spark.sparkContext
+    context.setJobGroup(MAINTENANCE_JOB_GROUP, "pgcdc maintenance", interruptOnCancel=True)
+    try:
+        yield
+    finally:  # the apply thread runs the MERGE writer's maintenance too: its own jobs are not the group's
+        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+            context.setLocalProperty(key, None)  # type: ignore[arg-type]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from pgcdc.errors import ConfigError, PositionCorruptError
+from pgcdc.errors import ConfigError, IdentityChangedError, PositionCorruptError
 from pgcdc.lsn import Lsn
 
 if TYPE_CHECKING:
@@ -68,6 +68,13 @@ class TableSpec:
     @property
     def source(self) -> str:
         return f"{self.source_schema}.{self.source_table}"
+
+    @property
+    def append_only(self) -> bool:
+        """Rows the server never identifies (REPLICA IDENTITY NOTHING, or DEFAULT without a primary key): PostgreSQL
+        refuses UPDATE and DELETE on such a table while they are published, so its mirror only takes inserts.
+        Without a key under FULL, rows are identified by every column instead."""
+        return not self.key_columns and self.replica_identity != "f"
 
 
 @dataclass(frozen=True)
@@ -266,14 +273,14 @@ class MirrorCatalog:
         recorded = (known.spec.key_columns if known is not None
                     else self._recorded_key(identifier) if readable else None)
         if recorded is not None and _key_tokens(recorded) != _key_tokens(spec.key_columns):
-            if not replacing_rows:
-                raise ConfigError(
-                    f"{spec.source}: its mirror {identifier} is keyed on {_describe_key(recorded)}, but the "
-                    f"table's replica identity now identifies rows by {_describe_key(spec.key_columns)}; applying "
-                    "its changes by the old key would leave wrong rows in the mirror. Copy the tables again with "
-                    "the new key: pgcdc run --resnapshot (or restore the table's replica identity)")
-            self._drop_for_copy(identifier, spec, f"was keyed on {_describe_key(recorded)}; making it again keyed "
-                                                  f"on {_describe_key(spec.key_columns)}")
+            if not replacing_rows:  # the pipeline copies such a table first (SourceTables.needs_copy)
+                raise IdentityChangedError(
+                    f"{spec.source}: its mirror {identifier} is keyed on {describe_key(recorded)}, but the "
+                    f"table's replica identity now identifies rows by {describe_key(spec.key_columns)}; applying "
+                    "its changes by the old key would leave wrong rows in the mirror. Copy that table again with "
+                    "the new key: DROP TABLE it in Spark and run pgcdc, which copies it while the others stream")
+            self._drop_for_copy(identifier, spec, f"was keyed on {describe_key(recorded)}; making it again keyed "
+                                                  f"on {describe_key(spec.key_columns)}")
             known, readable = None, False
         current = None if not readable else known.schema if known is not None else self.spark.table(identifier).schema
         if current is not None and replacing_rows and _narrowed(current, spec):
@@ -339,6 +346,19 @@ class MirrorCatalog:
         if not self._readable(identifier):
             return None
         return SourceShape.decode(self._property(identifier, SHAPE_PROPERTY))
+
+    def keyed_otherwise(self, source_schema: str, source_table: str, key: tuple[str, ...]) -> tuple[str, ...] | None:
+        """The key the mirror of a source table is keyed on, when it is not ``key`` (None: it is, or there is no
+        mirror, or it records none)."""
+        known = self._tables.get((source_schema, source_table))
+        if known is not None:
+            recorded: tuple[str, ...] | None = known.spec.key_columns
+        else:
+            identifier = self.identifier_for(source_schema, source_table)
+            recorded = self._recorded_key(identifier) if self._readable(identifier) else None
+        if recorded is None or _key_tokens(recorded) == _key_tokens(key):
+            return None
+        return recorded
 
     def _recorded_key(self, identifier: str) -> tuple[str, ...] | None:
         """The key a mirror was created with (its ``pgcdc.key`` property); None when it records none."""
@@ -695,7 +715,8 @@ def _key_tokens(key: tuple[str, ...]) -> list[str]:
     return sorted(",".join(key).split(","))
 
 
-def _describe_key(key: tuple[str, ...]) -> str:
+def describe_key(key: tuple[str, ...]) -> str:
+    """A mirror's key as messages name it: ``(a, b)``, or no key."""
     return f"({', '.join(key)})" if key else "no key (whole rows)"
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -300,24 +301,76 @@ def _launch_jvm_apart(settings: Mapping[str, str], master: str, app_name: str) -
         threading.Thread(target=_relay_jvm_output, args=(process.stderr,), name="pgcdc-jvm-log", daemon=True).start()
 
 
-_JVM_LEVEL = re.compile(rb"^\d\d:\d\d:\d\d spark (ERROR|WARN|INFO|DEBUG|TRACE|FATAL) ")
+_JVM_RECORD = re.compile(rb"^\d\d:\d\d:\d\d spark (ERROR|WARN|INFO|DEBUG|TRACE|FATAL) (\w+): ")
 _JVM_LEVELS = {b"FATAL": logging.CRITICAL, b"ERROR": logging.ERROR, b"WARN": logging.WARNING, b"INFO": logging.INFO}
+# a task failure whose cause is one of pgcdc's own errors: the driver raises it as one sentence with its way out
+_EXPLAINED_TASK_FAILURE = re.compile(rb"Exception in task [\d.]+ in (stage [\d.]+)[\s\S]*pgcdc\.errors\.\w+: ")
+_ABORTED_STAGE = re.compile(rb"in (stage [\d.]+) failed \d+ times?; aborting job")
 
 
 def _relay_jvm_output(stream: IO[bytes]) -> None:
     """Every line the JVM writes to stderr becomes a record of the ``pgcdc.spark.jvm`` logger, so that
     ``--log-format json`` stays one JSON object a line and ``--log-level`` applies to Spark's lines too.
     Lines without log4j's level (the launcher's start-up notes, continuation lines of a stack trace) keep
-    the level of the record before them; the launcher's notes before any record are debug."""
-    logger = logging.getLogger("pgcdc.spark.jvm")
-    level = logging.DEBUG
-    for raw in iter(stream.readline, b""):
-        match = _JVM_LEVEL.match(raw)
+    the level of the record before them; the launcher's notes before any record are debug. A task that
+    failed on one of pgcdc's own errors (a value the mirror cannot hold, a table dropped while copied) is
+    relayed at debug, its stack trace and the job's abort with it: pgcdc states that failure itself in one
+    sentence, and ``--debug`` still shows the trace."""
+    relay = _JvmRelay(logging.getLogger("pgcdc.spark.jvm"))
+    fd = stream.fileno()
+    pending = b""
+    while True:
+        # a record's continuation lines follow it at once: a record is relayed whole once the next one starts,
+        # or the JVM has been quiet for a moment
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if not ready:
+            relay.flush()
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            relay.line(line)
+    if pending:
+        relay.line(pending)
+    relay.flush()
+
+
+class _JvmRelay:
+    """The JVM's stderr lines grouped into records (a header line and its continuation lines), each logged at
+    its level once whole (see :func:`_relay_jvm_output`)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+        self._level = logging.DEBUG
+        self._lines: list[bytes] = []
+        self._explained_stages: set[bytes] = set()
+
+    def line(self, raw: bytes) -> None:
+        match = _JVM_RECORD.match(raw)
         if match:
-            level = _JVM_LEVELS.get(match.group(1), logging.DEBUG)
-        line = raw.decode("utf-8", "replace").rstrip("\n")
-        if line:
-            logger.log(level, "%s", line)
+            self.flush()
+            self._level = _JVM_LEVELS.get(match.group(1), logging.DEBUG)
+        self._lines.append(raw)
+
+    def flush(self) -> None:
+        if not self._lines:
+            return
+        record = b"\n".join(self._lines)
+        level = self._level
+        explained = _EXPLAINED_TASK_FAILURE.search(record)
+        aborted = _ABORTED_STAGE.search(record)
+        if explained:
+            self._explained_stages.add(explained.group(1))
+            level = logging.DEBUG
+        elif aborted and aborted.group(1) in self._explained_stages:
+            level = logging.DEBUG
+        for raw in self._lines:
+            line = raw.decode("utf-8", "replace").rstrip("\r")
+            if line:
+                self._logger.log(level, "%s", line)
+        self._lines = []
 
 
 def _python() -> str:

@@ -188,7 +188,8 @@ def copy_binary_query(schema: str, table: str, columns: list[str], page_range: P
 
 def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schema: str, table: str,
                 columns: list[str], page_range: PageRange, converter: Any, target_schema: pa.Schema,
-                text_outputs: Mapping[str, tuple[str, str]], row_filter: str | None) -> Iterator[pa.RecordBatch]:
+                text_outputs: Mapping[str, tuple[str, str]], row_filter: str | None,
+                set_aside: list[SetAside] | None = None) -> Iterator[pa.RecordBatch]:
     """One task: its page range, inside the exported snapshot, as Arrow batches in the target's layout.
 
     psycopg2 drains the COPY into one buffer (page ranges are planned small enough to hold), which is split
@@ -210,7 +211,7 @@ def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schem
     finally:
         connection.close()
     batches = convert_copy_binary(received.getbuffer(), columns, converter, text_outputs,
-                                  source=page_range.describe())
+                                  source=page_range.describe(), set_aside=set_aside)
     del received  # split: the COPY output is no longer needed
     for rows in batches:
         if rows.schema != target_schema:
@@ -218,11 +219,22 @@ def _read_range(dsn: str, snapshot_name: str, settings: Mapping[str, str], schem
         yield rows
 
 
+@dataclass(frozen=True)
+class SetAside:
+    """A row of a copy that its mirror cannot hold (under ``--on-conversion-error quarantine``): why, and each
+    column's value as COPY sent it, as hex of its bytes (NULL as None)."""
+
+    error: str
+    values: tuple[tuple[str, str | None], ...]
+
+
 def convert_copy_binary(data: bytes | memoryview, columns: list[str], converter: Any,
-                        text_outputs: Mapping[str, tuple[str, str]], *, source: str) -> Iterator[pa.RecordBatch]:
+                        text_outputs: Mapping[str, tuple[str, str]], *, source: str,
+                        set_aside: list[SetAside] | None = None) -> Iterator[pa.RecordBatch]:
     """The whole output of :func:`copy_binary_query` (``columns``, the ``text_outputs`` ones as text), split now
     into per-column arrays, then converted lazily in batches of at most ``_BATCH_ROWS`` rows. A value that
-    cannot be converted raises its ConversionError naming the row it is in (by its key)."""
+    cannot be converted raises its ConversionError naming the row it is in (by its key) — or, given a
+    ``set_aside`` list, the rows holding such values go there and the others are converted."""
     arrays = split_copy_binary(data, len(columns), source=source)
     binary = [column not in text_outputs for column in columns]
     total = len(arrays[0]) if arrays else 0
@@ -231,7 +243,28 @@ def convert_copy_binary(data: bytes | memoryview, columns: list[str], converter:
         try:
             yield converter.convert_columns(chunk, binary=binary).batch
         except ConversionError as exc:
-            raise ConversionError(f"{exc}, in {_first_unconvertible_row(chunk, binary, converter)}") from None
+            if set_aside is None:
+                raise ConversionError(f"{exc}, in {_first_unconvertible_row(chunk, binary, converter)}") from None
+            yield from _converted_setting_aside(chunk, binary, converter, columns, set_aside)
+
+
+def _converted_setting_aside(chunk: list[pa.Array], binary: list[bool], converter: Any, columns: list[str],
+                             set_aside: list[SetAside]) -> Iterator[pa.RecordBatch]:
+    """``chunk`` converted but for its rows that cannot be, which go to ``set_aside``: a part that fails is halved
+    until the failing rows stand alone, so the good rows cost one conversion more at most per halving."""
+    try:
+        yield converter.convert_columns(chunk, binary=binary).batch
+        return
+    except ConversionError as exc:
+        length = len(chunk[0])
+        if length == 1:
+            set_aside.append(SetAside(str(exc), tuple(
+                (name, None if not array[0].is_valid else array[0].as_py().hex())
+                for name, array in zip(columns, chunk, strict=True))))
+            return
+    half = len(chunk[0]) // 2
+    yield from _converted_setting_aside([a.slice(0, half) for a in chunk], binary, converter, columns, set_aside)
+    yield from _converted_setting_aside([a.slice(half) for a in chunk], binary, converter, columns, set_aside)
 
 
 def _first_unconvertible_row(chunk: list[pa.Array], binary: list[bool], converter: Any) -> str:
@@ -315,20 +348,41 @@ def _in_layout(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays([table.column(field.name).cast(field.type) for field in schema], schema=schema)
 
 
+@dataclass(frozen=True)
+class _CopySource:
+    """What a copy task reads: the table's rows in one page range, inside the exported snapshot (sent to tasks)."""
+
+    dsn: str
+    snapshot_name: str
+    settings: Mapping[str, str]
+    schema: str
+    table: str
+    columns: list[str]
+    converter: Any
+    target_schema: pa.Schema
+    text_outputs: Mapping[str, tuple[str, str]]
+    row_filter: str | None
+
+    def read(self, page_range: PageRange, set_aside: list[SetAside] | None) -> Iterator[pa.RecordBatch]:
+        return _read_range(self.dsn, self.snapshot_name, self.settings, self.schema, self.table, self.columns,
+                           page_range, self.converter, self.target_schema, self.text_outputs, self.row_filter,
+                           set_aside)
+
+
 def copy_table(
     spark: SparkSession, *, dsn: str, source_schema: str, source_table: str, columns: list[str], converter: Any,
     spark_schema: StructType, target_identifier: str, snapshot_name: str, consistent_lsn: Lsn,
     session_settings: Mapping[str, str], progress: Callable[[CopyProgress], None] | None = None,
     target_rows_per_task: int = 250_000, writer: str = "auto", row_filter: str | None = None,
+    set_aside: Callable[[list[SetAside]], None] | None = None,
 ) -> CopyResult:
     """Copy ``source_schema.source_table`` (the rows its publication's ``row_filter`` keeps) into
     ``target_identifier`` as of ``snapshot_name``; see the module.
     ``writer``: "arrow" writes Parquet data files in the tasks and commits them (tables in a local or mounted
     directory), "spark" goes through Spark's Iceberg writer (any catalog and storage), "auto" picks "arrow"
-    where it can."""
-    from pyspark.sql.functions import lit
-    from pyspark.sql.types import IntegerType, StructField, StructType
-
+    where it can. ``set_aside`` (``--on-conversion-error quarantine``): the rows the mirror cannot hold are left
+    out of the copy and handed to it, all of them, before the copy commits (an empty list: none); without it such
+    a row stops the copy, which commits nothing."""
     from pgcdc.spark.arrow import spark_arrow_schema
 
     started = time.monotonic()
@@ -337,95 +391,18 @@ def copy_table(
         ranges, estimate = plan_table_ranges(conn, source_schema, source_table,
                                              target_rows_per_task=target_rows_per_task)
         text_outputs = text_output_functions(conn, converter)
-    target_schema = spark_arrow_schema(spark_schema)
-    context = spark.sparkContext
-    copied = context.accumulator(0)
-    settings = dict(session_settings)
-
-    def read(page_range: PageRange) -> Iterator[pa.RecordBatch]:
-        for rows in _read_range(dsn, snapshot_name, settings, source_schema, source_table, columns, page_range,
-                                converter, target_schema, text_outputs, row_filter):
-            copied.add(rows.num_rows)
-            yield rows
-
+    source = _CopySource(dsn, snapshot_name, dict(session_settings), source_schema, source_table, columns,
+                         converter, spark_arrow_schema(spark_schema), text_outputs, row_filter)
+    copied = spark.sparkContext.accumulator(0)
     table = load_table(spark, target_identifier)
-    directory, s3 = _arrow_destination(table) if writer in ("auto", "arrow") else (None, None)
-    layout = None
-    if directory is not None:
-        try:
-            layout = parquet_layout(table)
-        except NotImplementedError as exc:
-            log.info("%s: Spark writes the copy (%s)", label, exc)
-    if writer == "arrow" and layout is None:
-        raise ConfigError(f"the arrow snapshot writer cannot write {target_identifier}: its data location is "
-                          "neither a directory of this machine nor S3 reached through Hadoop's FileIO with keys, "
-                          "the environment or instance credentials, it is partitioned, or it has a type without a "
-                          "Parquet layout; use --snapshot-writer spark (or auto)")
-
-    done = threading.Event()
-
-    def report() -> None:
-        while not done.wait(0.5):
-            progress(CopyProgress(label, copied.value, estimate, time.monotonic() - started))  # type: ignore[misc]
-
-    reporter = threading.Thread(target=report, daemon=True) if progress else None
-    if reporter:
-        reporter.start()
-    try:
+    layout, directory, s3 = _arrow_plan(table, writer, label, target_identifier)
+    with _reporting(progress, label, copied, estimate, started):
         if layout is not None and directory is not None:
-            # Each task writes its range as a Parquet data file with Arrow (no row-by-row trip through the
-            # JVM); the driver then commits all files at once, as Spark's writer would.
-            compression = parquet_compression(table)
-            prefix = f"{directory}/{uuid.uuid4()}"
-
-            def write_ranges(numbered: Iterable[tuple[int, PageRange]]) -> Iterator[tuple[str, int]]:
-                from pyspark import TaskContext
-
-                task_context = TaskContext.get()
-                attempt = task_context.taskAttemptId() if task_context is not None else 0
-                filesystem = None
-                if s3 is not None:
-                    from pyarrow.fs import S3FileSystem
-
-                    filesystem = S3FileSystem(**s3)
-                for task, page_range in numbered:
-                    # a file per attempt: a retried or speculative attempt never writes over another's file;
-                    # only the files of the attempts Spark returns are committed
-                    path = f"{prefix}-{task:05d}-{attempt}.parquet"
-                    target = _local_path(path) if filesystem is None else _object_path(path)
-                    rows = _write_range(read(page_range), target, layout, compression, filesystem)
-                    if not rows:  # an empty page range: no data file
-                        _remove(target, filesystem)
-                        continue
-                    size = os.path.getsize(target) if filesystem is None else filesystem.get_file_info(target).size
-                    yield path, int(size)
-
-            # plain Python tasks (an RDD, one range each): no SQL plan, shuffle or code generation to pay for
-            # a copy that fails leaves its files to the next copy of the table (spark/orphans.py): tasks being
-            # cancelled may still write, and a commit that fails may still have landed (its state unknown)
-            with _errors_raised_in_tasks(label):
-                written = (context.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(write_ranges)
-                           .collect())
-            replace_with_files(spark, table, written, {POSITION_PROPERTY: str(consistent_lsn)})
-            _remove_uncommitted_attempts(prefix, {path for path, _ in written}, s3)
+            _copy_with_arrow(spark, table, source, ranges, copied, layout, (directory, s3), label,
+                             consistent_lsn, set_aside)
         else:
-            def copy_partition(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
-                for batch in batches:
-                    for task in batch.column("task").to_pylist():
-                        yield from read(ranges[task])
-
-            plan = StructType([StructField("task", IntegerType())])
-            tasks = spark.createDataFrame([(i,) for i in range(len(ranges))], plan).repartition(len(ranges), "task")
-
-            with _errors_raised_in_tasks(label):
-                (tasks.mapInArrow(copy_partition, spark_schema).writeTo(target_identifier)
-                 .option(f"snapshot-property.{POSITION_PROPERTY}", str(consistent_lsn))
-                 .option("check-nullability", "false")
-                 .overwrite(lit(True)))
-    finally:
-        done.set()
-        if reporter:
-            reporter.join()
+            _copy_with_spark(spark, source, ranges, copied, spark_schema, target_identifier, label, consistent_lsn,
+                             set_aside)
     # the commit's own record count: metadata, no scan of what was just written
     summary = spark.sql(f"SELECT summary['total-records'] AS n FROM {target_identifier}.snapshots "
                         "ORDER BY committed_at DESC LIMIT 1").collect()
@@ -437,11 +414,163 @@ def copy_table(
     return CopyResult(rows=rows, seconds=seconds, tasks=len(ranges))
 
 
+def _arrow_plan(table: Any, writer: str, label: str, identifier: str
+                ) -> tuple[list[tuple[str, Any]] | None, str | None, dict[str, Any] | None]:
+    """(the Parquet layout, the data directory, pyarrow's S3 options) when the tasks write the copy's files
+    themselves; a None layout when Spark's writer does."""
+    directory, s3 = _arrow_destination(table) if writer in ("auto", "arrow") else (None, None)
+    layout = None
+    if directory is not None:
+        try:
+            layout = parquet_layout(table)
+        except NotImplementedError as exc:
+            log.info("%s: Spark writes the copy (%s)", label, exc)
+    if writer == "arrow" and layout is None:
+        raise ConfigError(f"the arrow snapshot writer cannot write {identifier}: its data location is "
+                          "neither a directory of this machine nor S3 reached through Hadoop's FileIO with keys, "
+                          "the environment or instance credentials, it is partitioned, or it has a type without a "
+                          "Parquet layout; use --snapshot-writer spark (or auto)")
+    return layout, directory, s3
+
+
+@contextlib.contextmanager
+def _reporting(progress: Callable[[CopyProgress], None] | None, label: str, copied: Any, estimate: int,
+               started: float) -> Iterator[None]:
+    """While inside, ``progress`` hears the rows copied so far twice a second (from the tasks' accumulator)."""
+    if progress is None:
+        yield
+        return
+    done = threading.Event()
+
+    def report() -> None:
+        while not done.wait(0.5):
+            progress(CopyProgress(label, copied.value, estimate, time.monotonic() - started))
+
+    reporter = threading.Thread(target=report, daemon=True)
+    reporter.start()
+    try:
+        yield
+    finally:
+        done.set()
+        reporter.join()
+
+
+def _copy_with_arrow(spark: SparkSession, table: Any, source: _CopySource, ranges: list[PageRange], copied: Any,
+                     layout: list[tuple[str, Any]], destination: tuple[str, dict[str, Any] | None], label: str,
+                     consistent_lsn: Lsn, set_aside: Callable[[list[SetAside]], None] | None) -> None:
+    """Each task writes its range as a Parquet data file with Arrow (no row-by-row trip through the JVM); the
+    driver then commits all files at once, as Spark's writer would."""
+    directory, s3 = destination
+    compression = parquet_compression(table)
+    prefix = f"{directory}/{uuid.uuid4()}"
+    quarantine = set_aside is not None
+
+    def write_ranges(numbered: Iterable[tuple[int, PageRange]]) -> Iterator[tuple[Any, ...]]:
+        from pyspark import TaskContext
+
+        task_context = TaskContext.get()
+        attempt = task_context.taskAttemptId() if task_context is not None else 0
+        filesystem = None
+        if s3 is not None:
+            from pyarrow.fs import S3FileSystem
+
+            filesystem = S3FileSystem(**s3)
+        for task, page_range in numbered:
+            # a file per attempt: a retried or speculative attempt never writes over another's file; only the
+            # files of the attempts Spark returns are committed
+            path = f"{prefix}-{task:05d}-{attempt}.parquet"
+            target = _local_path(path) if filesystem is None else _object_path(path)
+            rejected: list[SetAside] | None = [] if quarantine else None
+            rows = _write_range(_counted(source.read(page_range, rejected), copied), target, layout, compression,
+                                filesystem)
+            if rejected:
+                yield ("set-aside", task, rejected)
+            if not rows:  # an empty page range: no data file
+                _remove(target, filesystem)
+                continue
+            size = os.path.getsize(target) if filesystem is None else filesystem.get_file_info(target).size
+            yield ("file", path, int(size))
+
+    # plain Python tasks (an RDD, one range each): no SQL plan, shuffle or code generation to pay for; a copy that
+    # fails leaves its files to the next copy of the table (spark/orphans.py): tasks being cancelled may still
+    # write, and a commit that fails may still have landed (its state unknown)
+    with _errors_raised_in_tasks(label, source.table):
+        results = (spark.sparkContext.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(write_ranges)
+                   .collect())
+    written = [(path, size) for kind, path, size in results if kind == "file"]
+    if set_aside is not None:  # before the commit: a crash in between leaves the mirror without this copy
+        set_aside([row for _, _, rows in sorted(r for r in results if r[0] == "set-aside") for row in rows])
+    replace_with_files(spark, table, written, {POSITION_PROPERTY: str(consistent_lsn)})
+    _remove_uncommitted_attempts(prefix, {path for path, _ in written}, s3)
+
+
+_SET_ASIDE_COLUMN = "_pgcdc_set_aside"  # a copy's row the mirror cannot hold, as JSON (the spark writer's path)
+
+
+def _copy_with_spark(spark: SparkSession, source: _CopySource, ranges: list[PageRange], copied: Any,
+                     spark_schema: StructType, identifier: str, label: str, consistent_lsn: Lsn,
+                     set_aside: Callable[[list[SetAside]], None] | None) -> None:
+    """The tasks' Arrow batches through Spark's Iceberg writer, one overwrite. Under quarantine the rows set aside
+    travel beside the others (one more column) in a persisted result, so that they are handed over before the
+    commit."""
+    import json
+
+    from pyspark.sql.functions import col, lit
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+    from pgcdc.spark.arrow import spark_arrow_schema
+
+    quarantine = set_aside is not None
+    produced = StructType([*spark_schema.fields, StructField(_SET_ASIDE_COLUMN, StringType())]) if quarantine \
+        else spark_schema
+    produced_arrow = spark_arrow_schema(produced)
+
+    def copy_partition(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
+        for batch in batches:
+            for task in batch.column("task").to_pylist():
+                rejected: list[SetAside] | None = [] if quarantine else None
+                for rows in _counted(source.read(ranges[task], rejected), copied):
+                    yield rows.append_column(_SET_ASIDE_COLUMN, pa.nulls(rows.num_rows, pa.string())) \
+                        if quarantine else rows
+                if rejected:
+                    marks = pa.array([json.dumps([row.error, row.values]) for row in rejected], pa.string())
+                    empty = [pa.nulls(len(marks), field.type) for field in produced_arrow][:-1]
+                    yield pa.RecordBatch.from_arrays([*empty, marks], schema=produced_arrow)
+
+    plan = StructType([StructField("task", IntegerType())])
+    tasks = spark.createDataFrame([(i,) for i in range(len(ranges))], plan).repartition(len(ranges), "task")
+    produced_frame = tasks.mapInArrow(copy_partition, produced)
+    frame = produced_frame
+    with _errors_raised_in_tasks(label, source.table):
+        try:
+            if set_aside is not None:
+                from pyspark import StorageLevel
+
+                produced_frame.persist(StorageLevel.DISK_ONLY)
+                marks = produced_frame.where(col(_SET_ASIDE_COLUMN).isNotNull()).select(_SET_ASIDE_COLUMN).collect()
+                set_aside([SetAside(error, tuple((name, value) for name, value in values))
+                           for error, values in (json.loads(mark[0]) for mark in marks)])
+                frame = produced_frame.where(col(_SET_ASIDE_COLUMN).isNull()).drop(_SET_ASIDE_COLUMN)
+            (frame.writeTo(identifier)
+             .option(f"snapshot-property.{POSITION_PROPERTY}", str(consistent_lsn))
+             .option("check-nullability", "false")
+             .overwrite(lit(True)))
+        finally:
+            if set_aside is not None:
+                produced_frame.unpersist()
+
+
+def _counted(batches: Iterator[pa.RecordBatch], copied: Any) -> Iterator[pa.RecordBatch]:
+    for rows in batches:
+        copied.add(rows.num_rows)
+        yield rows
+
+
 _TASK_ERROR = re.compile(r"pgcdc\.errors\.(\w+): (.*)")
 
 
 @contextlib.contextmanager
-def _errors_raised_in_tasks(label: str) -> Iterator[None]:
+def _errors_raised_in_tasks(label: str, table: str) -> Iterator[None]:
     """The error one of pgcdc's own checks raised in a copy task (a value the mirror cannot hold, the table
     dropped meanwhile) as that error, with the way out, instead of Spark's job failure around it."""
     try:
@@ -454,9 +583,11 @@ def _errors_raised_in_tasks(label: str) -> Iterator[None]:
         message = found.group(2).strip()
         if issubclass(kind, ConversionError):
             message = (f"{message}. The copy of {label} stops rather than write a wrong value, and nothing of it "
-                       "is committed: correct the value in the source, or leave its column out of the "
-                       "publication (CREATE PUBLICATION ... FOR TABLE t (columns ...)), then run pgcdc again; "
-                       "docs/types.md says what each type can hold")
+                       "is committed: run with --on-conversion-error quarantine to set such rows aside, whole and "
+                       f"raw, in {table}__rejects beside the mirror while the rest is copied, or "
+                       "correct the value in the source, or leave its column out of the publication (CREATE "
+                       "PUBLICATION ... FOR TABLE t (columns ...)), then run pgcdc again; docs/types.md says what "
+                       "each type can hold")
         raise kind(message) from None
 
 

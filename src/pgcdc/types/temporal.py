@@ -80,6 +80,35 @@ def _proleptic_days(year: int, month: int, day: int) -> int:
     return era * 146_097 + day_of_era - 719_468
 
 
+def _civil_from_days(days: int) -> tuple[int, int, int]:
+    """(year, month, day) of a day count since 1970-01-01, year 0 = 1 BC: the inverse of
+    :func:`_proleptic_days`, in integers for any year."""
+    days += 719_468
+    era = days // 146_097
+    day_of_era = days - era * 146_097
+    year_of_era = (day_of_era - day_of_era // 1460 + day_of_era // 36_524 - day_of_era // 146_096) // 365
+    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
+    shifted_month = (5 * day_of_year + 2) // 153
+    day = day_of_year - (153 * shifted_month + 2) // 5 + 1
+    month = shifted_month + 3 if shifted_month < 10 else shifted_month - 9
+    return year_of_era + era * 400 + (month <= 2), month, day
+
+
+def timestamp_text(micros_since_2000: int, *, with_zone: bool) -> str:
+    """A timestamp (PostgreSQL's binary form: microseconds since 2000-01-01) as PostgreSQL writes it in UTC,
+    e.g. ``294276-12-31 23:59:59`` (``+00`` for a timestamptz, `` BC`` before year 1): how an error shows a
+    value that cannot be mirrored, whatever its year."""
+    days, micros = divmod(micros_since_2000 + PG_EPOCH_MICROS, 86_400_000_000)
+    year, month, day = _civil_from_days(days)
+    seconds, fraction = divmod(micros, 1_000_000)
+    minutes, second = divmod(seconds, 60)
+    hour, minute = divmod(minutes, 60)
+    text = f"{year if year > 0 else 1 - year:04d}-{month:02d}-{day:02d} {hour:02d}:{minute:02d}:{second:02d}"
+    if fraction:
+        text += f".{fraction:06d}".rstrip("0")
+    return text + ("+00" if with_zone else "") + (" BC" if year <= 0 else "")
+
+
 def _past_int64_micros(text: str) -> UnconvertibleValue:
     return UnconvertibleValue(f"{text} is past {LAST_TIMESTAMP_TEXT}, the last moment int64 microseconds since 1970 "
                        "(Arrow's, Spark's and Iceberg's timestamps) hold: it cannot be mirrored")
@@ -166,6 +195,8 @@ def _timestamp_text(target: pa.DataType, infinity: _Infinity) -> Callable[[Value
 
 
 def _timestamp_binary(target: pa.DataType, infinity: _Infinity) -> Callable[[Values], pa.Array]:
+    with_zone = getattr(target, "tz", None) is not None
+
     @columnar
     def decode(values: Values) -> pa.Array:
         data, mask = fixed_width(values, 8, "i8")
@@ -173,7 +204,7 @@ def _timestamp_binary(target: pa.DataType, infinity: _Infinity) -> Callable[[Val
         past = (data >= TIMESTAMP_INFINITY_MICROS - PG_EPOCH_MICROS) & ~special & ~mask
         if past.any():  # the epoch shift would wrap them
             moment = int(data[np.flatnonzero(past)[0]])
-            raise _past_int64_micros(f"the timestamp {moment} microseconds after 2000-01-01")
+            raise _past_int64_micros(timestamp_text(moment, with_zone=with_zone))
         micros = data + PG_EPOCH_MICROS if not special.any() else data.copy()
         if special.any():
             micros[~special] += PG_EPOCH_MICROS
