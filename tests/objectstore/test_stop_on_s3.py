@@ -1,0 +1,79 @@
+"""A stop asked for on object storage ends in bounded time: Ctrl-C while a batch's commit is slow (a loaded S3 or
+catalog) lets that batch finish and be confirmed, and nothing more: the batch collected meanwhile is not applied
+(the server sends it again at the next start), and the slot stays confirmed to what the mirrors hold."""
+
+from __future__ import annotations
+
+import signal
+
+import psycopg
+import pytest
+
+from objectstore_support import jdbc_catalog, s3_server
+from pgcdc.lsn import Lsn
+from pgcdc.pipeline import Pipeline
+from pipeline_support import (
+    SHOP_TABLES,
+    assert_mirrors_equal,
+    catch_up_in_process,
+    pipeline_config,
+    prepare_source,
+    start_streaming,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+BUCKET = "pgcdc-stops"
+PAUSE_SECONDS = 10
+
+
+def _confirmed(conn: psycopg.Connection, slot: str) -> Lsn:
+    row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                       (slot,)).fetchone()
+    return Lsn.parse(row[0])
+
+
+def test_ctrl_c_on_s3_finishes_the_batch_in_flight_and_nothing_more(pg, pg_server, spark):
+    with s3_server() as s3:
+        s3.create_bucket(BUCKET)
+        with jdbc_catalog(pg_server, s3, BUCKET) as store:
+            prepare_source(pg, rows=20)
+            config = pipeline_config(pg, spark, **store.config_overrides())
+            Pipeline(config, spark=spark)  # the session reads the catalog too
+            # the first batch's commit is slow: it lands, then its apply holds 10 s before returning
+            run = start_streaming(config, "--batch-seconds", "1",
+                                  env={"PGCDC_INJECT": f"apply.before-confirm:1:{PAUSE_SECONDS}:PAUSE"})
+            process = run.process
+            try:
+                with psycopg.connect(config.dsn, autocommit=True) as conn:
+                    conn.execute("INSERT INTO shop.customers (id, name) SELECT 1000000 + g, 'first' FROM "
+                                 "generate_series(1, 100) g")
+                    first_end = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+                    mirror = f"`{config.catalog}`.`{config.namespace}`.`shop`.`customers`"
+                    wait_for(lambda: spark.catalog.clearCache() or spark.table(mirror).where(
+                        "name = 'first'").count() == 100, 180, "the first batch's commit")
+                    # a second batch collected while the first one applies, then Ctrl-C
+                    conn.execute("INSERT INTO shop.customers (id, name) SELECT 2000000 + g, 'second' FROM "
+                                 "generate_series(1, 100) g")
+                    second_end = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+                    process.send_signal(signal.SIGINT)
+                    # the batch in flight still has most of its pause to go; what follows it is bounded
+                    process.wait(timeout=PAUSE_SECONDS + 60)
+                    run.reader.join(timeout=10)
+                    output = run.output
+                    assert process.returncode == 130, output[-3000:]
+                    assert "applied 100 changes in 1 transactions" in output, output[-3000:]
+                    # the batch collected meanwhile was not applied, and the slot is confirmed to the first only
+                    spark.catalog.clearCache()
+                    assert spark.table(mirror).where("name = 'second'").count() == 0
+                    confirmed = _confirmed(conn, config.slot)
+                    assert first_end <= confirmed < second_end, (first_end, confirmed, second_end)
+                    assert f"confirmed {confirmed}" in output, output[-3000:]
+            finally:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+            # the next start applies the second batch: nothing was lost
+            catch_up_in_process(config, spark)
+            assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
