@@ -1,5 +1,5 @@
-"""How a destination is told: catalog types and their addresses, extra jars, and secret settings that never show.
-None of these start Spark."""
+"""How a destination is told: catalog types and their addresses, extra jars, and secret settings that never show,
+and a warning of those typed on pgcdc's command line. None of these start Spark."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from pgcdc import ConfigError
 from pgcdc.pipeline import PipelineConfig
-from pgcdc.secrets import is_secret_setting, redact, register_conf_secrets
+from pgcdc.secrets import holds_secret, is_secret_setting, redact, register_conf_secrets
 from pgcdc.spark.session import catalog_settings, iceberg_runtime_jar, spark_settings
 
 PREFIX = "spark.sql.catalog.pgcdc"
@@ -117,6 +117,47 @@ def test_secrets_never_shown_through_the_command_line_even_with_debug(tmp_path):
     text = result.stdout + result.stderr
     assert result.returncode == 2 and "is not the address of a rest catalog" in text, text
     assert secret not in text
+
+
+def test_a_setting_carries_a_secret_by_its_name_or_in_its_value():
+    assert holds_secret("spark.hadoop.fs.s3a.secret.key", "anything")
+    assert holds_secret("spark.sql.catalog.c.uri", "jdbc:postgresql://h/db?user=u&password=pw")
+    assert holds_secret("spark.sql.catalog.c.uri", "postgresql://u:pw@h/db")
+    assert holds_secret("spark.driver.extraJavaOptions", "-Xmx2g -Dcatalog.token=t0k3n")
+    assert not holds_secret("spark.sql.catalog.c.uri", "jdbc:postgresql://h/db?user=u")
+    assert not holds_secret("spark.jars", "/jars/hadoop-aws.jar,/jars/postgresql.jar")
+
+
+def test_secrets_typed_as_flags_are_named_in_one_warning_and_flags_join_the_config_files_table(tmp_path):
+    secret, password = "s3-secret-typed-as-a-flag-1", "catalog-password-in-a-uri-2"
+    config = tmp_path / "pgcdc.toml"
+    config.write_text('[spark]\n"spark.sql.catalog.pgcdc.type" = "rest"\n')
+
+    def run(*flags: str) -> tuple[subprocess.CompletedProcess, str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "pgcdc.cli", "--config", str(config), "run", "--dsn", "dbname=x", "-p", "pub",
+             "--warehouse", "s3a://bucket/m", *flags], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "COLUMNS": "200"})
+        return result, result.stdout + result.stderr
+
+    result, text = run("--conf", f"spark.hadoop.fs.s3a.secret.key={secret}", "--conf", "spark.ui.enabled=false",
+                       "-c", f"spark.sql.catalog.pgcdc.uri=jdbc:postgresql://cdc:{password}@db/iceberg",
+                       "--conf", f"spark.hadoop.fs.s3a.secret.key={secret}")
+    # the table's catalog type stays beside the flags: the flag's address is checked against it
+    assert result.returncode == 2 and "is not the address of a rest catalog" in text, text
+    warnings = [line for line in result.stderr.splitlines() if "can be read by every user of this machine" in line]
+    assert len(warnings) == 1, text
+    assert "--conf spark.hadoop.fs.s3a.secret.key, spark.sql.catalog.pgcdc.uri on pgcdc's command line" in \
+        warnings[0], warnings
+    assert "[spark] table" in warnings[0] and "AWS_SECRET_ACCESS_KEY" in warnings[0]
+    assert secret not in text and password not in text
+
+    # the same settings from the config file: nothing on the command line, nothing to warn of
+    config.write_text(f'[spark]\n"spark.sql.catalog.pgcdc.type" = "rest"\n"spark.hadoop.fs.s3a.secret.key" = '
+                      f'"{secret}"\n"spark.sql.catalog.pgcdc.uri" = "jdbc:postgresql://cdc:{password}@db/iceberg"\n')
+    result, text = run()
+    assert result.returncode == 2 and "is not the address of a rest catalog" in text, text
+    assert "can be read by every user" not in text and secret not in text and password not in text
 
 
 @pytest.mark.parametrize(("message", "said"), [
