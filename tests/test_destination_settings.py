@@ -1,18 +1,22 @@
-"""How a destination is told: catalog types and their addresses, extra jars, and secret settings that never show.
-None of these start Spark."""
+"""How a destination is told: catalog types and their addresses, extra jars, and secret settings that never show,
+neither in output nor on a command line. None of these start Spark; one reads a file in the session's JVM."""
 
 from __future__ import annotations
 
 import os
+import shlex
+import stat
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from pgcdc import ConfigError
 from pgcdc.pipeline import PipelineConfig
-from pgcdc.secrets import is_secret_setting, redact, register_conf_secrets
-from pgcdc.spark.session import catalog_settings, iceberg_runtime_jar, spark_settings
+from pgcdc.secrets import holds_secret, is_secret_setting, redact, register_conf_secrets
+from pgcdc.spark.session import _private_properties, catalog_settings, iceberg_runtime_jar, spark_settings
 
 PREFIX = "spark.sql.catalog.pgcdc"
 
@@ -117,6 +121,121 @@ def test_secrets_never_shown_through_the_command_line_even_with_debug(tmp_path):
     text = result.stdout + result.stderr
     assert result.returncode == 2 and "is not the address of a rest catalog" in text, text
     assert secret not in text
+
+
+def test_a_setting_carries_a_secret_by_its_name_or_in_its_value():
+    assert holds_secret("spark.hadoop.fs.s3a.secret.key", "anything")
+    assert holds_secret("spark.sql.catalog.c.uri", "jdbc:postgresql://h/db?user=u&password=pw")
+    assert holds_secret("spark.sql.catalog.c.uri", "postgresql://u:pw@h/db")
+    assert holds_secret("spark.driver.extraJavaOptions", "-Xmx2g -Dcatalog.token=t0k3n")
+    assert not holds_secret("spark.sql.catalog.c.uri", "jdbc:postgresql://h/db?user=u")
+    assert not holds_secret("spark.jars", "/jars/hadoop-aws.jar,/jars/postgresql.jar")
+
+
+@pytest.fixture
+def private_temporary(tmp_path, monkeypatch) -> Path:
+    """tempfile's directory, for this test only; no PYSPARK_SUBMIT_ARGS and no spark-defaults.conf."""
+    directory = tmp_path / "tmp"
+    directory.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(directory))
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "no-spark-conf"))
+    return directory
+
+
+def _submitted_properties_file() -> Path:
+    arguments = shlex.split(os.environ["PYSPARK_SUBMIT_ARGS"])
+    assert arguments[0] == "--properties-file", arguments
+    return Path(arguments[1])
+
+
+def test_secret_settings_reach_spark_submit_in_a_file_only_the_user_reads_removed_afterwards(
+        private_temporary, tmp_path, monkeypatch):
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text("spark.from.defaults  kept\nspark.hadoop.fs.s3a.secret.key old\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    with _private_properties({"spark.hadoop.fs.s3a.secret.key": "s3-secret-1"}):
+        path = _submitted_properties_file()
+        assert shlex.split(os.environ["PYSPARK_SUBMIT_ARGS"])[2:] == ["pyspark-shell"]
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        assert path.parent.parent == private_temporary
+        text = path.read_text()
+        # spark-defaults.conf, which a properties file stands in for, first; the secret after it wins
+        assert text.index("spark.from.defaults") < text.index("old") < text.index("s3-secret-1"), text
+    assert "PYSPARK_SUBMIT_ARGS" not in os.environ and not path.parent.exists()
+
+    # a properties file named in PYSPARK_SUBMIT_ARGS takes the place of spark-defaults.conf; the other
+    # arguments stay, and so does the variable once the JVM is up
+    mine = tmp_path / "mine.properties"
+    mine.write_text("spark.driver.memory 3g\n")
+    before = f"--properties-file {mine} --driver-java-options -Dx=1 pyspark-shell"
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", before)
+    with _private_properties({"spark.sql.catalog.c.token": "t0k3n-2"}):
+        path = _submitted_properties_file()
+        assert shlex.split(os.environ["PYSPARK_SUBMIT_ARGS"])[2:] == ["--driver-java-options", "-Dx=1",
+                                                                      "pyspark-shell"]
+        assert "spark.driver.memory 3g" in path.read_text() and "spark.from.defaults" not in path.read_text()
+    assert os.environ["PYSPARK_SUBMIT_ARGS"] == before and not path.exists()
+
+    with _private_properties({}):  # nothing secret: spark-submit is started as it always was
+        assert os.environ["PYSPARK_SUBMIT_ARGS"] == before
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", f"--properties-file {tmp_path / 'missing'} pyspark-shell")
+    with pytest.raises(ConfigError, match="is not a file"), _private_properties({"spark.a.password": "pw-3"}):
+        pass
+    assert list(private_temporary.iterdir()) == []
+
+
+def test_the_private_properties_file_reads_back_in_java_exactly(spark, private_temporary, tmp_path, monkeypatch):
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    # a last line continued (a trailing backslash) and no final newline: it must not swallow pgcdc's first line
+    (conf_dir / "spark-defaults.conf").write_text("spark.from.defaults = one \\\n  two\nspark.open.end = x\\")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    settings = {"spark.a.password": " leading = : # ! \\ trailing \t", "spark.b.token": "ü 😀\nsecond=line\r",
+                "spark.key with spaces=and:colon.secret": "!#value", "spark.c.credential": ""}
+    jvm = spark.sparkContext._jvm
+    with _private_properties(settings):
+        properties = jvm.java.util.Properties()
+        stream = jvm.java.io.FileInputStream(str(_submitted_properties_file()))
+        try:
+            properties.load(jvm.java.io.InputStreamReader(stream, "UTF-8"))  # as Spark reads it
+        finally:
+            stream.close()
+        loaded = {key: properties.getProperty(key) for key in properties.stringPropertyNames()}
+    assert loaded == {"spark.from.defaults": "one two", "spark.open.end": "x", **settings}
+
+
+def test_secrets_typed_as_flags_are_named_in_one_warning_and_flags_join_the_config_files_table(tmp_path):
+    secret, password = "s3-secret-typed-as-a-flag-1", "catalog-password-in-a-uri-2"
+    config = tmp_path / "pgcdc.toml"
+    config.write_text('[spark]\n"spark.sql.catalog.pgcdc.type" = "rest"\n')
+
+    def run(*flags: str) -> tuple[subprocess.CompletedProcess, str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "pgcdc.cli", "--config", str(config), "run", "--dsn", "dbname=x", "-p", "pub",
+             "--warehouse", "s3a://bucket/m", *flags], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "COLUMNS": "200"})
+        return result, result.stdout + result.stderr
+
+    result, text = run("--conf", f"spark.hadoop.fs.s3a.secret.key={secret}", "--conf", "spark.ui.enabled=false",
+                       "-c", f"spark.sql.catalog.pgcdc.uri=jdbc:postgresql://cdc:{password}@db/iceberg",
+                       "--conf", f"spark.hadoop.fs.s3a.secret.key={secret}")
+    # the table's catalog type stays beside the flags: the flag's address is checked against it
+    assert result.returncode == 2 and "is not the address of a rest catalog" in text, text
+    warnings = [line for line in result.stderr.splitlines() if "can be read by every user of this machine" in line]
+    assert len(warnings) == 1, text
+    assert "--conf spark.hadoop.fs.s3a.secret.key, spark.sql.catalog.pgcdc.uri on pgcdc's command line" in \
+        warnings[0], warnings
+    assert "[spark] table" in warnings[0] and "AWS_SECRET_ACCESS_KEY" in warnings[0]
+    assert secret not in text and password not in text
+
+    # the same settings from the config file: nothing on the command line, nothing to warn of
+    config.write_text(f'[spark]\n"spark.sql.catalog.pgcdc.type" = "rest"\n"spark.hadoop.fs.s3a.secret.key" = '
+                      f'"{secret}"\n"spark.sql.catalog.pgcdc.uri" = "jdbc:postgresql://cdc:{password}@db/iceberg"\n')
+    result, text = run()
+    assert result.returncode == 2 and "is not the address of a rest catalog" in text, text
+    assert "can be read by every user" not in text and secret not in text and password not in text
 
 
 @pytest.mark.parametrize(("message", "said"), [

@@ -33,7 +33,7 @@ from rich.table import Table
 
 from pgcdc.errors import ConfigError, PgcdcError
 from pgcdc.observability import configure_logging, redact, redact_dsn
-from pgcdc.secrets import parse_dsn, register_conf_secrets
+from pgcdc.secrets import holds_secret, parse_dsn, register_conf_secrets
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -88,9 +88,33 @@ Namespace = Annotated[str, typer.Option("--namespace", envvar="PGCDC_NAMESPACE",
                                         help="Iceberg namespace holding the mirrors.")]
 Master = Annotated[str | None, typer.Option("--master", envvar="PGCDC_SPARK_MASTER", show_envvar=True,
                                             help="Spark master, e.g. local[4], spark://host:7077, yarn.")]
+
+
+def _spark_flags(ctx: typer.Context, param: typer.CallbackParam, value: list[str] | None) -> list[str] | None:
+    """``--conf`` flags typed on the command line: each wins over the config file's ``[spark]`` entry of its key
+    (the rest of the table stays), and those that carry a secret are named in a warning, never their values:
+    every user of the machine reads a process's command line."""
+    name = param.name or "conf"
+    source = ctx.get_parameter_source(name)  # click's ParameterSource, or the one of the click typer ships
+    if ctx.resilient_parsing or getattr(source, "name", None) != "COMMANDLINE":
+        return value
+    exposed = [key.strip() for key, sep, setting in (pair.partition("=") for pair in value or [])
+               if sep and holds_secret(key.strip(), setting)]
+    if exposed and not _state.get("warned_of_secret_flags"):
+        _state["warned_of_secret_flags"] = True
+        log.warning("--conf %s on pgcdc's command line can be read by every user of this machine (ps, "
+                    "/proc/<pid>/cmdline); give secrets in the config file's [spark] table instead (--config FILE, "
+                    "a file only you can read, chmod 600 FILE) or in the environment (for S3: AWS_ACCESS_KEY_ID, "
+                    "AWS_SECRET_ACCESS_KEY)", ", ".join(dict.fromkeys(exposed)))
+    from_file = (ctx.default_map or {}).get(name) or []
+    return [*([from_file] if isinstance(from_file, str) else from_file), *(value or [])]
+
+
 SparkConf = Annotated[list[str] | None, typer.Option(
-    "--conf", "-c", help="Spark setting KEY=VALUE, repeatable (e.g. a REST catalog: "
-                         "spark.sql.catalog.pgcdc.type=rest).")]
+    "--conf", "-c", callback=_spark_flags,
+    help="Spark setting KEY=VALUE, repeatable (e.g. a REST catalog: spark.sql.catalog.pgcdc.type=rest); added to "
+         "the config file's [spark] table. Secrets go in that table or the environment: other users can read a "
+         "command line.")]
 Resnapshot = Annotated[bool, typer.Option(
     "--resnapshot", help="Drop the slot (if any) and copy every table again at a new consistent point: the way "
                          "out after a lost or invalidated slot.")]

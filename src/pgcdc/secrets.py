@@ -43,6 +43,12 @@ def is_secret_setting(key: str) -> bool:
     return _SECRET_KEY.search(key) is not None
 
 
+def holds_secret(key: str, value: str) -> bool:
+    """Whether a setting carries a secret: named like one (:func:`is_secret_setting`), or with a value that
+    :func:`redact` would change (a password in a URI or as password=..., a registered secret's value)."""
+    return is_secret_setting(key) or redact(str(value)) != str(value)
+
+
 def register_conf_secrets(conf: Mapping[str, str]) -> None:
     """Remember the values of the secret settings in ``conf`` (and of the AWS secret variables of the
     environment): :func:`redact` removes them from any text from now on."""

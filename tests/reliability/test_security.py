@@ -1,27 +1,32 @@
 """Security: TLS to PostgreSQL with certificate and host verification, passwords that never leak into
-logs, errors, metrics or status, and a least-privilege role (REPLICATION + SELECT on the published tables).
+logs, errors, metrics or status, nor onto any process's command line, and a least-privilege role (REPLICATION +
+SELECT on the published tables).
 
 One dedicated server for the module, reached only through TLS (a proxy terminating TLS in front of it,
 as the embedded build has no OpenSSL; see tests/tls_proxy.py), where the ``cdc`` role must authenticate
-with SCRAM."""
+with SCRAM, and so must the ``iceberg`` role of a JDBC catalog in a database of the same server."""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from pgcdc.embedded import EmbeddedPostgres, free_port
+from pgcdc.local_object_store import postgres_jdbc_jar
 from pgcdc.pipeline import Pipeline, PipelineConfig
 from pipeline_support import (
     SHOP_TABLES,
@@ -90,7 +95,8 @@ def _certificates(directory: Path) -> dict[str, Path]:
 def tls_server(tmp_path_factory):
     """(TLS endpoint, admin DSN (direct), certificate paths)."""
     certs = _certificates(tmp_path_factory.mktemp("certs"))
-    hba = ["host all cdc 127.0.0.1/32 scram-sha-256", "host replication cdc 127.0.0.1/32 scram-sha-256"]
+    hba = ["host all cdc 127.0.0.1/32 scram-sha-256", "host replication cdc 127.0.0.1/32 scram-sha-256",
+           "host all iceberg 127.0.0.1/32 scram-sha-256"]
     with EmbeddedPostgres(hba=hba) as server, \
             TlsTerminatingProxy(server.port, certs["server_cert"], certs["server_key"]) as proxy:
         with psycopg.connect(server.dsn, autocommit=True) as conn:
@@ -217,3 +223,118 @@ def test_passwords_never_appear_in_logs_errors_metrics_or_status(tls_server, spa
     leaks = [text for text in seen if PASSWORD in text]
     assert not leaks, leaks[0][-2000:]
     assert len("".join(seen)) > 1000  # the commands did speak
+
+
+class CommandLineScan:
+    """Every process's command line (``/proc/<pid>/cmdline``, which every local user may read), read over and
+    over in a thread of its own while commands run: which hold one of ``secrets``, and which mention ``marker``
+    (a string only the commands under test put on command lines)."""
+
+    def __init__(self, secrets: list[str], marker: str, interval: float = 0.05) -> None:
+        self.secrets = [secret.encode() for secret in secrets]
+        self.marker = marker.encode()
+        self.interval = interval
+        self.leaks: dict[int, str] = {}  # pid: its command line, secrets removed
+        self.marked: dict[int, set[str]] = {}  # pid: the programs it ran (bash, java), as seen
+        self.scans = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._scan, name="cmdline-scan", daemon=True)
+
+    def __enter__(self) -> CommandLineScan:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _scan(self) -> None:
+        while not self._stop.is_set():
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as file:
+                        command = file.read()
+                except OSError:  # ended meanwhile
+                    continue
+                if any(secret in command for secret in self.secrets):
+                    shown = command
+                    for secret in self.secrets:
+                        shown = shown.replace(secret, b"<secret>")
+                    self.leaks[int(entry)] = shown.replace(b"\0", b" ").decode(errors="replace")
+                if self.marker in command:
+                    self.marked.setdefault(int(entry), set()).add(os.path.basename(command.split(b"\0")[0]).decode())
+            self.scans += 1
+            self._stop.wait(self.interval)
+
+
+@pytest.mark.long
+def test_no_command_line_holds_a_secret_while_commands_run(tls_server, tmp_path):
+    """The DSN's password, a JDBC catalog's password and an S3 secret key in the config file: while ``run``,
+    ``status``, ``check --warehouse`` and ``maintain`` run, no process's command line holds any of them: not
+    Spark's JVM, not spark-submit's bash launchers and Spark's launcher JVM, not a Python worker. Each secret still
+    takes effect: the catalog's database wants its role's password (SCRAM), and the source the DSN's."""
+    jar = postgres_jdbc_jar()
+    if jar is None:
+        pytest.skip("a JDBC catalog needs the PostgreSQL JDBC driver (apt-get install libpostgresql-jdbc-java)")
+    proxy, admin, certs = tls_server
+    catalog_password, s3_secret = f"jdbc-secret-{uuid.uuid4().hex}", f"s3-secret-{uuid.uuid4().hex}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE iceberg LOGIN PASSWORD '{catalog_password}'")
+        conn.execute("CREATE DATABASE iceberg_catalog OWNER iceberg")
+        conn.execute("CREATE TABLE shop.on_the_process_table (id int PRIMARY KEY, note text)")
+        conn.execute("INSERT INTO shop.on_the_process_table SELECT i, 'n' FROM generate_series(1, 50) i")
+        conn.execute("GRANT SELECT ON shop.on_the_process_table TO cdc")
+        conn.execute("CREATE PUBLICATION process_table FOR TABLE shop.on_the_process_table")
+    catalog_port = psycopg.conninfo.conninfo_to_dict(admin)["port"]
+    warehouse = tmp_path / "warehouse-of-the-process-table-test"  # on the commands' command lines: the marker
+    settings = {
+        "dsn": _cdc_dsn(proxy, password=PASSWORD, sslmode="verify-full", sslrootcert=str(certs["ca"])),
+        "publication": "process_table", "slot": "process_table", "warehouse": str(warehouse),
+        "catalog_type": "jdbc", "catalog_uri": f"jdbc:postgresql://127.0.0.1:{catalog_port}/iceberg_catalog",
+        "namespace": "process_table"}
+    spark = {"spark.jars": jar, "spark.sql.catalog.pgcdc.jdbc.user": "iceberg",
+             "spark.sql.catalog.pgcdc.jdbc.password": catalog_password, "spark.hadoop.fs.s3a.secret.key": s3_secret}
+    config = tmp_path / "pgcdc.toml"
+    config.write_text("".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items()) + "[spark]\n"
+                      + "".join(f"{json.dumps(key)} = {json.dumps(value)}\n" for key, value in spark.items()))
+    config.chmod(0o600)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    env = {"TMPDIR": str(temporary)}
+
+    def pgcdc(*args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "pgcdc.cli", "--config", str(config), *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, **env})
+
+    started = time.monotonic()
+    with CommandLineScan([PASSWORD, catalog_password, s3_secret], marker=warehouse.name) as scan:
+        run = pgcdc("run", "--until-caught-up", "--batch-seconds", "0.5", "--no-maintenance")
+        ran = run.communicate(timeout=600)[0]
+        assert run.returncode == 0, ran[-3000:]
+        # the other three at once: each starts its own JVM
+        others = {name: pgcdc(*args) for name, args in {"status": ("status", "--json"), "check": ("check",),
+                                                         "maintain": ("maintain", "--json")}.items()}
+        said = {name: process.communicate(timeout=600)[0] for name, process in others.items()}
+    elapsed = time.monotonic() - started
+    for name, process in others.items():
+        assert process.returncode == 0, (name, said[name][-3000:])
+    assert "shop.on_the_process_table" in said["status"] and "ready" in said["check"], said
+    assert "on_the_process_table" in said["maintain"], said["maintain"]
+
+    assert not scan.leaks, scan.leaks
+    # the scan saw what it was there for: each command's Spark JVM (the driver, and Spark's launcher) and
+    # spark-submit's bash launchers, many times over
+    programs = [name for names in scan.marked.values() for name in names]
+    assert programs.count("java") >= 4 and "bash" in programs, (programs, scan.scans, elapsed)
+    assert scan.scans > 100, (scan.scans, elapsed)
+    # the settings spark-submit read from a private file: gone, as the launchers' temporary directories
+    assert not list(temporary.glob("pgcdc-spark-*")), list(temporary.iterdir())
+    # the catalog recorded the mirror, reached with the password it wants
+    with psycopg.connect(psycopg.conninfo.make_conninfo(admin, dbname="iceberg_catalog")) as conn:
+        tables = conn.execute("SELECT table_name FROM iceberg_tables").fetchall()
+    assert any("on_the_process_table" in name for (name,) in tables), tables
+    for text in [ran, *said.values()]:
+        assert PASSWORD not in text and catalog_password not in text and s3_secret not in text

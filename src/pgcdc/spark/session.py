@@ -11,20 +11,23 @@ catalog, or ``master`` at a cluster.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import select
+import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from pgcdc.errors import ConfigError
-from pgcdc.secrets import register_conf_secrets
+from pgcdc.secrets import holds_secret, register_conf_secrets
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -286,19 +289,99 @@ def _launch_jvm_apart(settings: Mapping[str, str], master: str, app_name: str) -
     """Start Spark's JVM in a session of its own. Ctrl-C signals a terminal's whole foreground process group:
     Spark's Python workers (children of the JVM) died of it in the middle of their tasks, and the JVM logged
     every death with a stack trace. Apart, they hear only pgcdc, which stops in order; the JVM still ends with
-    pgcdc (it exits when its stdin pipe from this process closes)."""
+    pgcdc (it exits when its stdin pipe from this process closes).
+
+    PySpark passes each setting to spark-submit as ``--conf KEY=VALUE``, where every local user reads it (``ps``,
+    ``/proc/<pid>/cmdline``): of the JVM and of its bash launchers. Settings that carry a secret go to
+    spark-submit in a properties file only this user can read instead (:func:`_private_properties`)."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         return  # a JVM runs already (a session built before, or a notebook's)
-    conf = SparkConf(loadDefaults=False).setMaster(master).setAppName(app_name).setAll(list(settings.items()))
+    everything = {"spark.master": master, "spark.app.name": app_name, **settings}
+    secret = {key: value for key, value in everything.items() if holds_secret(key, value)}
+    conf = SparkConf(loadDefaults=False).setAll([item for item in everything.items() if item[0] not in secret])
     popen_kwargs = {"start_new_session": True, "stderr": subprocess.PIPE}
-    SparkContext._gateway = launch_gateway(conf, popen_kwargs=popen_kwargs)
+    with _private_properties(secret):
+        SparkContext._gateway = launch_gateway(conf, popen_kwargs=popen_kwargs)
     SparkContext._jvm = SparkContext._gateway.jvm
     process = SparkContext._gateway.proc
     if process is not None and process.stderr is not None:
         threading.Thread(target=_relay_jvm_output, args=(process.stderr,), name="pgcdc-jvm-log", daemon=True).start()
+
+
+@contextlib.contextmanager
+def _private_properties(settings: Mapping[str, str]) -> Iterator[None]:
+    """While spark-submit starts: ``settings`` in a properties file of mode 0600 in a private temporary directory,
+    named by ``--properties-file`` in ``PYSPARK_SUBMIT_ARGS`` (which PySpark's launcher reads); removed when the
+    JVM is up. By then spark-submit has read it twice: its launcher (which builds the JVM's command line) reads it
+    before the JVM starts, and SparkSubmit reads it before it starts the Py4J gateway whose address
+    ``launch_gateway`` waits for.
+
+    A properties file takes the place of ``spark-defaults.conf`` (or of a ``--properties-file`` already in
+    ``PYSPARK_SUBMIT_ARGS``): that file's lines come first, so that Spark sees every one of them, and ``settings``
+    win over them as ``--conf`` did. The other settings stay ``--conf``, which wins over any file as before.
+    Spark trims the values it reads from a file: :func:`spark_session` sets every setting again, exactly, in
+    the running JVM before the SparkContext starts."""
+    if not settings:
+        yield
+        return
+    from pyspark.find_spark_home import _find_spark_home
+
+    before = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    arguments: list[str] = []
+    named = None  # the last --properties-file, as spark-submit reads them
+    tokens = iter(shlex.split(before or "pyspark-shell"))
+    for token in tokens:
+        if token == "--properties-file":
+            named = next(tokens, None)
+        elif token.startswith("--properties-file="):
+            named = token.split("=", 1)[1]
+        else:
+            arguments.append(token)
+    if named is not None and not os.path.isfile(named):
+        raise ConfigError(f"PYSPARK_SUBMIT_ARGS names --properties-file {named}, which is not a file")
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(_find_spark_home(), "conf")  # as spark-submit
+    base = Path(named) if named is not None else Path(conf_dir, "spark-defaults.conf")
+    text = b"".join(f"{_properties_text(k, key=True)}={_properties_text(v)}\n".encode("ascii")
+                    for k, v in settings.items())
+    if base.is_file():
+        text = base.read_bytes() + b"\n\n" + text  # a blank line ends a continued last line of the file
+    directory = tempfile.mkdtemp(prefix="pgcdc-spark-")  # mode 0700
+    try:
+        path = os.path.join(directory, "spark.properties")
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+            file.write(text)
+        os.environ["PYSPARK_SUBMIT_ARGS"] = shlex.join(["--properties-file", path, *arguments])
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+        else:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = before
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+_PROPERTIES_ESCAPES = {"\\": "\\\\", "=": "\\=", ":": "\\:", "#": "\\#", "!": "\\!", "\t": "\\t", "\n": "\\n",
+                       "\r": "\\r", "\f": "\\f"}
+
+
+def _properties_text(text: str, *, key: bool = False) -> str:
+    """``text`` as Java's ``Properties.store`` writes a key or a value: printable ASCII, with its special
+    characters, the spaces of a key and a value's leading space escaped, every other character as \\uXXXX."""
+    escaped = []
+    for index, char in enumerate(text):
+        if char in _PROPERTIES_ESCAPES:
+            escaped.append(_PROPERTIES_ESCAPES[char])
+        elif char == " " and (key or index == 0):
+            escaped.append("\\ ")
+        elif " " <= char <= "~":
+            escaped.append(char)
+        else:  # UTF-16 code units, as Java counts them (a character beyond the BMP is two)
+            units = char.encode("utf-16-be")
+            escaped += [f"\\u{int.from_bytes(units[i:i + 2], 'big'):04x}" for i in range(0, len(units), 2)]
+    return "".join(escaped)
 
 
 _JVM_RECORD = re.compile(rb"^\d\d:\d\d:\d\d spark (ERROR|WARN|INFO|DEBUG|TRACE|FATAL) (\w+): ")
