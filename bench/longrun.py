@@ -188,7 +188,7 @@ def main() -> None:
         rest = measure(spark, mirror.identifier, fresh, rng.choice(live))
         m, f = rest["mirror"], rest["fresh"]
         print_report("at rest", rest)
-        position = tables.mirrors.read_position(mirror.identifier)
+        position = tables.mirrors.positions.read(mirror.identifier)
         assert position == Lsn(lsn), f"the mirror holds {position}, not the last batch's {Lsn(lsn)}"
         result = {
             "batches": batches, "changes_per_batch": args.changes, "rows": len(live),

@@ -16,6 +16,7 @@ import psycopg
 
 from pgcdc.demo import SCHEMA, seed_rows
 from pgcdc.pipeline import Pipeline, PipelineConfig
+from pgcdc.spark.mirror_status import namespace_positions
 from pgcdc.verify import compare_publication
 
 # small enough that the workload's larger transactions are streamed (protocol 2+) while in progress
@@ -288,7 +289,7 @@ def mirror_mixed_workload(pg, spark, **overrides) -> Pipeline:
     assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
 
     # the slot's confirmed position never passes what the mirrors hold, and reached the end of the workload
-    positions = pipeline.mirrors.positions()
+    positions = namespace_positions(pipeline.mirrors)
     confirmed = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                            (config.slot,))
     assert Lsn.parse(confirmed[0][0]) >= max(positions.values())
@@ -296,7 +297,7 @@ def mirror_mixed_workload(pg, spark, **overrides) -> Pipeline:
     # a second run with nothing new applies nothing and changes no mirror
     again = Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
     assert again.rows_applied == 0
-    assert pipeline.mirrors.positions() == positions
+    assert namespace_positions(pipeline.mirrors) == positions
 
     changes = spark.sql(f"SELECT count(*) AS n FROM {pipeline.mirrors.changelog_identifier_for('shop', 'audit')}")
     assert changes.collect()[0].n > 0

@@ -401,7 +401,7 @@ def maintain(
             wanted |= {mirror, mirrors.changelog_identifier_for(schema_name, table_name),
                        mirrors.rejects_identifier_for(schema_name, table_name)}
         tables = [(identifier, rejects) for identifier, rejects in tables if identifier in wanted]
-    results = [maintain_table(spark, identifier, mirrors.carried_positions(identifier, rejects=rejects), policy)
+    results = [maintain_table(spark, identifier, mirrors.positions.carried(identifier, rejects=rejects), policy)
                for identifier, rejects in tables]
     rows = [{"table": r.identifier, **{step: r.steps.get(step, 0) for step in r.steps},
              "snapshots": r.after.snapshots if r.after else None, "data_files": r.after.data_files if r.after else None,

@@ -1,16 +1,16 @@
 """Injection points: named places where a fault test can kill pgcdc at a chosen instant.
 
 Crash tests need to hit the narrow windows that random kills rarely reach: between the
-commits of two mirrors in one batch, during a MERGE, during the initial copy, while a
+commits of two mirrors in one batch, during a mirror's commit, during the initial copy, while a
 prepared transaction is held. The code marks those places with :func:`injection_point`;
 ``PGCDC_INJECT`` arms one of them for a run (off, the cost is one dictionary lookup):
 
     PGCDC_INJECT=apply.between-mirrors          kill the process at the first hit
-    PGCDC_INJECT=apply.merge:3                  ... at the third hit
-    PGCDC_INJECT=apply.merge:1:0.4              ... 0.4 s after the first hit (inside the MERGE)
-    PGCDC_INJECT=apply.merge:1:0.4:INT          ... sends SIGINT instead (a user's Ctrl-C; or TERM)
+    PGCDC_INJECT=apply.mirror:3                  ... at the third hit
+    PGCDC_INJECT=apply.mirror:1:0.4              ... 0.4 s after the first hit (inside the mirror's apply)
+    PGCDC_INJECT=apply.mirror:1:0.4:INT          ... sends SIGINT instead (a user's Ctrl-C; or TERM)
     PGCDC_INJECT=apply.before-confirm:1:8:PAUSE ... holds the thread there for 8 s (a slow store or catalog)
-    PGCDC_INJECT=apply.merge:2,snapshot.copy:1:3:PAUSE   several, comma-separated
+    PGCDC_INJECT=apply.mirror:2,snapshot.copy:1:3:PAUSE   several, comma-separated
 
 The fault is SIGKILL of the whole process: no handler, no ``finally``, no flush, exactly
 what an OOM kill or a lost machine does; INT and TERM test what a stop asked for does; PAUSE makes one step
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 POINTS = (
     "snapshot.copy",          # a table's copy job is about to run
     "snapshot.rejects",       # the rows a copy set aside committed to a __rejects table, the copy not yet
-    "apply.merge",            # a mirror's apply (MERGE, overwrite or row delta) is about to run
+    "apply.mirror",           # a mirror's apply (row delta, MERGE or overwrite) is about to run
     "apply.delta-write",      # a mirror's row-delta files are about to be written
     "apply.delta-deletes",    # its data file written, its equality-delete file not yet
     "apply.delta-commit",     # a mirror's row-delta files written, their commit not yet made
-    "apply.rejects",          # changes set aside committed to a __rejects table, the mirror's MERGE not yet run
+    "apply.rejects",          # changes set aside committed to a __rejects table, the mirror's commit not yet made
     "apply.fill",             # columns added to a mirror, their existing rows not yet given the source's default
     "apply.between-mirrors",  # one mirror of a batch committed, the next not yet
     "apply.before-confirm",   # every mirror of a batch committed, the slot not yet told

@@ -67,20 +67,21 @@ def mirrors_streaming_from(slot: str, warehouse: str, catalog: str, namespace: s
                            catalog_type: str | None = None, catalog_uri: str | None = None) -> list[tuple[str, Any]]:
     """(mirror, position) of each mirror in the warehouse that streams from ``slot`` (its ``pgcdc.slot``)."""
     from pgcdc.spark.mirror import MirrorCatalog
+    from pgcdc.spark.mirror_status import mirrors_streaming_from as streaming_from
     from pgcdc.spark.session import spark_session
 
     spark = spark_session(warehouse, catalog, conf=conf, catalog_type=catalog_type, catalog_uri=catalog_uri,
                           short_lived=True)
-    return MirrorCatalog(spark, catalog=catalog, namespace=namespace).streaming_from(slot)
+    return streaming_from(MirrorCatalog(spark, catalog=catalog, namespace=namespace), slot)
 
 
 def mirror_status(warehouse: str, catalog: str, namespace: str, conf: Mapping[str, str], *,
                   catalog_type: str | None = None, catalog_uri: str | None = None) -> list[dict[str, Any]]:
     """Each mirror in the warehouse: its source table, ``pgcdc.lsn`` and row count."""
     from pgcdc.spark.mirror import MirrorCatalog
+    from pgcdc.spark.mirror_status import describe_mirrors
     from pgcdc.spark.session import spark_session
 
     spark = spark_session(warehouse, catalog, conf=conf, catalog_type=catalog_type, catalog_uri=catalog_uri,
                           short_lived=True)
-    mirrors = MirrorCatalog(spark, catalog=catalog, namespace=namespace)
-    return mirrors.describe()
+    return describe_mirrors(MirrorCatalog(spark, catalog=catalog, namespace=namespace))

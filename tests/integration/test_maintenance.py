@@ -15,6 +15,7 @@ import pytest
 from pgcdc.errors import PositionCorruptError
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline import Pipeline
+from pgcdc.positions import RECORD_PROPERTY
 from pgcdc.spark.iceberg import load_table
 from pgcdc.spark.maintenance import (
     MaintainedTable,
@@ -23,7 +24,7 @@ from pgcdc.spark.maintenance import (
     maintain_table,
     table_health,
 )
-from pgcdc.spark.mirror import RECORD_PROPERTY, MirrorCatalog
+from pgcdc.spark.mirror import MirrorCatalog
 from pipeline_support import (
     SHOP_TABLES,
     Workload,
@@ -96,9 +97,9 @@ def test_positions_survive_compaction_and_expiry_of_every_snapshot_that_carried_
               mirrors.changelog_identifier_for("shop", "customers")]
 
     # pgcdc's own maintenance: each commit carries the position, expiry keeps the newest snapshot only
-    before = {identifier: mirrors.read_position(identifier) for identifier in tables}
+    before = {identifier: mirrors.positions.read(identifier) for identifier in tables}
     for identifier in tables:
-        maintain_table(spark, identifier, mirrors.carried_positions(identifier), EAGER,
+        maintain_table(spark, identifier, mirrors.positions.carried(identifier), EAGER,
                        orphan_age_seconds=0)  # nobody writes these tables now
         health = table_health(spark, identifier)
         # (a table with array columns may keep one delete file: Iceberg cannot rewrite its position deletes)
@@ -113,7 +114,7 @@ def test_positions_survive_compaction_and_expiry_of_every_snapshot_that_carried_
         spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{name}', options => map('rewrite-all', 'true'))")
         expire_all_but_the_newest(spark, name)
         assert lineage_positions(spark, identifier) == [], f"{identifier} still carries its position"
-        assert MirrorCatalog(spark, catalog=config.catalog, namespace=config.namespace).read_position(
+        assert MirrorCatalog(spark, catalog=config.catalog, namespace=config.namespace).positions.read(
             identifier) == before[identifier]
     logged = assert_changelog_whole(spark, mirrors)
     pg.execute(CHANGES.format(start=20_000))
@@ -134,18 +135,18 @@ def test_a_commit_in_flight_when_its_snapshots_were_expired(spark, iceberg_names
     for lsn in ("0/10", "0/20"):
         spark.range(2).selectExpr("id", "'x' AS v").writeTo(identifier).option(
             "snapshot-property.pgcdc.lsn", lsn).append()
-    mirrors.record_position(identifier, Lsn.parse("0/10"), pending=Lsn.parse("0/20"))  # then killed
-    assert mirrors.read_position(identifier) == Lsn.parse("0/20")  # the lineage tells
+    mirrors.positions.record(identifier, Lsn.parse("0/10"), pending=Lsn.parse("0/20"))  # then killed
+    assert mirrors.positions.read(identifier) == Lsn.parse("0/20")  # the lineage tells
     name = identifier.split(".", 1)[1]
     spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{name}', options => map('rewrite-all', 'true'))")
     expire_all_but_the_newest(spark, name)
     if keyed:
-        assert mirrors.read_position(identifier) == Lsn.parse("0/10")
+        assert mirrors.positions.read(identifier) == Lsn.parse("0/10")
     else:
         with pytest.raises(PositionCorruptError, match="DROP TABLE"):
-            mirrors.read_position(identifier)
-    mirrors.record_position(identifier, Lsn.parse("0/20"))  # what a finished commit leaves
-    assert mirrors.read_position(identifier) == Lsn.parse("0/20")
+            mirrors.positions.read(identifier)
+    mirrors.positions.record(identifier, Lsn.parse("0/20"))  # what a finished commit leaves
+    assert mirrors.positions.read(identifier) == Lsn.parse("0/20")
     assert '"pending"' not in load_table(spark, identifier).properties().get(RECORD_PROPERTY)
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from pgcdc.demo import workload
 from pgcdc.pipeline import Pipeline
+from pgcdc.spark.mirror_status import namespace_positions
 from pgcdc.verify import compare_publication
 from pipeline_support import (
     SHOP_TABLES,
@@ -61,7 +62,7 @@ def test_both_snapshot_writers_copy_every_type_exactly(pg, spark, writer):
                           for i in range(group.num_columns)}
             assert dictionary["status"] and not dictionary["id"], dictionary
     summary = spark.sql(f"SELECT summary FROM {customers}.snapshots ORDER BY committed_at DESC LIMIT 1").collect()
-    assert summary[0].summary["pgcdc.lsn"] == str(pipeline.mirrors.positions()[("shop", "customers")])
+    assert summary[0].summary["pgcdc.lsn"] == str(namespace_positions(pipeline.mirrors)[("shop", "customers")])
     # a key lookup goes through the metrics
     assert spark.sql(f"SELECT count(*) AS n FROM {customers} WHERE id = 7").collect()[0].n == 1
 
@@ -118,7 +119,7 @@ def test_quiet_slot_keeps_advancing_and_tables_added_later_are_copied_while_stre
         pg.execute("INSERT INTO later VALUES (501, 'streamed')")
         pg.execute("UPDATE later SET v = 'changed' WHERE id <= 10")
         pg.execute("INSERT INTO first VALUES (2, 'b')")
-        while time.monotonic() < deadline and ("public", "later") not in pipeline.mirrors.positions():
+        while time.monotonic() < deadline and ("public", "later") not in namespace_positions(pipeline.mirrors):
             time.sleep(0.5)
         time.sleep(3)
     finally:

@@ -11,6 +11,7 @@ import pytest
 
 from pgcdc.errors import ConversionError
 from pgcdc.pipeline import Pipeline
+from pgcdc.spark.mirror_status import describe_mirrors, namespace_positions
 from pgcdc.verify import compare_publication
 from pipeline_support import pipeline_config, run_cli
 
@@ -88,7 +89,7 @@ def test_stop_names_the_row_and_the_way_out_quarantine_sets_the_change_aside(pg,
     else:
         assert inserted == {"id": "101", "at": FAR, "note": "too far"}
         assert dict(rejects[1].new_values)["note"] == "still too far"
-    described = {row["source"]: row for row in pipeline.mirrors.describe()}
+    described = {row["source"]: row for row in describe_mirrors(pipeline.mirrors)}
     assert described["public.items"]["rejected"] == 2 and described["public.other"]["rejected"] == 0
     # replayed from an earlier position, nothing is set aside twice
     again = catch_up(quarantine, spark)
@@ -130,8 +131,8 @@ def test_the_initial_copy_of_a_value_it_cannot_hold_names_the_row_and_the_way_ou
     assert "--on-conversion-error quarantine" in message
     assert "copied: public.other; not copied: public.items" in message
     pipeline = Pipeline(config, spark=spark)
-    assert pipeline.mirrors.positions().get(("public", "items")) is None
-    assert pipeline.mirrors.positions().get(("public", "other")) is not None
+    assert namespace_positions(pipeline.mirrors).get(("public", "items")) is None
+    assert namespace_positions(pipeline.mirrors).get(("public", "other")) is not None
     pg.execute("UPDATE items SET at = '2024-06-01' WHERE id = 13")
     pipeline.snapshot()
     pipeline.spark.catalog.clearCache()
@@ -168,7 +169,7 @@ def test_a_copy_under_quarantine_sets_rows_aside_once_through_a_kill_and_the_str
     assert {int(dict(r.new_values)["id"], 16) for r in rejects} == {3, 13}
     assert all(r.value_format == "binary" and f"{FAR} is past" in r.error for r in rejects)
     assert_equal_but_rows(pipeline, pg, unmirrorable=2)
-    described = {row["source"]: row for row in pipeline.mirrors.describe()}
+    described = {row["source"]: row for row in describe_mirrors(pipeline.mirrors)}
     assert described["public.items"]["rejected"] == 2
 
     # the stream: a row set aside given a value the mirror can hold arrives; one given a bad value is set aside

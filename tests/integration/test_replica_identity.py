@@ -10,6 +10,7 @@ import pytest
 
 from pgcdc.errors import IdentityChangedError
 from pgcdc.pipeline import Pipeline
+from pgcdc.spark.mirror_status import namespace_positions
 from pgcdc.verify import compare_publication
 from pipeline_support import pipeline_config
 
@@ -89,12 +90,12 @@ def test_a_replica_identity_changed_while_streaming_keys_that_one_mirror_again(p
     config = pipeline_config(pg, spark, publication="pub")
     pipeline = Pipeline(config, spark=spark)
     pipeline.snapshot()
-    b_position = pipeline.mirrors.positions()[("public", "b")]
+    b_position = namespace_positions(pipeline.mirrors)[("public", "b")]
     with pg.connect() as conn:
         _change_identity_while_b_streams(conn)
     pipeline.run(until_caught_up=True, handle_signals=False)
     assert _recorded_key(pipeline, "a") == "code" and _recorded_key(pipeline, "b") == "id"
-    assert pipeline.mirrors.positions()[("public", "b")] > b_position  # b streamed on, it was not copied
+    assert namespace_positions(pipeline.mirrors)[("public", "b")] > b_position  # b streamed on, it was not copied
     _assert_equal(pipeline, pg.dsn)
     with pg.connect() as conn:
         conn.execute("UPDATE a SET id = id + 2000, v = 'again' WHERE id BETWEEN 40 AND 49")
@@ -109,7 +110,7 @@ def test_on_identity_change_stop_refuses_without_applying_and_exits_1(pg, spark)
     config = pipeline_config(pg, spark, publication="pub", on_identity_change="stop")
     pipeline = Pipeline(config, spark=spark)
     pipeline.snapshot()
-    copied_at = pipeline.mirrors.positions()[("public", "a")]
+    copied_at = namespace_positions(pipeline.mirrors)[("public", "a")]
     with pg.connect() as conn:
         _change_identity_while_b_streams(conn)
     refused = (r"public\.a: its replica identity now identifies rows by \(code\), but its mirror is keyed on "
@@ -117,7 +118,7 @@ def test_on_identity_change_stop_refuses_without_applying_and_exits_1(pg, spark)
     with pytest.raises(IdentityChangedError, match=refused):
         pipeline.run(until_caught_up=True, handle_signals=False)
     # refused before the batch touched a mirror: nothing after the change was applied by the old key
-    assert pipeline.mirrors.positions()[("public", "a")] == copied_at
+    assert namespace_positions(pipeline.mirrors)[("public", "a")] == copied_at
     assert spark.table(pipeline.mirrors.identifier_for("public", "a")).where("id > 1000").count() == 0
     from pgcdc.cli import _explain
 

@@ -36,7 +36,7 @@ def test_ctrl_c_in_the_middle_of_a_merge_lets_the_batch_finish_and_be_confirmed(
     prepare_source(pg, rows=20)
     config = pipeline_config(pg, spark)
     # 0.3 s into the first MERGE of the stream (a fresh JVM's first MERGE takes seconds): SIGINT
-    run = start_streaming(config, env={"PGCDC_INJECT": "apply.merge:1:0.3:INT"})
+    run = start_streaming(config, env={"PGCDC_INJECT": "apply.mirror:1:0.3:INT"})
     process = run.process
     try:
         with psycopg.connect(config.dsn, autocommit=True) as conn:

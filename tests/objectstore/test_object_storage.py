@@ -113,7 +113,7 @@ def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) 
     assert all(row["snapshots"] == 1 for row in maintained), maintained
     # read back in this process (its Spark is warm): the same positions, and every mirror still equal
     for identifier, (lsn, _) in positions.items():
-        assert str(mirrors.read_position(identifier)) == lsn, identifier
+        assert str(mirrors.positions.read(identifier)) == lsn, identifier
     assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
 
     # check finds the source ready and the destination wanting: a bucket that does not exist

@@ -33,10 +33,10 @@ ROUNDS = [
 
 # the MERGE writer's windows
 MERGE_ROUNDS = [
-    "apply.merge:1:0.6",          # inside a MERGE
+    "apply.mirror:1:0.6",          # inside a MERGE
     "apply.between-mirrors:2",
     None,
-    "apply.merge:3:1.5",
+    "apply.mirror:3:1.5",
     "apply.before-confirm:1",
 ]
 

@@ -134,7 +134,7 @@ def test_a_corrupt_stored_position_stops_the_pipeline(pg, spark):
     pipeline = Pipeline(config, spark=spark)
     pipeline.run(until_caught_up=True, handle_signals=False)
     mirror = pipeline.mirrors.identifier_for("public", "t")
-    assert pipeline.mirrors.read_position(mirror) is not None
+    assert pipeline.mirrors.positions.read(mirror) is not None
 
     # a commit carrying a damaged position, then one without (a maintenance commit)
     table = load_table(spark, mirror)

@@ -23,6 +23,7 @@ from pgcdc.lsn import Lsn
 from pgcdc.spark.apply import apply_changes
 from pgcdc.spark.arrow import plain_type
 from pgcdc.spark.mirror import MirrorCatalog, TableSpec
+from pgcdc.spark.mirror_status import namespace_positions
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType()),
                      StructField("big", StringType()), StructField("tags", ArrayType(StringType()))])
@@ -45,6 +46,16 @@ def rows_of(spark, identifier) -> list[tuple]:
     return sorted(tuple(r) for r in spark.table(identifier).select("id", "name", "big", "tags").collect())
 
 
+def apply(spark, mirror, changes, **options):
+    """``apply_changes``, the positions it committed recorded in the mirror, as the pipeline's applier does."""
+    applied = apply_changes(spark, mirror, changes, **options)
+    if applied.position is not None:
+        mirror.position = applied.position
+    if applied.changelog_position is not None:
+        mirror.changelog_position = applied.changelog_position
+    return applied
+
+
 @pytest.fixture(params=["merge", "delta"])
 def writer(request) -> str:
     """Every apply test runs with both writers: the row-delta writer must leave the rows the MERGE leaves."""
@@ -58,14 +69,14 @@ def mirrors(spark, iceberg_namespace):
 
 def test_insert_update_delete_key_change_and_toast(spark, mirrors, writer):
     mirror = mirrors.ensure(TableSpec("public", "items", SCHEMA, ("id",)))
-    apply_changes(spark, mirror, changes(
+    apply(spark, mirror, changes(
         ("I", 10, 0, {"id": 1, "name": "one", "big": "B1", "tags": ["a", None]}),
         ("I", 10, 1, {"id": 2, "name": "two", "big": "B2"}),
         ("I", 10, 2, {"id": 3, "name": "three", "big": "B3"}),
     ), lsn=Lsn(10), writer=writer)
     assert rows_of(spark, mirror.identifier) == [(1, "one", "B1", ["a", None]), (2, "two", "B2", None),
                                                  (3, "three", "B3", None)]
-    apply_changes(spark, mirror, changes(
+    apply(spark, mirror, changes(
         # unchanged TOAST kept from the mirror
         ("U", 20, 0, {"id": 1, "name": "uno"}, {"unchanged": ["big"]}),
         # the same row updated twice in the batch: the second keeps the value the first wrote
@@ -83,37 +94,37 @@ def test_insert_update_delete_key_change_and_toast(spark, mirrors, writer):
     ), lsn=Lsn(23), writer=writer)
     assert rows_of(spark, mirror.identifier) == [
         (1, "uno", "B1", None), (2, "zwei", "B2-new", None), (30, "drei", "B3", None), (50, "FIFTY", "B5", None)]
-    assert mirrors.positions()[("public", "items")] == Lsn(23)
+    assert namespace_positions(mirrors)[("public", "items")] == Lsn(23)
 
 
 def test_replay_is_a_no_op_and_truncate_mid_batch(spark, mirrors, writer):
     mirror = mirrors.ensure(TableSpec("public", "t", SCHEMA, ("id",)))
     batch = changes(("I", 5, 0, {"id": 1, "name": "a"}), ("I", 5, 1, {"id": 2, "name": "b"}))
-    apply_changes(spark, mirror, batch, lsn=Lsn(5), writer=writer)
+    apply(spark, mirror, batch, lsn=Lsn(5), writer=writer)
     snapshots = spark.sql(f"SELECT count(*) AS n FROM {mirror.identifier}.snapshots").collect()[0].n
-    assert apply_changes(spark, mirror, batch, lsn=Lsn(5), writer=writer).changes == 0
+    assert apply(spark, mirror, batch, lsn=Lsn(5), writer=writer).changes == 0
     assert spark.sql(f"SELECT count(*) AS n FROM {mirror.identifier}.snapshots").collect()[0].n == snapshots
 
     # a fresh catalog (a restart) reads the position back and skips the replay too
     restarted = MirrorCatalog(spark, catalog="pgcdc", namespace=mirrors.namespace).ensure(mirror.spec)
     assert restarted.position == Lsn(5)
-    apply_changes(spark, restarted, changes(
+    apply(spark, restarted, changes(
         ("I", 5, 0, {"id": 1, "name": "a"}),  # already applied: skipped
         ("I", 6, 0, {"id": 3, "name": "c"}),
         ("T", 7, 0, None),
         ("I", 8, 0, {"id": 9, "name": "after"}),
     ), lsn=Lsn(8), writer=writer)
     assert rows_of(spark, mirror.identifier) == [(9, "after", None, None)]
-    assert mirrors.positions()[("public", "t")] == Lsn(8)
+    assert namespace_positions(mirrors)[("public", "t")] == Lsn(8)
 
 
 def test_full_identity_without_key_matches_whole_rows(spark, mirrors, writer):
     mirror = mirrors.ensure(TableSpec("public", "log", SCHEMA, (), "f"))
-    apply_changes(spark, mirror, changes(
+    apply(spark, mirror, changes(
         ("I", 1, 0, {"id": 1, "name": "x"}), ("I", 1, 1, {"id": 1, "name": "x"}),
         ("I", 1, 2, {"id": 2, "name": "y", "big": "BIG"}),
     ), lsn=Lsn(1), writer=writer)
-    apply_changes(spark, mirror, changes(
+    apply(spark, mirror, changes(
         ("U", 2, 0, {"id": 2, "name": "y2"}, {"unchanged": ["big"],
                                               "before": {"id": 2, "name": "y", "big": "BIG", "tags": None}}),
         ("I", 2, 1, {"id": 3, "name": "z"}),
@@ -152,9 +163,9 @@ def test_dates_beyond_python_datetime_through_keyless_and_toast_paths(spark, mir
     keyless = mirrors.ensure(TableSpec("public", "far_log", DATED_SCHEMA, (), "f"))
     inserts = [("I", 1, i, {"d": d, "ts": t, "note": f"n{i}"}, {}) for i, (d, t) in enumerate(
         zip(FAR_DATES, FAR_MICROS, strict=True))]
-    apply_changes(spark, keyless, dated_changes((), *inserts), lsn=Lsn(1), writer=writer)
+    apply(spark, keyless, dated_changes((), *inserts), lsn=Lsn(1), writer=writer)
     gone = {"d": FAR_DATES[1], "ts": FAR_MICROS[1], "note": "n1"}
-    apply_changes(spark, keyless, dated_changes(
+    apply(spark, keyless, dated_changes(
         (),
         ("D", 2, 0, gone, {"before": gone}),
         ("U", 2, 1, {"d": FAR_DATES[2], "ts": FAR_MICROS[2], "note": None},
@@ -165,10 +176,10 @@ def test_dates_beyond_python_datetime_through_keyless_and_toast_paths(spark, mir
 
     # keyed on a date: unchanged values followed back through a key change, within the batch and from the mirror
     keyed = mirrors.ensure(TableSpec("public", "far_keyed", DATED_SCHEMA, ("d",)))
-    apply_changes(spark, keyed, dated_changes(
+    apply(spark, keyed, dated_changes(
         ("d",), ("I", 1, 0, {"d": FAR_DATES[0], "ts": FAR_MICROS[0], "note": "kept"}, {}),
         ("I", 1, 1, {"d": FAR_DATES[3], "ts": FAR_MICROS[3], "note": "also kept"}, {})), lsn=Lsn(1), writer=writer)
-    apply_changes(spark, keyed, dated_changes(
+    apply(spark, keyed, dated_changes(
         ("d",),
         ("U", 2, 0, {"d": FAR_DATES[1], "ts": FAR_MICROS[1]}, {"unchanged": ["note"], "old_key": {"d": FAR_DATES[0]}}),
         ("I", 2, 1, {"d": FAR_DATES[2], "ts": FAR_MICROS[2], "note": "first"}, {}),
@@ -202,7 +213,7 @@ def test_identifiers_survive_any_source_name(spark, mirrors):
     for source_schema, table in [("Mixed Case", "Orders"), ("mixed case", "orders"), ("dots.and/slash", "t`q%")]:
         mirror = mirrors.ensure(TableSpec(source_schema, table, schema, ("id",)))
         spark.sql(f"INSERT INTO {mirror.identifier} VALUES (1, '{table}')")
-    found = {(s, t) for s, t, _ in mirrors._source_tables()}
+    found = {(s, t) for s, t, _ in mirrors.source_tables()}
     assert found == {("Mixed Case", "Orders"), ("mixed case", "orders"), ("dots.and/slash", "t`q%")}
     values = spark.table(mirrors.identifier_for("dots.and/slash", "t`q%")).collect()
     assert [tuple(r) for r in values] == [(1, "t`q%")]
@@ -214,8 +225,8 @@ def test_change_log_records_every_change_once(spark, mirrors, writer):
                                                           {"before": {"id": 1, "name": "a", "big": None,
                                                                       "tags": None}}),
                     ("D", 5, 0, {"id": 1}, {"origin": "upstream"}))
-    apply_changes(spark, mirror, batch, lsn=Lsn(5), writer=writer, changelog=True)
-    apply_changes(spark, mirror, batch, lsn=Lsn(5), writer=writer, changelog=True)  # a replay adds nothing
+    apply(spark, mirror, batch, lsn=Lsn(5), writer=writer, changelog=True)
+    apply(spark, mirror, batch, lsn=Lsn(5), writer=writer, changelog=True)  # a replay adds nothing
     log = spark.sql(f"SELECT op, commit_lsn, ordinal, origin, before.name AS before_name, after.name AS after_name "
                     f"FROM {mirror.changelog_identifier} ORDER BY commit_lsn_value, ordinal").collect()
     assert [tuple(r) for r in log] == [("I", "0/3", 0, None, None, "a"), ("U", "0/4", 0, None, "a", "b"),
@@ -226,7 +237,7 @@ def test_change_log_records_every_change_once(spark, mirrors, writer):
 def test_merge_reads_only_the_key_range_of_its_batch():
     """The MERGE's extra condition spans the batch's keys (the events hold the old keys of key changes too, see
     the key change above), and only integer keys get one."""
-    from pgcdc.spark.apply import _key_ranges
+    from pgcdc.spark.mirror_reads import key_ranges as _key_ranges
 
     events = pa.table({"id": pa.array([7, -3, 12], pa.int64()), "name": ["b", "a", "c"]})
     assert _key_ranges(events, ["id"]) == ["t.`id` BETWEEN -3 AND 12"]
@@ -276,9 +287,9 @@ def test_delta_writer_commits_one_row_delta_with_equality_deletes_on_the_key(spa
     """Inserted, replaced, re-keyed and deleted in one commit each: a data file and an equality-delete file on the
     key; the row written in the same commit as the delete of its key survives it, older rows under it do not."""
     mirror = mirrors.ensure(TableSpec("public", "delta_keyed", FLAT, ("id",)))
-    apply_changes(spark, mirror, flat_changes(("id",), *[("I", 1, i, {"id": i, "name": f"v{i}", "n": i}, None)
+    apply(spark, mirror, flat_changes(("id",), *[("I", 1, i, {"id": i, "name": f"v{i}", "n": i}, None)
                                                       for i in range(5)]), lsn=Lsn(1), writer="delta")
-    apply_changes(spark, mirror, flat_changes(
+    apply(spark, mirror, flat_changes(
         ("id",),
         ("U", 2, 0, {"id": 1, "name": "v1-new", "n": 10}, None),
         ("D", 2, 1, {"id": 2}, None),
@@ -298,11 +309,11 @@ def test_delta_writer_commits_one_row_delta_with_equality_deletes_on_the_key(spa
 
 def test_delta_writer_deletes_one_of_identical_rows_of_tables_without_a_key_null_matching_null(spark, mirrors):
     mirror = mirrors.ensure(TableSpec("public", "delta_full", FLAT, (), "f"))
-    apply_changes(spark, mirror, flat_changes(
+    apply(spark, mirror, flat_changes(
         (), ("I", 1, 0, {"id": 1, "name": None, "n": 1}, None), ("I", 1, 1, {"id": 1, "name": None, "n": 1}, None),
         ("I", 1, 2, {"id": 1, "name": None, "n": 2}, None), ("I", 1, 3, {"id": 2, "name": "x", "n": None}, None),
     ), lsn=Lsn(1), writer="delta")
-    apply_changes(spark, mirror, flat_changes(
+    apply(spark, mirror, flat_changes(
         (),
         ("D", 2, 0, {"id": 1, "name": None, "n": 1}, {"id": 1, "name": None, "n": 1}),
         ("U", 2, 1, {"id": 2, "name": "y", "n": None}, {"id": 2, "name": "x", "n": None}),
@@ -318,25 +329,25 @@ def test_delta_writer_hands_what_it_cannot_write_to_the_merge(spark, mirrors, ca
     equality delete: the MERGE applies that batch, and says so."""
     mirror = mirrors.ensure(TableSpec("public", "nested_full", SCHEMA, (), "f"))
     with caplog.at_level("INFO", logger="pgcdc.spark.apply"):
-        apply_changes(spark, mirror, changes(("I", 1, 0, {"id": 1, "name": "x", "tags": ["a"]})), lsn=Lsn(1),
+        apply(spark, mirror, changes(("I", 1, 0, {"id": 1, "name": "x", "tags": ["a"]})), lsn=Lsn(1),
                       writer="delta")
     assert "MERGE writer applies this batch" in caplog.text and "tags" in caplog.text
     assert rows_of(spark, mirror.identifier) == [(1, "x", None, ["a"])]
     with pytest.raises(ValueError, match="apply writer"):
-        apply_changes(spark, mirror, changes(("I", 2, 0, {"id": 2})), lsn=Lsn(2), writer="fast")
+        apply(spark, mirror, changes(("I", 2, 0, {"id": 2})), lsn=Lsn(2), writer="fast")
 
 
 def test_delta_commit_racing_a_compaction_is_retried_and_lands_once(spark, mirrors):
     """A compaction commits between the moment the batch read the mirror and its commit: the row delta is
     retried on the compacted table with the same files, its equality deletes reach the rewritten rows, and the
     position lands once."""
-    from pgcdc.spark.delta import DeltaTable
+    from pgcdc.spark.row_delta import RowDeltaWriter
 
     mirror = mirrors.ensure(TableSpec("public", "raced", FLAT, ("id",)))
     for lsn in (1, 2):  # two data files, for the compaction to rewrite into one
-        apply_changes(spark, mirror, flat_changes(("id",), ("I", lsn, 0, {"id": lsn, "name": "old", "n": 0}, None)),
+        apply(spark, mirror, flat_changes(("id",), ("I", lsn, 0, {"id": lsn, "name": "old", "n": 0}, None)),
                       lsn=Lsn(lsn), writer="delta")
-    target = DeltaTable(spark, mirror.identifier)
+    target = RowDeltaWriter(spark, mirror.identifier)
     spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{mirror.identifier}', "
               "options => map('rewrite-all', 'true'))").collect()
     assert last_summary(spark, mirror.identifier).get("pgcdc.lsn") is None  # the compaction's own commit
@@ -346,4 +357,4 @@ def test_delta_commit_racing_a_compaction_is_retried_and_lands_once(spark, mirro
     operations = [r.operation for r in spark.sql(
         f"SELECT operation FROM {mirror.identifier}.snapshots ORDER BY committed_at").collect()]
     assert operations == ["overwrite", "overwrite", "replace", "overwrite"]
-    assert MirrorCatalog(spark, catalog="pgcdc", namespace=mirrors.namespace).read_position(mirror.identifier) == Lsn(3)
+    assert MirrorCatalog(spark, catalog="pgcdc", namespace=mirrors.namespace).positions.read(mirror.identifier) == Lsn(3)

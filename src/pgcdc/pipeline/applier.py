@@ -197,7 +197,7 @@ class Applier:
 
     def _apply(self, batch: Batch) -> Applied:
         """Apply every segment of ``batch`` to its mirror (on the apply thread); returns what was applied."""
-        from pgcdc.spark.apply import append_rejects
+        from pgcdc.spark.rejects import append_rejects
 
         started = time.monotonic()
         outcome = Applied()
@@ -205,7 +205,7 @@ class Applier:
         for segments in batch.tables.values():
             for index, segment in enumerate(segments):
                 relation = segment.relation
-                if held_whole(segment.span, self.tables.mirrors.held_position(
+                if held_whole(segment.span, self.tables.held_position(
                         relation.namespace, relation.name, changelog=self._changelog)):
                     continue
                 following = segments[index + 1].span if index + 1 < len(segments) else None
@@ -215,13 +215,19 @@ class Applier:
                     injection_point("apply.between-mirrors")
                 if segment.rejects:  # first: its own position makes a replay after a crash here harmless
                     rejected = append_rejects(self._spark(), mirror, pa.concat_tables(segment.rejects))
+                    if rejected.position is not None:
+                        mirror.rejects_position = rejected.position
                     outcome.rejected += rejected.changes
                     outcome.commit_lsns |= rejected.commit_lsns
                     injection_point("apply.rejects")
                 if not segment.chunks:  # every change of the run was set aside
                     continue
-                injection_point("apply.merge")
+                injection_point("apply.mirror")
                 changes = self._apply_segment(mirror, pa.concat_tables(segment.chunks), position)
+                if changes.position is not None:
+                    mirror.position = changes.position
+                if changes.changelog_position is not None:
+                    mirror.changelog_position = changes.changelog_position
                 outcome.changes += changes.changes
                 outcome.commit_lsns |= changes.commit_lsns
                 applied += 1
@@ -242,10 +248,10 @@ class Applier:
                 # positions go into table properties too, where expiry of snapshots cannot remove them
                 with contextlib.ExitStack() as recordings:
                     if self._changelog:
-                        recordings.enter_context(mirrors.recording(
+                        recordings.enter_context(mirrors.positions.recording(
                             mirror.changelog_identifier, before=mirror.changelog_position, upto=position,
                             held=lambda: mirror.changelog_position, whole=True))
-                    recording = recordings.enter_context(mirrors.recording(
+                    recording = recordings.enter_context(mirrors.positions.recording(
                         mirror.identifier, before=mirror.position, upto=position, held=lambda: mirror.position,
                         whole=not mirror.spec.key_columns, deferred=True))
                     return apply_changes(self._spark(), mirror, changes, lsn=position, changelog=self._changelog,

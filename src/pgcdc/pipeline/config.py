@@ -129,6 +129,8 @@ class Progress:
     reconnections: int = 0  # replication connections lost and re-established
     rows_rejected: int = 0  # changes set aside in <table>__rejects (--on-conversion-error quarantine)
     stop_signal: int | None = None  # the signal (SIGINT, SIGTERM) that asked the pipeline to stop
+    # tables copied again while streaming: (schema.table, the kind of reason, the reason)
+    copies_again: list[tuple[str, str, str]] = field(default_factory=list)
 
     @property
     def lag_bytes(self) -> int | None:

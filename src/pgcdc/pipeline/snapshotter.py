@@ -18,9 +18,11 @@ from pgcdc.faults import injection_point
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import Relation
 from pgcdc.pipeline.config import PipelineConfig, Progress
+from pgcdc.pipeline.copy_reasons import CopyReason
 from pgcdc.pipeline.tables import SourceTables
 from pgcdc.replication import SlotManager, source_connection
 from pgcdc.replication.published import PublishedTable, published_tables, server_lsn, two_phase_by_default
+from pgcdc.spark.mirror_status import namespace_positions
 from pgcdc.types import SESSION_SETTINGS
 
 if TYPE_CHECKING:
@@ -59,7 +61,7 @@ class Snapshotter:
                 # (other publications, other slots) writing the same warehouse
                 published = {(t.schema, t.name) for t in tables}
                 refuse_lost_slot(config.slot, config.namespace, {
-                    name: lsn for name, lsn in self.tables.mirrors.positions().items() if name in published})
+                    name: lsn for name, lsn in namespace_positions(self.tables.mirrors).items() if name in published})
             self._set_phase("snapshot")
             copied: dict[str, int] = {}  # committed copies: the JVM may be past asking after an interrupt
             with slots.dropped_on_failure(config.slot, backs_mirrors=lambda: bool(copied)), \
@@ -70,7 +72,7 @@ class Snapshotter:
     def check_positions(self) -> None:
         """Before streaming: no mirror of this publication's tables may hold a position beyond the server's WAL
         (the namespace may hold other runs' mirrors too, of other sources)."""
-        positions = self.tables.mirrors.positions()
+        positions = namespace_positions(self.tables.mirrors)
         if positions:
             with source_connection(self.config.dsn, 120.0) as conn:
                 published = {(t.schema, t.name) for t in published_tables(conn, self.config.publication)}
@@ -80,7 +82,7 @@ class Snapshotter:
     def copy_missing(self, tables: list[PublishedTable]) -> dict[str, int]:
         """Copy published tables that have no mirror position yet at a fresh consistent point of a temporary
         slot; the stream's replay below that point is skipped per table by rule 2."""
-        positions = self.tables.mirrors.positions()
+        positions = namespace_positions(self.tables.mirrors)
         missing = [t for t in tables if (t.schema, t.name) not in positions]
         if not missing:
             return {}
@@ -99,21 +101,30 @@ class Snapshotter:
             self.copy_missing(tables)
             self._set_phase("streaming")
 
-    def copy_rewritten(self, versions: list[Relation]) -> None:
+    def copy_rewritten(self, versions: list[Relation]) -> dict[tuple[str, str], CopyReason]:
         """Tables whose mirror's rows hold values that a change of the table's schema changed without logical
-        decoding sending them (:meth:`SourceTables.needs_copy`) are copied again at a fresh consistent point of
-        a temporary slot; rule 2 then skips the batch's changes that the copy already holds."""
+        decoding sending them, or that are keyed otherwise now (:meth:`SourceTables.copy_reason`), are copied
+        again at a fresh consistent point of a temporary slot; rule 2 then skips the batch's changes that the copy
+        already holds. Returns each table copied again with its reason."""
         if not versions:
-            return
+            return {}
         storage = self.tables.storage_of(versions)
-        reasons: dict[tuple[str, str], str] = {}
+        reasons: dict[tuple[str, str], CopyReason] = {}
         for relation in versions:
             name = (relation.namespace, relation.name)
-            if (name not in reasons and self.tables.has_position(relation)
-                    and (why := self.tables.needs_copy(relation, storage.get(relation.relation_id))) is not None):
-                reasons[name] = why
-        for why in sorted(set(reasons.values())):
-            self.copy_again({name for name, reason in reasons.items() if reason == why}, why)
+            if name in reasons or not self.tables.has_position(relation):
+                continue
+            table_storage = storage.get(relation.relation_id)
+            reason = self.tables.copy_reason(relation, table_storage)
+            if reason is not None:
+                reasons[name] = reason
+            else:
+                self.tables.record_refreshed_shape(relation, table_storage)
+        for text in sorted({reason.text for reason in reasons.values()}):
+            self.copy_again({name for name, reason in reasons.items() if reason.text == text}, text)
+        for (schema, table), reason in reasons.items():
+            self.progress.copies_again.append((f"{schema}.{table}", reason.why.name, reason.text))
+        return reasons
 
     def copy_again(self, names: set[tuple[str, str]], why: str) -> None:
         """Copy the tables ``names`` (schema, table) again at a fresh consistent point of a temporary slot, for
@@ -156,8 +167,8 @@ class Snapshotter:
         """One table's copy, committed with ``consistent_lsn`` as its mirror's position (and, under quarantine, the
         rows it set aside committed before it); returns the rows copied."""
         from pgcdc.change_table import copied_rejects
-        from pgcdc.spark.apply import replace_copied_rejects
         from pgcdc.spark.orphans import remove_unreferenced_files
+        from pgcdc.spark.rejects import replace_copied_rejects
         from pgcdc.spark.schema import spark_schema
         from pgcdc.spark.snapshot import SetAside, copy_table
 
@@ -174,8 +185,10 @@ class Snapshotter:
             self._emit()
 
         def set_aside(rows: list[SetAside]) -> None:
-            replace_copied_rejects(self._spark(), mirror, copied_rejects(
+            position = replace_copied_rejects(self._spark(), mirror, copied_rejects(
                 [(row.error, row.values) for row in rows], consistent_lsn))
+            if position is not None:
+                mirror.rejects_position = position
             injection_point("snapshot.rejects")
             if rows:
                 self.progress.rows_rejected += len(rows)
@@ -184,7 +197,7 @@ class Snapshotter:
 
         quarantine = self.config.on_conversion_error == "quarantine"
         # the position goes into the table's properties too, where snapshot expiry cannot remove it
-        with self.tables.mirrors.recording(mirror.identifier, before=mirror.position, upto=consistent_lsn,
+        with self.tables.mirrors.positions.recording(mirror.identifier, before=mirror.position, upto=consistent_lsn,
                                            held=lambda: consistent_lsn, whole=not mirror.spec.key_columns):
             result = copy_table(
                 self._spark(), dsn=self.config.dsn, source_schema=table.schema, source_table=table.name,

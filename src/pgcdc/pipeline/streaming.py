@@ -147,9 +147,8 @@ class StreamRun:
         stream sending them, tables without a mirror. Copies take long: the connection is kept alive."""
         with self.stream.kept_alive():
             self.batcher.finish(batch)
-            mirrors = self.tables.mirrors
             # before anything evolves a mirror to the batch's table versions: they tell what must be copied
-            self.snapshotter.copy_rewritten(batch.versions(lambda relation: mirrors.held_position(
+            self.snapshotter.copy_rewritten(batch.versions(lambda relation: self.tables.held_position(
                 relation.namespace, relation.name, changelog=self.config.changelog)))
             self.snapshotter.copy_again(batch.incomplete_inserts, "a row moved into a publication's row filter came "
                                         "without the TOAST values it did not change, which only the table holds")

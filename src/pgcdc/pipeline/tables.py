@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -18,8 +17,18 @@ import pyarrow as pa
 
 from pgcdc.errors import IdentityChangedError
 from pgcdc.faults import injection_point
+from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import REPLICA_IDENTITY_FULL, REPLICA_IDENTITY_NOTHING, Relation, TupleData, Type
 from pgcdc.pipeline.config import PipelineConfig
+from pgcdc.pipeline.copy_reasons import (
+    CopyReason,
+    MirrorFacts,
+    SourceFacts,
+    Why,
+    copy_reason,
+    new_filled_partitions,
+    refreshed_shape,
+)
 from pgcdc.replication import source_connection
 from pgcdc.replication.published import (
     AddedColumn,
@@ -36,7 +45,7 @@ from pgcdc.types import ConversionOptions, TableConverter, TypeRegistry
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from pgcdc.spark.mirror import MirrorCatalog, MirrorTable
+    from pgcdc.spark.mirror import MirrorCatalog, MirrorTable, TableSpec
 
 log = logging.getLogger("pgcdc.pipeline")
 
@@ -111,15 +120,14 @@ class SourceTables:
             key = self._keys[signature] = identity_key(relation, primary)
         return key
 
-    def mirror_for(self, relation: Relation, *, replacing_rows: bool = False,
-                   storage: TableStorage | None = None) -> MirrorTable:
-        """The mirror of a relation version, created or evolved to it. A mirror keyed otherwise, or with a column
-        of a type it cannot take in place, is refused (the way out is a new copy), or, with ``replacing_rows``
-        (a copy is about to replace its rows with the table's, whose ``storage`` it records), made again."""
-        from pgcdc.spark.mirror import SourceShape, TableSpec
+    def spec_for(self, relation: Relation, storage: TableStorage | None = None) -> TableSpec:
+        """What the mirror of a relation version must look like (with ``storage``: the source shape a copy of the
+        table records)."""
+        from pgcdc.spark.mirror import TableSpec
+        from pgcdc.spark.mirror_properties import SourceShape
         from pgcdc.spark.schema import spark_schema
 
-        spec = TableSpec(source_schema=relation.namespace, source_table=relation.name,
+        return TableSpec(source_schema=relation.namespace, source_table=relation.name,
                          spark_schema=spark_schema(self.converter_for(relation).arrow_schema),
                          key_columns=self.key_for(relation), replica_identity=relation.replica_identity,
                          shape=SourceShape(
@@ -129,6 +137,15 @@ class SourceTables:
                              storage.definition if storage is not None else None,
                              storage.printed_types if storage is not None else None,
                              tuple(leaf for leaf, _ in storage.partitions) if storage is not None else None))
+
+    def mirror_for(self, relation: Relation, *, replacing_rows: bool = False,
+                   storage: TableStorage | None = None) -> MirrorTable:
+        """The mirror of a relation version, created or evolved to it. A mirror keyed otherwise, or with a column
+        of a type it cannot take in place, is refused (the way out is a new copy), or, with ``replacing_rows``
+        (a copy is about to replace its rows with the table's, whose ``storage`` it records), made again."""
+        from pgcdc.spark.column_fills import expect_fill, fill, forget_fill
+
+        spec = self.spec_for(relation, storage)
         if spec.append_only and relation.relation_id not in self._append_only_told:
             self._append_only_told.add(relation.relation_id)
             log.warning("%s has no replica identity (%s): its mirror is append-only, as PostgreSQL refuses UPDATE "
@@ -139,16 +156,16 @@ class SourceTables:
         if replacing_rows:  # a copy is about to replace every row: nothing of the old ones to fill
             mirror = self.mirrors.ensure(spec, replacing_rows=True)
             if mirror.pending_fill:
-                self.mirrors.forget_fill(mirror)
+                forget_fill(self.mirrors, mirror)
             return mirror
         added = self._added_columns(relation)
         values = {a.name: a.missing_text for a in added if a.missing_text is not None}
         if values:  # promised before the columns exist, kept until their existing rows hold the values
-            self.mirrors.expect_fill(spec, values)
+            expect_fill(self.mirrors, spec, values)
         mirror = self.mirrors.ensure(spec)
         if mirror.pending_fill:
             injection_point("apply.fill")
-            self.mirrors.fill(mirror, self._values_table(relation, mirror.pending_fill))
+            fill(self.mirrors, mirror, self._values_table(relation, mirror.pending_fill))
         return mirror
 
     def storage_of(self, relations: list[Relation]) -> dict[int, TableStorage]:
@@ -157,111 +174,58 @@ class SourceTables:
         with source_connection(self.config.dsn, self.config.receive_timeout_seconds) as conn:
             return table_storage(conn, sorted({r.relation_id for r in relations}), self.config.publication)
 
-    def needs_copy(self, relation: Relation, storage: TableStorage | None) -> str | None:
-        """Why this relation version's rows hold, in the mirror, values that logical decoding never sent, or are
-        keyed otherwise, so that the mirror must be copied again (None when they do not); ``storage`` is the
-        table's now:
+    def copy_reason(self, relation: Relation, storage: TableStorage | None) -> CopyReason | None:
+        """Why this relation version's mirror must be copied again before its changes reach it (None: it need
+        not; see :func:`.copy_reasons.copy_reason`), from facts read now: ``storage`` is the table's now. A changed
+        replica identity under ``--on-identity-change stop`` raises :class:`IdentityChangedError` instead."""
+        mirror = self.mirror_facts(relation)
+        shape = mirror.shape if mirror is not None else None
+        attached: frozenset[int] = frozenset()
+        filled = new_filled_partitions(shape, storage)
+        if filled:
+            with source_connection(self.config.dsn, 600.0) as conn:
+                attached = frozenset(oid for oid in filled if holds_rows_from_before_it_joined(conn, oid))
+        added = self._added_columns(relation) if mirror is not None else []
+        source = SourceFacts(self.key_for(relation), storage,
+                             rewritten_defaults=any(a.missing_text is None and a.has_default for a in added),
+                             attached_with_rows=attached)
+        reason = copy_reason(relation, source, mirror)
+        if reason is not None and reason.why is Why.IDENTITY and self.config.on_identity_change == "stop":
+            raise IdentityChangedError(
+                f"{reason.text.split(': the mirror is made again')[0]}; applying its changes by the old key would "
+                "leave wrong rows in the mirror, and --on-identity-change stop stops here. Run with "
+                "--on-identity-change copy (the default) to copy that table again keyed on its new identity while "
+                "the others stream, or restore its replica identity")
+        return reason
 
-        - its replica identity identifies rows by other columns than the mirror's key (under
-          ``--on-identity-change stop``: :class:`pgcdc.errors.IdentityChangedError` instead);
-        - it is another table than the mirror's source (dropped and created again under its name);
-        - a column's type changed and the table was rewritten since the mirror's last copy (``ALTER COLUMN ...
-          TYPE`` rewrites every row through the cast or its ``USING`` expression; a change PostgreSQL makes
-          without a rewrite keeps every value), or, for a mirror that does not know, the change is not one
-          that keeps every value (:func:`pgcdc.types.kinds.type_change_keeps_values`);
-        - a column was dropped and added again under its name (it has a new column number);
-        - an enum or composite its values print through changed that text (``ALTER TYPE ... RENAME VALUE``,
-          ``ADD ATTRIBUTE``; ``ADD VALUE`` changes no existing value);
-        - a partition was detached or dropped, or one holding rows written before it joined was attached (a
-          new partition, and the rows written into it since, change nothing);
-        - the publication's column list or row filter for the table changed (the mirror lacks the rows or
-          values the old one left out, or holds rows the new one leaves out), or the table was taken out of
-          the publication and put back (its changes in between were never sent);
-        - its new columns were filled by rewriting the table (a volatile default), or added to a table rewritten
-          since;
-        - it both lacks columns of the mirror and brings new ones, which is what a RENAME COLUMN looks like (the
-          Relation message carries names only).
+    def record_refreshed_shape(self, relation: Relation, storage: TableStorage | None) -> None:
+        """What the catalog added since the mirror's last copy (columns, enum values, empty partitions), recorded
+        in its source shape: a later change is then judged against it."""
+        facts = self.mirror_facts(relation)
+        refreshed = refreshed_shape(facts.shape if facts is not None else None, storage)
+        if refreshed is not None:
+            self.mirrors.record_shape(relation.namespace, relation.name, refreshed)
 
-        The catalog may be ahead of the stream: then the copy comes early, which is as right (rule 2 skips what
-        it holds). A plain ADD COLUMN (NULL) or a non-volatile default (the catalog's missing value, filled by
-        :meth:`mirror_for`) needs no copy."""
-        from pgcdc.spark.mirror import describe_key
+    def mirror_facts(self, relation: Relation) -> MirrorFacts | None:
+        """What the relation's mirror holds now, read without evolving it (None: it has no mirror)."""
+        from pgcdc.spark.mirror import cannot_widen
+        from pgcdc.spark.mirror_properties import SHAPE_PROPERTY, SourceShape, recorded_key
         from pgcdc.spark.schema import spark_schema
-        from pgcdc.types.kinds import type_change_keeps_values
 
-        keyed_on = self.mirrors.keyed_otherwise(relation.namespace, relation.name, self.key_for(relation))
-        if keyed_on is not None:
-            change = (f"{relation.qualified_name}: its replica identity now identifies rows by "
-                      f"{describe_key(self.key_for(relation))}, but its mirror is keyed on {describe_key(keyed_on)}")
-            if self.config.on_identity_change == "stop":
-                raise IdentityChangedError(
-                    f"{change}; applying its changes by the old key would leave wrong rows in the mirror, and "
-                    "--on-identity-change stop stops here. Run with --on-identity-change copy (the default) to copy "
-                    "that table again keyed on its new identity while the others stream, or restore its replica "
-                    "identity")
-            return "its replica identity changed: the mirror is made again, keyed on the new one"
-        shape = self.mirrors.source_shape(relation.namespace, relation.name)
-        if shape is not None:
-            if shape.relation_id != relation.relation_id:
-                return "the table was dropped and created again under its name"
-            held = {name: (type_oid, typmod) for name, type_oid, typmod in shape.columns}
-            changed = [c.name for c in relation.columns
-                       if c.name in held and held[c.name] != (c.type_oid, c.type_modifier)]
-            if changed and (shape.filenodes is not None and storage is not None
-                            and storage.filenodes != shape.filenodes):
-                return f"the type of {', '.join(changed)} changed and the table was rewritten, which may have " \
-                       "changed their values"
-            if changed and shape.filenodes is None and not all(
-                    type_change_keeps_values(held[c.name], (c.type_oid, c.type_modifier))
-                    for c in relation.columns if c.name in changed):
-                return f"the type of {', '.join(changed)} changed, which may have changed their values"
-            if storage is not None and shape.definition is not None and storage.definition is not None \
-                    and storage.definition != shape.definition:
-                return "the publication's column list or row filter for it changed, or it was taken out of the " \
-                       "publication and put back: the mirror lacks rows or values the stream never sent"
-            if shape.attnums is not None and storage is not None:
-                before = dict(shape.attnums)
-                renumbered = [name for name, number in storage.attnums if before.get(name, number) != number]
-                if renumbered:
-                    return f"{', '.join(renumbered)} were dropped and added again: their values are the new " \
-                           "columns'"
-            if storage is not None and shape.printed_types is not None:
-                reprinted = _reprinted_types(shape.printed_types, storage.printed_types)
-                if reprinted:
-                    return f"{reprinted} changed how its values print (an enum value renamed, a composite's " \
-                           "attributes changed): the mirror holds the old text"
-            if storage is not None and shape.partitions is not None:
-                leaves = dict(storage.partitions)
-                if set(shape.partitions) - set(leaves):
-                    return "partitions were detached or dropped: their rows left the table with no change decoded"
-                filled = [leaf for leaf in set(leaves) - set(shape.partitions) if leaves[leaf]]
-                if filled and self._attached_with_rows(filled):
-                    return "a partition holding rows was attached: its rows joined the table with no change decoded"
-            # columns, enum values, types or (empty) partitions added since, or what a mirror made before pgcdc
-            # recorded it did not know: from now on
-            partitions = tuple(leaf for leaf, _ in storage.partitions) if storage is not None else None
-            if storage is not None and (shape.attnums is None or set(storage.attnums) - set(shape.attnums)
-                                        or (shape.definition is None and storage.definition is not None)
-                                        or shape.printed_types != storage.printed_types
-                                        or shape.partitions != partitions):
-                self.mirrors.record_shape(relation.namespace, relation.name, replace(
-                    shape, attnums=storage.attnums, printed_types=storage.printed_types, partitions=partitions,
-                    definition=shape.definition if shape.definition is not None else storage.definition))
-        existing = self.mirrors.columns_of(relation.namespace, relation.name)
-        names = {c.name for c in relation.columns}
-        if existing is not None and names - existing and existing - names:
-            return "columns were renamed: their values are the old columns', under new names"
-        if any(a.missing_text is None and a.has_default for a in self._added_columns(relation)):
-            return "new columns hold values PostgreSQL wrote by rewriting the table, which logical decoding does " \
-                   "not send"
-        if existing is not None and self.mirrors.cannot_take(
-                relation.namespace, relation.name, spark_schema(self.converter_for(relation).arrow_schema)):
-            return "a column's type changed to one its mirror cannot change to in place"
-        return None
-
-    def _attached_with_rows(self, partition_ids: list[int]) -> bool:
-        with source_connection(self.config.dsn, 600.0) as conn:
-            return any(holds_rows_from_before_it_joined(conn, oid) for oid in sorted(partition_ids))
+        mirrors = self.mirrors
+        known = mirrors.known_table(relation.namespace, relation.name)
+        if known is not None:
+            key: tuple[str, ...] | None = known.spec.key_columns
+            shape, schema = known.shape, known.schema
+        else:
+            identifier = mirrors.identifier_for(relation.namespace, relation.name)
+            if not mirrors.readable(identifier):
+                return None
+            properties = mirrors.properties.read(identifier)
+            key, shape = recorded_key(properties), SourceShape.decode(properties.get(SHAPE_PROPERTY))
+            schema = self._spark().table(identifier).schema
+        wanted = spark_schema(self.converter_for(relation).arrow_schema)
+        return MirrorFacts(key, shape, frozenset(schema.names), narrowed=bool(cannot_widen(schema, wanted)))
 
     def _added_columns(self, relation: Relation) -> list[AddedColumn]:
         existing = self.mirrors.columns_of(relation.namespace, relation.name)
@@ -286,21 +250,25 @@ class SourceTables:
         the mirror to this version, which may be older than the mirror's."""
         name = (relation.namespace, relation.name)
         if name not in self._positioned:
-            if self.mirrors.held_position(relation.namespace, relation.name, changelog=False) is None:
+            if self.held_position(relation.namespace, relation.name, changelog=False) is None:
                 return False
             self._positioned.add(name)
         return True
 
-
-def _reprinted_types(before: tuple[str, ...], now: tuple[str, ...]) -> str | None:
-    """The type (as "type <oid>") whose definition changed so that values the mirror holds print otherwise:
-    an enum value of a type still used with another label, or an attribute of a composite used before that
-    changed, appeared or went. A new enum value, or a type newly used or no longer used, changes no value."""
-    def type_of(fact: str) -> str:
-        return fact.split(" ", 2)[1]
-
-    still_used, used_before = {type_of(f) for f in now}, {type_of(f) for f in before}
-    changed = sorted({type_of(f) for f in set(before) - set(now) if type_of(f) in still_used}
-                     | {type_of(f) for f in set(now) - set(before)
-                        if f.startswith("composite ") and type_of(f) in used_before})
-    return f"type {changed[0]}" if changed else None
+    def held_position(self, source_schema: str, source_table: str, *, changelog: bool) -> Lsn | None:
+        """The position below which the mirror (and its change log, when kept) holds every transaction, read
+        without evolving the mirror; None when it holds none."""
+        mirrors = self.mirrors
+        known = mirrors.known_table(source_schema, source_table)
+        if known is not None:
+            positions = [known.position, known.changelog_position if changelog else known.position]
+        else:
+            identifier = mirrors.identifier_for(source_schema, source_table)
+            if not mirrors.positions.exists(identifier):
+                return None
+            position = mirrors.positions.read(identifier)
+            changelog_identifier = mirrors.changelog_identifier_for(source_schema, source_table)
+            positions = [position, (mirrors.positions.read(changelog_identifier)
+                                    if mirrors.positions.exists(changelog_identifier) else None)
+                         if changelog else position]
+        return None if None in positions else min(p for p in positions if p is not None)

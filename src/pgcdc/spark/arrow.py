@@ -102,3 +102,11 @@ def arrow_to_dataframe(spark: SparkSession, table: pa.Table, schema: StructType)
         else:
             conf.set(_LOCAL_RELATION_THRESHOLD, previous)
     return DataFrame(jdf, spark)
+
+
+def spark_fields(schema: pa.Schema, names: tuple[str, ...]) -> list:
+    """Spark fields for plain (non-source) columns of ``schema``, typed from the change table's Arrow types."""
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructField
+
+    return [StructField(name, from_arrow_type(schema.field(name).type)) for name in names]

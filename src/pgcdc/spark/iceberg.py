@@ -68,13 +68,40 @@ def with_commit_properties(spark: SparkSession, properties: Mapping[str, str], f
     return callable_.result  # type: ignore[return-value]
 
 
+def java_exceptions(exc: BaseException) -> list[str]:
+    """The class names of the Java exception behind ``exc`` and of each of its causes, outermost first (empty when
+    ``exc`` did not come from the JVM). Spark wraps what Iceberg raises (a MERGE's commit, an action's), so the
+    whole chain is looked at."""
+    from py4j.protocol import Py4JJavaError
+
+    names: list[str] = []
+    if isinstance(exc, Py4JJavaError):
+        throwable = exc.java_exception
+        while throwable is not None and len(names) < 20:
+            names.append(str(throwable.getClass().getName()))
+            throwable = throwable.getCause()
+        return names
+    captured = getattr(exc, "_origin", None)  # pyspark's CapturedException keeps the Java throwable there
+    if captured is not None:
+        while captured is not None and len(names) < 20:
+            names.append(str(captured.getClass().getName()))
+            captured = captured.getCause()
+    return names
+
+
 def is_commit_conflict(exc: BaseException) -> bool:
     """Whether ``exc`` is an Iceberg commit that lost to a concurrent one and changed nothing: safe to redo.
     (CommitStateUnknownException is not: that commit may have landed.)"""
-    text = str(exc)
-    return ("org.apache.iceberg.exceptions.ValidationException" in text
-            or ("org.apache.iceberg.exceptions.CommitFailedException" in text
-                and "CommitStateUnknownException" not in text))
+    names = java_exceptions(exc)
+    if any(name.endswith(".CommitStateUnknownException") for name in names):
+        return False
+    return any(name in ("org.apache.iceberg.exceptions.ValidationException",
+                        "org.apache.iceberg.exceptions.CommitFailedException") for name in names)
+
+
+def commit_outcome_unknown(exc: BaseException) -> bool:
+    """Whether ``exc`` is a commit whose outcome is unknown (the catalog did not answer): it may have landed."""
+    return any(name.endswith(".CommitStateUnknownException") for name in java_exceptions(exc))
 
 
 # -- data files written outside Spark's writer (the initial copy) ------------------------------------------

@@ -327,7 +327,7 @@ class MaintainedTable:
 def mirror_tables(mirrors: MirrorCatalog, tables: list[tuple[str, bool]]) -> list[MaintainedTable]:
     """The tables ``(identifier, is a __rejects table)``, each with the positions its maintenance carries."""
     return [MaintainedTable(identifier, lambda identifier=identifier, rejects=rejects:  # type: ignore[misc]
-                            mirrors.carried_positions(identifier, rejects=rejects))
+                            mirrors.positions.carried(identifier, rejects=rejects))
             for identifier, rejects in tables]
 
 

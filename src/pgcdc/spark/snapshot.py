@@ -37,6 +37,7 @@ from psycopg import sql
 from pgcdc import errors
 from pgcdc.errors import ConfigError, ConversionError, PgcdcError, SourceChangedError
 from pgcdc.lsn import Lsn
+from pgcdc.positions import carried_summary
 from pgcdc.spark.iceberg import (
     data_directory,
     dictionary_columns,
@@ -47,7 +48,6 @@ from pgcdc.spark.iceberg import (
     replace_with_files,
     s3_options,
 )
-from pgcdc.spark.mirror import POSITION_PROPERTY
 from pgcdc.types.copy_binary import split_copy_binary
 
 if TYPE_CHECKING:
@@ -500,7 +500,7 @@ def _copy_with_arrow(spark: SparkSession, table: Any, source: _CopySource, range
     written = [(path, size) for kind, path, size in results if kind == "file"]
     if set_aside is not None:  # before the commit: a crash in between leaves the mirror without this copy
         set_aside([row for _, _, rows in sorted(r for r in results if r[0] == "set-aside") for row in rows])
-    replace_with_files(spark, table, written, {POSITION_PROPERTY: str(consistent_lsn)})
+    replace_with_files(spark, table, written, carried_summary(consistent_lsn))
     _remove_uncommitted_attempts(prefix, {path for path, _ in written}, s3)
 
 
@@ -551,10 +551,10 @@ def _copy_with_spark(spark: SparkSession, source: _CopySource, ranges: list[Page
                 set_aside([SetAside(error, tuple((name, value) for name, value in values))
                            for error, values in (json.loads(mark[0]) for mark in marks)])
                 frame = produced_frame.where(col(_SET_ASIDE_COLUMN).isNull()).drop(_SET_ASIDE_COLUMN)
-            (frame.writeTo(identifier)
-             .option(f"snapshot-property.{POSITION_PROPERTY}", str(consistent_lsn))
-             .option("check-nullability", "false")
-             .overwrite(lit(True)))
+            writer = frame.writeTo(identifier).option("check-nullability", "false")
+            for key, value in carried_summary(consistent_lsn).items():
+                writer = writer.option(f"snapshot-property.{key}", value)
+            writer.overwrite(lit(True))
         finally:
             if set_aside is not None:
                 produced_frame.unpersist()

@@ -1,7 +1,7 @@
-"""Row deltas: a batch's rows written as Iceberg data files and equality-delete files by Arrow, committed by
-Iceberg's Java API in one commit that carries ``pgcdc.lsn`` — no Spark query per batch.
+"""The row-delta writer (the default): a batch's rows written as Iceberg data files and equality-delete files by
+Arrow, committed by Iceberg's Java API in one commit that carries ``pgcdc.lsn`` — no Spark query per batch.
 
-:mod:`pgcdc.spark.apply` decides what a batch means (the last change per key, unchanged TOAST values, key
+:mod:`pgcdc.spark.reduce` decides what a batch means (the last change per key, unchanged TOAST values, key
 changes, TRUNCATE); this module makes it durable:
 
 - the new row images go to one Parquet data file, the keys they replace or remove to one Parquet
@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from pgcdc.faults import injection_point
-from pgcdc.spark.iceberg import data_file, dictionary_columns, load_table, parquet_compression, parquet_layout
+from pgcdc.spark.files import layout_schema, local_path, write_parquet
+from pgcdc.spark.iceberg import (
+    commit_outcome_unknown,
+    data_file,
+    load_table,
+    parquet_compression,
+    parquet_layout,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -38,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgcdc.spark.delta")
 
 
-class DeltaTable:
+class RowDeltaWriter:
     """One mirror as the row-delta writer sees it for one batch: the Iceberg table as loaded now (its schema
     and field ids read fresh, so a schema change between batches is followed), and its Parquet layout."""
 
@@ -51,8 +58,7 @@ class DeltaTable:
             layout = parquet_layout(self.table)
         except NotImplementedError as exc:
             self.layout_problem, layout = str(exc), []
-        self.schema = pa.schema([pa.field(name, arrow_type, metadata={b"PARQUET:field_id": str(field_id).encode()})
-                                 for name, (field_id, arrow_type) in layout])
+        self.schema = layout_schema(layout)
         self.compression = parquet_compression(self.table)
 
     def unwritable(self, key_columns: list[str]) -> str | None:
@@ -120,7 +126,7 @@ class DeltaTable:
                 update.commit()
             transaction.commitTransaction()
         except Exception as exc:
-            if _outcome_unknown(exc):
+            if commit_outcome_unknown(exc):
                 log.error("the commit's outcome is unknown; its files are kept: %s", ", ".join(written))
             else:
                 self._remove(written)
@@ -129,24 +135,17 @@ class DeltaTable:
     def _write(self, rows: pa.Table, schema: pa.Schema, written: list[str]) -> tuple[str, int]:
         """``rows`` as one Parquet file in ``schema`` (field ids, Iceberg's types) at a new location of the
         table; returns its path and size."""
-        import pyarrow.parquet as pq
-
         path = str(self.table.locationProvider().newDataLocation(f"{uuid.uuid4()}.parquet"))
         written.append(path)
-        laid_out = in_layout(rows, schema)
-        codec, level = self.compression
-        dictionary = dictionary_columns(laid_out) or False
         local = local_path(path)
         if local is not None:
             import os
 
             os.makedirs(os.path.dirname(local), exist_ok=True)
-            pq.write_table(laid_out, local, compression=codec, compression_level=level, use_dictionary=dictionary,
-                           use_compliant_nested_type=True, row_group_size=1 << 30)
+            write_parquet(rows.to_batches(), local, schema, self.compression)
             return path, os.path.getsize(local)
         sink = pa.BufferOutputStream()
-        pq.write_table(laid_out, sink, compression=codec, compression_level=level, use_dictionary=dictionary,
-                       use_compliant_nested_type=True, row_group_size=1 << 30)
+        write_parquet(rows.to_batches(), sink, schema, self.compression)
         content = sink.getvalue().to_pybytes()
         stream = self.table.io().newOutputFile(path).create()
         try:
@@ -161,25 +160,3 @@ class DeltaTable:
                 self.table.io().deleteFile(path)
             except Exception as exc:
                 log.warning("could not remove %s of a failed commit: %s", path, exc)
-
-
-def _outcome_unknown(exc: Exception) -> bool:
-    return "CommitStateUnknownException" in str(exc)
-
-
-def in_layout(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``rows`` by name in ``schema``'s order and types (Iceberg's: e.g. smallint stored as int, nested field
-    ids attached); a column the rows lack is NULL."""
-    return pa.Table.from_arrays(
-        [rows.column(field.name).cast(field.type) if field.name in rows.column_names
-         else pa.nulls(rows.num_rows, field.type) for field in schema], schema=schema)
-
-
-def local_path(location: str) -> str | None:
-    """A ``file:`` location (``file:/x``, ``file:///x``) or a plain absolute path as a path of this machine;
-    None for any other scheme (object stores, HDFS), which only the table's FileIO reaches."""
-    if location.startswith("file://"):
-        return location[len("file://"):]
-    if location.startswith("file:"):
-        return location[len("file:"):]
-    return location if location.startswith("/") else None

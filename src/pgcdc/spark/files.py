@@ -1,0 +1,77 @@
+"""Files pgcdc writes itself, outside Spark's writer: where a table location points on this machine or in an
+object store, and Parquet data files in an Iceberg table's layout. Used by the initial copy's tasks, the row-delta
+writer and the removal of files an interrupted copy left."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+
+from pgcdc.spark.iceberg import FieldLayout, dictionary_columns
+
+
+def local_path(location: str) -> str | None:
+    """A ``file:`` location (``file:/x``, ``file:///x``, percent-encoded as Hadoop writes URIs) or a plain absolute
+    path as a path of this machine; None for any other scheme (object stores, HDFS), which only the table's
+    FileIO reaches."""
+    if location.startswith("file:"):
+        return unquote(urlparse(location).path)
+    return location if location.startswith("/") else None
+
+
+def object_path(location: str) -> str:
+    """An object store location (``s3a://bucket/key``) as pyarrow's file systems name it (``bucket/key``)."""
+    return location.split("://", 1)[1]
+
+
+def layout_schema(layout: list[tuple[str, FieldLayout]]) -> pa.Schema:
+    """The Arrow schema of an Iceberg table's Parquet layout (:func:`pgcdc.spark.iceberg.parquet_layout`): field
+    ids on every column and nested field, Iceberg's types."""
+    return pa.schema([pa.field(name, arrow_type, metadata={b"PARQUET:field_id": str(field_id).encode()})
+                      for name, (field_id, arrow_type) in layout])
+
+
+def in_layout(rows: pa.Table | list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    """``rows`` by name in ``schema``'s order and types (Iceberg's: e.g. smallint stored as int, nested field
+    ids attached); a column the rows lack is NULL."""
+    table = rows if isinstance(rows, pa.Table) else (
+        pa.Table.from_batches(rows) if rows else schema.empty_table())
+    return pa.Table.from_arrays(
+        [table.column(field.name).cast(field.type) if field.name in table.column_names
+         else pa.nulls(table.num_rows, field.type) for field in schema], schema=schema)
+
+
+ROW_GROUP_BYTES = 96 << 20  # Arrow bytes buffered per Parquet row group (Iceberg's default group: 128 MB)
+
+
+def write_parquet(batches: Iterable[pa.RecordBatch], sink: Any, schema: pa.Schema,
+                  compression: tuple[str, int | None]) -> int:
+    """``batches`` as one Parquet file on ``sink`` (a path or an output stream) in ``schema`` (field ids, Iceberg's
+    types), with the table's codec; returns the rows written. A dictionary only for the columns whose values
+    repeat in the first batch (:func:`pgcdc.spark.iceberg.dictionary_columns`); row groups of about
+    :data:`ROW_GROUP_BYTES`."""
+    import pyarrow.parquet as pq
+
+    codec, level = compression
+    batches = iter(batches)
+    first = next(batches, None)
+    dictionary = dictionary_columns(first) if first is not None else []
+    rows = 0
+    pending: list[pa.RecordBatch] = []
+    pending_bytes = 0
+    with pq.ParquetWriter(sink, schema, compression=codec, compression_level=level,
+                          use_dictionary=dictionary or False, use_compliant_nested_type=True) as writer:
+        for batch in itertools.chain([first] if first is not None else [], batches):
+            pending.append(batch)
+            pending_bytes += batch.nbytes
+            rows += batch.num_rows
+            if pending_bytes >= ROW_GROUP_BYTES:
+                writer.write_table(in_layout(pending, schema), row_group_size=1 << 30)
+                pending, pending_bytes = [], 0
+        if pending or rows == 0:
+            writer.write_table(in_layout(pending, schema), row_group_size=1 << 30)
+    return rows

@@ -1,0 +1,44 @@
+"""What ``pgcdc status`` and the pipeline's start-up checks read of a namespace's mirrors: each one's position,
+slot, rows and snapshots. Reads only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pgcdc.lsn import Lsn
+from pgcdc.spark.mirror import MirrorCatalog
+from pgcdc.spark.mirror_properties import SLOT_PROPERTY
+
+
+def namespace_positions(mirrors: MirrorCatalog) -> dict[tuple[str, str], Lsn]:
+    """{(source schema, source table): position} of every mirror of the namespace holding one."""
+    result = {}
+    for source_schema, source_table, identifier in mirrors.source_tables():
+        position = mirrors.positions.read(identifier)
+        if position is not None:
+            result[(source_schema, source_table)] = position
+    return result
+
+
+def describe_mirrors(mirrors: MirrorCatalog) -> list[dict[str, Any]]:
+    """For ``pgcdc status``: each mirror with its source, slot, position, rows, snapshots and rows set aside."""
+    spark = mirrors.spark
+    rows = []
+    for source_schema, source_table, identifier in mirrors.source_tables():
+        count = spark.sql(f"SELECT count(*) AS n FROM {identifier}").collect()[0].n
+        snapshots = spark.sql(f"SELECT count(*) AS n FROM {identifier}.snapshots").collect()[0].n
+        position = mirrors.positions.read(identifier)
+        rejects = mirrors.rejects_identifier_for(source_schema, source_table)
+        rejected = (spark.sql(f"SELECT count(*) AS n FROM {rejects}").collect()[0].n
+                    if spark.catalog.tableExists(rejects) else 0)
+        rows.append({"mirror": identifier, "source": f"{source_schema}.{source_table}",
+                     "slot": mirrors.properties.read(identifier).get(SLOT_PROPERTY),
+                     "lsn": str(position) if position is not None else None, "rows": count,
+                     "snapshots": snapshots, "rejected": rejected})
+    return rows
+
+
+def mirrors_streaming_from(mirrors: MirrorCatalog, slot: str) -> list[tuple[str, Lsn | None]]:
+    """(identifier, position) of every mirror that records ``slot`` as the slot it streams from."""
+    return [(identifier, mirrors.positions.read(identifier)) for _, _, identifier in mirrors.source_tables()
+            if mirrors.properties.read(identifier).get(SLOT_PROPERTY) == slot]
