@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlparse
+
+from pgcdc.spark.files import local_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -22,13 +23,13 @@ def remove_unreferenced_files(spark: SparkSession, identifier: str) -> int:
                      if row.col_name == "Location"), None)
     if not location:
         return 0
-    parsed = urlparse(location)
-    if parsed.scheme not in ("", "file"):
+    directory = local_path(location)
+    if directory is None:
         return 0
-    data = Path(unquote(parsed.path)) / "data"
+    data = Path(directory) / "data"
     if not data.is_dir():
         return 0
-    referenced = {Path(unquote(urlparse(row.file_path).path))
+    referenced = {Path(local_path(row.file_path) or row.file_path)
                   for row in spark.sql(f"SELECT file_path FROM {identifier}.all_files").collect()}
     removed = 0
     for path in sorted(data.rglob("*")):

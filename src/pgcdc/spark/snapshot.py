@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import itertools
 import logging
 import math
 import os
@@ -38,9 +37,9 @@ from pgcdc import errors
 from pgcdc.errors import ConfigError, ConversionError, PgcdcError, SourceChangedError
 from pgcdc.lsn import Lsn
 from pgcdc.positions import carried_summary
+from pgcdc.spark.files import layout_schema, local_path, object_path, write_parquet
 from pgcdc.spark.iceberg import (
     data_directory,
-    dictionary_columns,
     load_table,
     local_data_directory,
     parquet_compression,
@@ -290,47 +289,27 @@ def _first_unconvertible_row(chunk: list[pa.Array], binary: list[bool], converte
     return f"the row with {values}"
 
 
-_ROW_GROUP_BYTES = 96 << 20  # Arrow bytes buffered per Parquet row group (Iceberg's default group: 128 MB)
-
-
 def _write_range(batches: Iterable[pa.RecordBatch], path: str, layout: list[tuple[str, Any]],
                  compression: tuple[str, int | None], filesystem: Any = None) -> int:
     """``batches`` as one Parquet data file at ``path`` (of ``filesystem``, default this machine's) in the
-    Iceberg table's layout (field ids on every column, Iceberg's types: e.g. smallint stored as int); returns
-    the rows written. A file is written whole or removed."""
-    import pyarrow.parquet as pq
-
-    schema = pa.schema([pa.field(name, arrow_type, metadata={b"PARQUET:field_id": str(field_id).encode()})
-                        for name, (field_id, arrow_type) in layout])
-    codec, level = compression
+    Iceberg table's layout; returns the rows written. A file is written whole or removed."""
     if filesystem is None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-    rows = 0
-    pending: list[pa.RecordBatch] = []
-    pending_bytes = 0
     try:
         # the file exists from the task's start (empty until its rows are written at its end), before the
         # first batch, which picks the columns to dictionary-encode, has been read
         with (filesystem.open_output_stream(path) if filesystem is not None else pa.OSFile(path, "wb")) as sink:
-            batches = iter(batches)
-            first = next(batches, None)
-            dictionary = dictionary_columns(first) if first is not None else []
-            with pq.ParquetWriter(sink, schema, compression=codec, compression_level=level,
-                                  use_dictionary=dictionary or False, use_compliant_nested_type=True) as writer:
-                for batch in itertools.chain([first] if first is not None else [], batches):
-                    pending.append(batch)
-                    pending_bytes += batch.nbytes
-                    rows += batch.num_rows
-                    if pending_bytes >= _ROW_GROUP_BYTES:
-                        writer.write_table(_in_layout(pending, schema), row_group_size=1 << 30)
-                        pending, pending_bytes = [], 0
-                if pending or rows == 0:
-                    writer.write_table(_in_layout(pending, schema), row_group_size=1 << 30)
+            return write_parquet(batches, sink, layout_schema(layout), compression)
     except BaseException:
         with contextlib.suppress(OSError):
             _remove(path, filesystem)
         raise
-    return rows
+
+
+def _local_file(location: str) -> str:
+    path = local_path(location)
+    assert path is not None, location  # the arrow writer writes only where this machine reaches
+    return path
 
 
 def _remove(path: str, filesystem: Any) -> None:
@@ -338,14 +317,6 @@ def _remove(path: str, filesystem: Any) -> None:
         os.unlink(path)
     else:
         filesystem.delete_file(path)
-
-
-def _in_layout(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
-    if not batches:
-        return schema.empty_table()
-    table = pa.Table.from_batches(batches)
-    # by name, in the table's order; the cast widens what Iceberg stores wider and attaches the nested ids
-    return pa.Table.from_arrays([table.column(field.name).cast(field.type) for field in schema], schema=schema)
 
 
 @dataclass(frozen=True)
@@ -479,7 +450,7 @@ def _copy_with_arrow(spark: SparkSession, table: Any, source: _CopySource, range
             # a file per attempt: a retried or speculative attempt never writes over another's file; only the
             # files of the attempts Spark returns are committed
             path = f"{prefix}-{task:05d}-{attempt}.parquet"
-            target = _local_path(path) if filesystem is None else _object_path(path)
+            target = _local_file(path) if filesystem is None else object_path(path)
             rejected: list[SetAside] | None = [] if quarantine else None
             rows = _write_range(_counted(source.read(page_range, rejected), copied), target, layout, compression,
                                 filesystem)
@@ -602,11 +573,6 @@ def _arrow_destination(table: Any) -> tuple[str | None, dict[str, Any] | None]:
     return (directory, options) if options is not None else (None, None)
 
 
-def _object_path(location: str) -> str:
-    """An object store location (``s3a://bucket/key``) as pyarrow's file systems name it (``bucket/key``)."""
-    return location.split("://", 1)[1]
-
-
 def _remove_uncommitted_attempts(prefix: str, committed: set[str], s3: dict[str, Any] | None) -> None:
     """After the commit: remove this copy's data files that the commit does not hold, those of task attempts
     that failed (an executor lost in the middle of writing leaves its file behind: no ``finally`` runs in a
@@ -617,8 +583,8 @@ def _remove_uncommitted_attempts(prefix: str, committed: set[str], s3: dict[str,
     if s3 is None:
         import glob
 
-        kept = {_local_path(path) for path in committed}
-        for path in glob.glob(glob.escape(_local_path(prefix)) + "-*.parquet"):
+        kept = {_local_file(path) for path in committed}
+        for path in glob.glob(glob.escape(_local_file(prefix)) + "-*.parquet"):
             if path in kept:
                 continue
             with contextlib.suppress(FileNotFoundError):
@@ -630,8 +596,8 @@ def _remove_uncommitted_attempts(prefix: str, committed: set[str], s3: dict[str,
         from pyarrow.fs import FileSelector, S3FileSystem
 
         filesystem = S3FileSystem(**s3)
-        kept = {_object_path(path) for path in committed}
-        object_prefix = _object_path(prefix)
+        kept = {object_path(path) for path in committed}
+        object_prefix = object_path(prefix)
         listed = filesystem.get_file_info(FileSelector(object_prefix.rsplit("/", 1)[0], allow_not_found=True))
         for info in listed:
             if info.path.startswith(object_prefix + "-") and info.path.endswith(".parquet") and info.path not in kept:
@@ -640,10 +606,3 @@ def _remove_uncommitted_attempts(prefix: str, committed: set[str], s3: dict[str,
                     removed += 1
     if removed:
         log.info("removed %d data files of failed or superseded copy attempts", removed)
-
-
-def _local_path(location: str) -> str:
-    """A ``file:`` location (``file:/x``, ``file:///x``) as a path of this machine."""
-    if location.startswith("file://"):
-        return location[len("file://"):]
-    return location.removeprefix("file:")
