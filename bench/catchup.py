@@ -28,6 +28,7 @@ from capture import FILL, TABLE, recvlogical_drain  # the capture bench's table,
 from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline import Pipeline, PipelineConfig
+from pgcdc.spark.destination import Destination
 from pgcdc.spark.session import spark_session
 
 WRITERS = ("delta", "merge")
@@ -75,14 +76,14 @@ def cpu_per_change(before: Counter[str], after: Counter[str], changes: int) -> d
 
 
 def config_for(server: EmbeddedPostgres, warehouse: str, writer: str) -> PipelineConfig:
-    return PipelineConfig(dsn=server.dsn, publication="pub", slot=f"catchup_{writer}", warehouse=warehouse,
-                          namespace=f"catchup_{writer}", apply_writer=writer)
+    return PipelineConfig(dsn=server.dsn, publication="pub", slot=f"catchup_{writer}", apply_writer=writer,
+                          destination=Destination(warehouse=warehouse, namespace=f"catchup_{writer}"))
 
 
 def startup_seconds(config: PipelineConfig) -> float:
     """A whole ``pgcdc run --until-caught-up`` process on a slot with nothing to do."""
     command = [sys.executable, "-m", "pgcdc.cli", "run", "--dsn", config.dsn, "--publication", config.publication,
-               "--slot", config.slot, "--warehouse", str(config.warehouse), "--namespace", config.namespace,
+               "--slot", config.slot, "--warehouse", str(config.destination.warehouse), "--namespace", config.destination.namespace,
                "--apply", config.apply_writer, "--until-caught-up"]
     started = time.perf_counter()
     subprocess.run(command, check=True, capture_output=True, timeout=600,
@@ -100,7 +101,7 @@ def main() -> None:
     warehouse = tempfile.mkdtemp(prefix="pgcdc-catchup-")
     figures: dict[str, object] = {"changes": changes}
     with EmbeddedPostgres(settings={"max_wal_size": "8GB"}) as server:
-        spark = spark_session(warehouse)
+        spark = spark_session(Destination(warehouse=warehouse))
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute(TABLE)
         configs = {writer: config_for(server, warehouse, writer) for writer in WRITERS}

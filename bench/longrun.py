@@ -41,6 +41,7 @@ from pgcdc.lsn import Lsn
 from pgcdc.pipeline import PipelineConfig, Progress
 from pgcdc.pipeline.applier import Applier
 from pgcdc.pipeline.tables import SourceTables
+from pgcdc.spark.destination import Destination
 from pgcdc.spark.iceberg import load_table
 from pgcdc.spark.maintenance import MaintenancePolicy, table_health
 from pgcdc.spark.mirror import TableSpec
@@ -143,10 +144,10 @@ def main() -> None:
     # hour of snapshots, this run its last few seconds (--quick) or its last minute
     policy = MaintenancePolicy(interval_seconds=args.maintenance_interval,
                                snapshot_max_age_seconds=5.0 if args.quick else 60.0, check_seconds=0.0)
-    spark = spark_session(warehouse, conf={"spark.sql.shuffle.partitions": "2"})
+    spark = spark_session(Destination(warehouse=str(warehouse), conf={"spark.sql.shuffle.partitions": "2"}))
     try:
-        config = PipelineConfig(dsn="dbname=longrun", publication="longrun", warehouse=str(warehouse),
-                                maintenance=policy)
+        config = PipelineConfig(dsn="dbname=longrun", publication="longrun", maintenance=policy,
+                                destination=Destination(warehouse=str(warehouse)))
         tables = SourceTables(config, lambda: spark)
         mirror = tables.mirrors.ensure(TableSpec("bench", "events", spark_schema(SOURCE), ("id",)))
         fresh = tables.mirrors.identifier_for("bench", "events_fresh")

@@ -43,6 +43,7 @@ from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline import Pipeline, PipelineConfig
 from pgcdc.spark.apply import WRITERS
+from pgcdc.spark.destination import Destination
 from pgcdc.spark.session import iceberg_runtime_jar, spark_session
 
 TABLE = """
@@ -84,8 +85,9 @@ def pgcdc_snapshot_rate(dsn: str, spark, store: dict, rows: int, table: str = "b
                         rows_per_task: int | None = None) -> float:
     publication = "snap" if table == "big" else table
     tasks = {"snapshot_rows_per_task": rows_per_task} if rows_per_task else {}
-    pipeline = Pipeline(PipelineConfig(dsn=dsn, publication=publication, slot=f"bench_{publication}",
-                                       namespace=f"bench_{publication}", **tasks, **store), spark=spark)
+    pipeline = Pipeline(PipelineConfig(dsn=dsn, publication=publication, slot=f"bench_{publication}", **tasks,
+                                       destination=Destination(namespace=f"bench_{publication}", **store)),
+                        spark=spark)
     started = time.perf_counter()
     copied = pipeline.snapshot()
     seconds = time.perf_counter() - started
@@ -164,9 +166,9 @@ def streaming_phase(dsn: str, spark, store: dict, writer_kind: str, seconds: flo
         if progress.applied_lsn is not None and (not applied or applied[-1][1] != progress.applied_lsn):
             applied.append((time.monotonic(), progress.applied_lsn))
 
-    config = PipelineConfig(dsn=dsn, publication="flow", slot=f"bench_flow_{writer_kind}",
-                            namespace=f"bench_flow_{writer_kind}", batch_max_seconds=1.0, snapshot=False,
-                            apply_writer=writer_kind, **store)
+    config = PipelineConfig(dsn=dsn, publication="flow", slot=f"bench_flow_{writer_kind}", batch_max_seconds=1.0,
+                            snapshot=False, apply_writer=writer_kind,
+                            destination=Destination(namespace=f"bench_flow_{writer_kind}", **store))
     pipeline = Pipeline(config, spark=spark, on_progress=on_progress)
     failures: list[BaseException] = []
 
@@ -295,13 +297,14 @@ def main() -> None:
             s3, setup = stack.enter_context(s3_jdbc_store(server.dsn, BUCKET))
             store: dict = setup.config_overrides()
             catalog = setup.catalog
-            spark = spark_session(setup.warehouse, catalog, master=args.master, catalog_type=setup.catalog_type,
-                                  catalog_uri=setup.catalog_uri, conf={**setup.spark_conf, **cluster_conf})
+            spark = spark_session(Destination(master=args.master, **{**store, "conf": {**setup.spark_conf,
+                                                                                       **cluster_conf}}))
             print(f"store: {setup.warehouse} on a local S3 server ({s3.endpoint}), Iceberg's JDBC catalog at "
                   f"{setup.catalog_uri}", flush=True)
         else:
             store, catalog = {}, "pgcdc"
-            spark = spark_session(warehouse, master=args.master, conf={"spark.jars": ",".join(jars), **cluster_conf})
+            spark = spark_session(Destination(warehouse=str(warehouse), master=args.master,
+                                              conf={"spark.jars": ",".join(jars), **cluster_conf}))
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute(TABLE)
         if args.only != "apply":

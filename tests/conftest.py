@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, settings
 from psycopg import sql
 
 from pgcdc.embedded import EmbeddedPostgres
+from pgcdc.spark.destination import Destination
 
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 
@@ -222,7 +223,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory):
 
     warehouse = tmp_path_factory.mktemp("warehouse")
     jars = object_store_jars()
-    session = spark_session(warehouse=warehouse, conf={"spark.jars": ",".join(jars)} if jars else None)
+    session = spark_session(Destination(warehouse=warehouse, conf={"spark.jars": ",".join(jars)} if jars else {}))
     yield session
     session.stop()
 

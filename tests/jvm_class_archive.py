@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pgcdc.spark.destination import Destination
+
 # How long the dump may take once the JVM is told to end (~12 s here).
 DUMP_TIMEOUT = 300
 
@@ -107,7 +109,7 @@ def _make(archive: Path, jars: list[str]) -> None:
         os.environ.get("PGCDC_JAVA_OPTIONS", ""), f"-XX:ArchiveClassesAtExit={partial}", "-Xlog:disable"]))
     warehouse = tempfile.mkdtemp(prefix="pgcdc-class-archive-")
     try:
-        spark = spark_session(warehouse, conf={"spark.jars": ",".join(jars)} if jars else None)
+        spark = spark_session(Destination(warehouse=warehouse, conf={"spark.jars": ",".join(jars)} if jars else {}))
         statements = [
             "CREATE NAMESPACE IF NOT EXISTS pgcdc.warm",
             "CREATE TABLE pgcdc.warm.t (id bigint, name string, price decimal(12, 2), at timestamp, tags array<string>)"

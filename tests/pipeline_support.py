@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import os
 import random
@@ -16,6 +17,7 @@ import psycopg
 
 from pgcdc.demo import SCHEMA, seed_rows
 from pgcdc.pipeline import Pipeline, PipelineConfig
+from pgcdc.spark.destination import Destination
 from pgcdc.spark.mirror_status import namespace_positions
 from pgcdc.verify import compare_publication
 
@@ -59,10 +61,12 @@ def pipeline_config(pg, spark, **overrides) -> PipelineConfig:
     # the session's warehouse, so that mirrors written by a pipeline subprocess are read back here
     warehouse = spark.conf.get("spark.sql.catalog.pgcdc.warehouse")
     values = dict(dsn=pg.dsn + f" options='{STREAMING_SETTINGS}'", publication="shop", slot="pgcdc_test",
-                  warehouse=warehouse, namespace=f"m_{os.getpid()}_{random.randrange(10**9)}",
                   batch_max_seconds=1.0)
-    values.update(overrides)
-    return PipelineConfig(**values)
+    destination = dict(warehouse=warehouse, namespace=f"m_{os.getpid()}_{random.randrange(10**9)}")
+    fields = {field.name for field in dataclasses.fields(Destination)}
+    for name, value in overrides.items():  # a Destination's fields name where the mirrors go
+        (destination if name in fields else values)[name] = value
+    return PipelineConfig(**values, destination=Destination(**destination))
 
 
 def wait_for_transactions(workload: Workload, count: int, timeout: float = 120) -> None:
@@ -165,19 +169,19 @@ class Workload:
 
 def catalog_arguments(config: PipelineConfig) -> list[str]:
     """The flags that name ``config``'s catalog and warehouse, with its Spark settings as ``--conf``."""
-    arguments = ["--warehouse", config.warehouse or "warehouse", "--catalog", config.catalog]
-    if config.catalog_type:
-        arguments += ["--catalog-type", config.catalog_type]
-    if config.catalog_uri:
-        arguments += ["--catalog-uri", config.catalog_uri]
-    for key, value in config.spark_conf.items():
+    arguments = ["--warehouse", config.destination.warehouse or "warehouse", "--catalog", config.destination.catalog]
+    if config.destination.catalog_type:
+        arguments += ["--catalog-type", config.destination.catalog_type]
+    if config.destination.catalog_uri:
+        arguments += ["--catalog-uri", config.destination.catalog_uri]
+    for key, value in config.destination.conf.items():
         arguments += ["--conf", f"{key}={value}"]
     return arguments
 
 
 def run_cli(config: PipelineConfig, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     command = [sys.executable, "-m", "pgcdc.cli", "run", "--dsn", config.dsn, "--publication", config.publication,
-               "--slot", config.slot, *catalog_arguments(config), "--namespace", config.namespace,
+               "--slot", config.slot, *catalog_arguments(config), "--namespace", config.destination.namespace,
                "--batch-seconds", str(config.batch_max_seconds), "--apply", config.apply_writer, *args]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING", **(env or {})})

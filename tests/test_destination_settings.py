@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from pgcdc import ConfigError
-from pgcdc.pipeline import PipelineConfig
 from pgcdc.secrets import holds_secret, is_secret_setting, redact, register_conf_secrets
+from pgcdc.spark.destination import Destination
 from pgcdc.spark.session import _private_properties, catalog_settings, iceberg_runtime_jar, spark_settings
 
 PREFIX = "spark.sql.catalog.pgcdc"
@@ -53,8 +53,7 @@ def test_each_catalog_type_gets_its_settings():
 ])
 def test_a_catalog_without_a_usable_address_is_refused_before_anything_starts(kind, uri, said):
     with pytest.raises(ConfigError, match=said.replace("(", r"\(")):
-        PipelineConfig(dsn="dbname=shop", publication="shop", warehouse="s3a://b/m", catalog_type=kind,
-                       catalog_uri=uri)
+        Destination(warehouse="s3a://b/m", catalog_type=kind, catalog_uri=uri)
 
 
 def test_extra_jars_join_the_iceberg_runtime():

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from conftest import TestDatabase
+from pgcdc.spark.destination import Destination
 
 _names = itertools.count(1)
 
@@ -402,7 +403,8 @@ def test_passwords_never_shown_by_the_python_api():
 
     for what, dsn in dsn_shapes(1):
         try:
-            Pipeline(PipelineConfig(dsn=dsn, publication="pub", warehouse="/nonexistent")).check()
+            Pipeline(PipelineConfig(dsn=dsn, publication="pub",
+                                    destination=Destination(warehouse="/nonexistent"))).check()
         except Exception as exc:  # any failure: its whole chain must be free of the password
             shown = "".join(traceback.format_exception(exc)) + str(exc) + repr(exc)
             assert SECRET not in shown, (what, shown)
@@ -492,7 +494,7 @@ def test_readme_python_blocks_run_with_a_users_own_session(db, spark, capsys):
         exec(substituted(from_python, {  # the README's own code, run as a reader would
             '"host=db dbname=shop user=cdc"': repr(db.dsn),
             '"/data/iceberg"': repr(warehouse),
-            'publication="shop",': f'publication="shop", namespace={namespace!r},',
+            'Destination(warehouse=': f'Destination(namespace={namespace!r}, warehouse=',
             "pgcdc.mirror.": f"pgcdc.{namespace}.",
         }), {})
         shown = capsys.readouterr().out
@@ -510,8 +512,8 @@ def test_a_users_session_gets_the_configured_catalog(db, spark, tmp_path):
 
     catalog = f"notebook_{os.getpid()}"
     assert spark.conf.get(f"spark.sql.catalog.{catalog}", None) is None  # a session that lacks the catalog
-    Pipeline(PipelineConfig(dsn=db.dsn, publication="any", warehouse=str(tmp_path / "wh"), catalog=catalog),
-             spark=spark)
+    Pipeline(PipelineConfig(dsn=db.dsn, publication="any",
+                            destination=Destination(warehouse=str(tmp_path / "wh"), catalog=catalog)), spark=spark)
     spark.sql(f"CREATE NAMESPACE {catalog}.probe")
     assert (tmp_path / "wh" / "probe").is_dir()  # the catalog lives on the config's warehouse
 

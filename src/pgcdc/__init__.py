@@ -9,6 +9,7 @@ __all__ = [
     "ConfigError",
     "ConversionError",
     "DecodeError",
+    "Destination",
     "Lsn",
     "PgcdcError",
     "Pipeline",
@@ -25,6 +26,10 @@ def __getattr__(name: str):
         from pgcdc import pipeline
 
         return getattr(pipeline, name)
+    if name == "Destination":
+        from pgcdc.spark.destination import Destination
+
+        return Destination
     if name == "spark_settings":
         from pgcdc.spark.session import spark_settings
 

@@ -16,6 +16,9 @@ before or after the command.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import inspect
 import json
 import logging
 import os
@@ -23,7 +26,9 @@ import signal
 import sys
 import threading
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
@@ -33,7 +38,10 @@ from rich.table import Table
 
 from pgcdc.errors import ConfigError, PgcdcError
 from pgcdc.observability import configure_logging, redact, redact_dsn
+from pgcdc.pipeline.config import PipelineConfig
 from pgcdc.secrets import holds_secret, parse_dsn, register_conf_secrets
+from pgcdc.spark.destination import DEFAULT_CATALOG, DEFAULT_NAMESPACE, DEFAULT_WAREHOUSE, Destination
+from pgcdc.spark.maintenance import MaintenancePolicy
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -59,6 +67,16 @@ app.add_typer(slot_app, name="slot")
 app.add_typer(embedded_app, name="embedded")
 
 _state: dict[str, Any] = {"debug": False}
+
+def _defaults(settings: type) -> SimpleNamespace:
+    """The defaults of a settings dataclass, which the options take rather than restate."""
+    return SimpleNamespace(**{f.name: f.default for f in dataclasses.fields(settings)
+                              if f.default is not dataclasses.MISSING})
+
+
+_CONFIG = _defaults(PipelineConfig)
+_POLICY = MaintenancePolicy()
+
 
 def _valid_dsn(dsn: str | None) -> str | None:
     if dsn is not None:
@@ -115,6 +133,67 @@ SparkConf = Annotated[list[str] | None, typer.Option(
     help="Spark setting KEY=VALUE, repeatable (e.g. a REST catalog: spark.sql.catalog.pgcdc.type=rest); added to "
          "the config file's [spark] table. Secrets go in that table or the environment: other users can read a "
          "command line.")]
+JavaOptions = Annotated[str, typer.Option(
+    "--java-options", envvar="PGCDC_JAVA_OPTIONS", show_envvar=True,
+    help="Options for Spark's driver and executor JVMs (e.g. -Xmx8g).")]
+
+# the destination's options, declared once for every command that reaches the mirrors: (name, type, default)
+_DESTINATION_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("warehouse", Warehouse, DEFAULT_WAREHOUSE),
+    ("catalog", Catalog, DEFAULT_CATALOG),
+    ("catalog_type", CatalogType, None),
+    ("catalog_uri", CatalogUri, None),
+    ("namespace", Namespace, DEFAULT_NAMESPACE),
+    ("master", Master, None),
+    ("conf", SparkConf, None),
+    ("java_options", JavaOptions, ""),
+)
+
+
+def _grouped(target: str, options: tuple[tuple[str, Any, Any], ...], build: Callable[..., Any],
+             replaced: dict[str, tuple[Any, Any]] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator: the command gets ``options`` (name, type, default) as options of its own and receives them
+    built into one object (``build(**values)``) in its ``target`` parameter; ``replaced`` gives some of them
+    another type and default for this command."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+               for name, parameter in inspect.signature(command, eval_str=True).parameters.items()
+               if name != target]
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                                   annotation=(replaced or {}).get(name, (annotation, default))[0],
+                                   default=(replaced or {}).get(name, (annotation, default))[1])
+                 for name, annotation, default in options]
+
+        @functools.wraps(command)
+        def run_with_options(**values: Any) -> Any:
+            values[target] = build(**{name: values.pop(name) for name, _, _ in options})
+            return command(**values)
+
+        parameters = [*own, *added]
+        run_with_options.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        run_with_options.__annotations__ = {p.name: p.annotation for p in parameters}
+        return run_with_options
+
+    return decorate
+
+
+def with_destination(*, optional_warehouse: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A command that reaches the mirrors gets the destination's options (:data:`_DESTINATION_OPTIONS`) and
+    receives them as one :class:`pgcdc.Destination` in its ``destination`` parameter. With ``optional_warehouse``
+    (its help text) the warehouse is asked for only when the command has a use for it: ``destination.warehouse``
+    is then None when it is not given."""
+    replaced = None if optional_warehouse is None else {"warehouse": (Annotated[str | None, typer.Option(
+        "--warehouse", envvar="PGCDC_WAREHOUSE", help=optional_warehouse)], None)}
+    return _grouped("destination", _DESTINATION_OPTIONS, _destination, replaced)
+
+
+def _destination(*, warehouse: str | None, catalog: str, catalog_type: str | None, catalog_uri: str | None,
+                 namespace: str, master: str | None, conf: list[str] | None, java_options: str) -> Destination:
+    return Destination(warehouse=warehouse, catalog=catalog, catalog_type=catalog_type, catalog_uri=catalog_uri,
+                       namespace=namespace, conf=_key_values(conf), master=master, java_options=java_options)
+
+
 Resnapshot = Annotated[bool, typer.Option(
     "--resnapshot", help="Drop the slot (if any) and copy every table again at a new consistent point: the way "
                          "out after a lost or invalidated slot.")]
@@ -140,6 +219,55 @@ OrphanAge = Annotated[float, typer.Option(
     "--orphan-age-hours", envvar="PGCDC_ORPHAN_AGE_HOURS", min=1,
     help="Maintenance deletes files no snapshot references once older than this (at least 1 hour: files of a "
          "commit in flight are not referenced yet).")]
+
+
+MaintenanceOn = Annotated[bool, typer.Option(
+    "--maintenance/--no-maintenance", envvar="PGCDC_MAINTENANCE",
+    help="Maintain the mirrors while streaming: compact data and delete files, expire snapshots, remove orphan "
+         "files, rewrite manifests.")]
+MaintenanceInterval = Annotated[float, typer.Option(
+    "--maintenance-interval", envvar="PGCDC_MAINTENANCE_INTERVAL", min=0,
+    help="Seconds between two maintenances of one mirror at least (longer after a long one: four times its "
+         "duration); a mirror unchanged for this long is compacted of its last delete files.")]
+CompactDataFiles = Annotated[int, typer.Option(
+    "--compact-data-files", envvar="PGCDC_COMPACT_DATA_FILES", min=1,
+    help="A mirror is compacted once it has this many data files ...")]
+CompactDeleteFiles = Annotated[int, typer.Option(
+    "--compact-delete-files", envvar="PGCDC_COMPACT_DELETE_FILES", min=1, help="... or this many delete files.")]
+
+# what a maintenance keeps (pgcdc maintain, pgcdc run), and when the pipeline maintains (pgcdc run): (name, type,
+# default), the defaults MaintenancePolicy's
+_RETENTION_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("snapshot_retention_minutes", SnapshotRetention, _POLICY.snapshot_max_age_seconds / 60),
+    ("snapshots_kept", SnapshotsKept, _POLICY.snapshots_kept),
+    ("orphan_age_hours", OrphanAge, _POLICY.orphan_age_seconds / 3600),
+)
+_SCHEDULE_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("maintenance", MaintenanceOn, _POLICY.enabled),
+    ("maintenance_interval", MaintenanceInterval, _POLICY.interval_seconds),
+    ("compact_data_files", CompactDataFiles, _POLICY.data_files),
+    ("compact_delete_files", CompactDeleteFiles, _POLICY.delete_files),
+)
+
+
+def _policy(*, snapshot_retention_minutes: float, snapshots_kept: int, orphan_age_hours: float,
+            maintenance: bool = True, maintenance_interval: float = _POLICY.interval_seconds,
+            compact_data_files: int = _POLICY.data_files,
+            compact_delete_files: int = _POLICY.delete_files) -> MaintenancePolicy:
+    policy = MaintenancePolicy(enabled=maintenance, interval_seconds=maintenance_interval,
+                               data_files=compact_data_files, delete_files=compact_delete_files,
+                               snapshot_max_age_seconds=snapshot_retention_minutes * 60,
+                               snapshots_kept=snapshots_kept, orphan_age_seconds=orphan_age_hours * 3600)
+    problems = policy.problems()
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return policy
+
+
+def with_maintenance(*, schedule: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A command that maintains mirrors gets the options of what a maintenance keeps (and with ``schedule``, of
+    when the pipeline maintains) and receives them as one MaintenancePolicy in its ``policy`` parameter."""
+    return _grouped("policy", _RETENTION_OPTIONS + (_SCHEDULE_OPTIONS if schedule else ()), _policy)
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -207,29 +335,25 @@ def _pipeline_config(**kwargs: Any):
     from pgcdc.warehouse import require_writable_warehouse
 
     config = PipelineConfig(**kwargs)
-    if config.warehouse:
-        require_writable_warehouse(config.warehouse)
+    if config.destination.warehouse:
+        require_writable_warehouse(config.destination.warehouse)
     return config
 
 
 @app.command()
+@with_destination()
+@with_maintenance(schedule=True)
 def run(
     dsn: Dsn,
     publication: Publication,
     slot: SlotName = "pgcdc",
-    warehouse: Warehouse = "warehouse",
-    catalog: Catalog = "pgcdc",
-    catalog_type: CatalogType = None,
-    catalog_uri: CatalogUri = None,
-    namespace: Namespace = "mirror",
-    master: Master = None,
-    conf: SparkConf = None,
     until_caught_up: Annotated[bool, typer.Option(
         "--until-caught-up", help="Exit once the mirrors reach the server's WAL position at start.")] = False,
     batch_rows: Annotated[int, typer.Option("--batch-rows", envvar="PGCDC_BATCH_ROWS",
-                                            help="Apply a batch at this many changes.")] = 200_000,
+                                            help="Apply a batch at this many changes.")] = _CONFIG.batch_max_rows,
     batch_seconds: Annotated[float, typer.Option("--batch-seconds", envvar="PGCDC_BATCH_SECONDS",
-                                                 help="... or when its oldest change is this old.")] = 5.0,
+                                                 help="... or when its oldest change is this old.")
+                     ] = _CONFIG.batch_max_seconds,
     changelog: Annotated[bool, typer.Option("--changelog", envvar="PGCDC_CHANGELOG",
                                             help="Also append every change to <table>__changes.")] = False,
     no_snapshot: Annotated[bool, typer.Option("--no-snapshot", help="Do not copy existing rows first.")] = False,
@@ -251,16 +375,18 @@ def run(
     resnapshot: Resnapshot = False,
     snapshot_writer: SnapshotWriter = "auto",
     apply: ApplyWriter = "delta",
-    snapshot_rows_per_task: SnapshotRowsPerTask = 250_000,
+    snapshot_rows_per_task: SnapshotRowsPerTask = _CONFIG.snapshot_rows_per_task,
     spill_dir: Annotated[str | None, typer.Option(
         "--spill-dir", envvar="PGCDC_SPILL_DIR", help="Where transactions larger than --memory-limit spill "
                                                       "(default: the system temporary directory).")] = None,
     memory_limit: Annotated[int, typer.Option(
         "--memory-limit", envvar="PGCDC_MEMORY_LIMIT_MB", min=1,
-        help="MB of changes held in memory per open transaction before it spills.")] = 256,
+        help="MB of changes held in memory per open transaction before it spills.")
+    ] = _CONFIG.memory_limit_bytes >> 20,
     receive_timeout: Annotated[float, typer.Option(
         "--receive-timeout", envvar="PGCDC_RECEIVE_TIMEOUT",
-        help="Seconds of silence from the server after which the connection counts as lost.")] = 60.0,
+        help="Seconds of silence from the server after which the connection counts as lost.")
+    ] = _CONFIG.receive_timeout_seconds,
     on_conversion_error: Annotated[str, typer.Option(
         "--on-conversion-error", envvar="PGCDC_ON_CONVERSION_ERROR",
         help="stop (default) at a value pgcdc cannot mirror, or quarantine: set the change aside, whole and raw, "
@@ -269,42 +395,21 @@ def run(
         "--on-identity-change", envvar="PGCDC_ON_IDENTITY_CHANGE",
         help="copy (default): a table whose replica identity changes is copied again, keyed on its new identity, "
              "while the others stream; stop: pgcdc stops there (exit 1).")] = "copy",
-    maintenance: Annotated[bool, typer.Option(
-        "--maintenance/--no-maintenance", envvar="PGCDC_MAINTENANCE",
-        help="Maintain the mirrors while streaming: compact data and delete files, expire "
-             "snapshots, remove orphan files, rewrite manifests.")] = True,
-    maintenance_interval: Annotated[float, typer.Option(
-        "--maintenance-interval", envvar="PGCDC_MAINTENANCE_INTERVAL", min=0,
-        help="Seconds between two maintenances of one mirror at least (longer after a long one: four times "
-             "its duration); a mirror unchanged for this long is compacted of its last delete files.")] = 300.0,
-    compact_data_files: Annotated[int, typer.Option(
-        "--compact-data-files", envvar="PGCDC_COMPACT_DATA_FILES", min=1,
-        help="A mirror is compacted once it has this many data files ...")] = 32,
-    compact_delete_files: Annotated[int, typer.Option(
-        "--compact-delete-files", envvar="PGCDC_COMPACT_DELETE_FILES", min=1,
-        help="... or this many delete files.")] = 8,
-    snapshot_retention_minutes: SnapshotRetention = 60.0,
-    snapshots_kept: SnapshotsKept = 5,
-    orphan_age_hours: OrphanAge = 24.0,
+    *,
+    destination: Destination,
+    policy: MaintenancePolicy,
 ) -> None:
     """Snapshot if needed, then stream changes into the Iceberg mirrors until stopped (Ctrl-C stops cleanly)."""
     from pgcdc.pipeline import Pipeline
-    from pgcdc.spark.maintenance import MaintenancePolicy
 
     config = _pipeline_config(
-        dsn=dsn, publication=publication, slot=slot, warehouse=warehouse, catalog=catalog, namespace=namespace,
-        catalog_type=catalog_type, catalog_uri=catalog_uri,
-        spark_master=master, spark_conf=_key_values(conf), batch_max_rows=batch_rows,
+        dsn=dsn, publication=publication, slot=slot, destination=destination, batch_max_rows=batch_rows,
         batch_max_seconds=batch_seconds, changelog=changelog, snapshot=not no_snapshot, binary=binary,
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
         snapshot_writer=snapshot_writer, apply_writer=apply, snapshot_rows_per_task=snapshot_rows_per_task,
         memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout,
-        on_conversion_error=on_conversion_error, on_identity_change=on_identity_change,
-        maintenance=MaintenancePolicy(
-            enabled=maintenance, interval_seconds=maintenance_interval, data_files=compact_data_files,
-            delete_files=compact_delete_files, snapshot_max_age_seconds=snapshot_retention_minutes * 60,
-            snapshots_kept=snapshots_kept, orphan_age_seconds=orphan_age_hours * 3600))
+        on_conversion_error=on_conversion_error, on_identity_change=on_identity_change, maintenance=policy)
     from pgcdc.observability import MetricsServer, StatusLine
 
     metrics = MetricsServer(metrics_port) if metrics_port else None
@@ -322,29 +427,23 @@ def run(
 
 
 @app.command()
+@with_destination()
 def snapshot(
     dsn: Dsn,
     publication: Publication,
     slot: SlotName = "pgcdc",
-    warehouse: Warehouse = "warehouse",
-    catalog: Catalog = "pgcdc",
-    catalog_type: CatalogType = None,
-    catalog_uri: CatalogUri = None,
-    namespace: Namespace = "mirror",
-    master: Master = None,
-    conf: SparkConf = None,
     resnapshot: Resnapshot = False,
     snapshot_writer: SnapshotWriter = "auto",
-    snapshot_rows_per_task: SnapshotRowsPerTask = 250_000,
+    snapshot_rows_per_task: SnapshotRowsPerTask = _CONFIG.snapshot_rows_per_task,
+    *,
+    destination: Destination,
 ) -> None:
     """Create the slot and copy the published tables into Iceberg, consistent with the slot's start."""
     from pgcdc.observability import SnapshotProgress
     from pgcdc.pipeline import Pipeline
 
-    config = _pipeline_config(dsn=dsn, publication=publication, slot=slot, warehouse=warehouse,
-                              catalog=catalog, namespace=namespace, spark_master=master,
-                              catalog_type=catalog_type, catalog_uri=catalog_uri,
-                              spark_conf=_key_values(conf), resnapshot=resnapshot,
+    config = _pipeline_config(dsn=dsn, publication=publication, slot=slot, destination=destination,
+                              resnapshot=resnapshot,
                               snapshot_writer=snapshot_writer, snapshot_rows_per_task=snapshot_rows_per_task)
     with SnapshotProgress(console) as bars:
         copied = Pipeline(config, on_progress=bars.update).snapshot()
@@ -355,39 +454,28 @@ def snapshot(
 
 
 @app.command()
+@with_destination()
+@with_maintenance(schedule=False)
 def maintain(
-    warehouse: Warehouse = "warehouse",
-    catalog: Catalog = "pgcdc",
-    catalog_type: CatalogType = None,
-    catalog_uri: CatalogUri = None,
-    namespace: Namespace = "mirror",
-    master: Master = None,
-    conf: SparkConf = None,
     table: Annotated[list[str] | None, typer.Option(
         "--table", "-t", help="Only the mirror of this source table (schema.table), with its change log and "
                               "rejects; repeatable. Default: every mirror in the namespace.")] = None,
-    snapshot_retention_minutes: SnapshotRetention = 60.0,
-    snapshots_kept: SnapshotsKept = 5,
-    orphan_age_hours: OrphanAge = 24.0,
     as_json: JsonFlag = False,
+    *,
+    destination: Destination,
+    policy: MaintenancePolicy,
 ) -> None:
     """Maintain the mirrors now: compact data and delete files, rewrite manifests, expire snapshots, remove orphan
     files. Safe beside a running pipeline: positions are kept, and a commit conflict is retried by the pipeline."""
-    from pgcdc.spark.maintenance import MaintenancePolicy, maintain_table
+    from pgcdc.spark.maintenance import maintain_table
     from pgcdc.spark.mirror import MirrorCatalog
     from pgcdc.spark.session import spark_session
     from pgcdc.warehouse import require_existing_warehouse
 
-    policy = MaintenancePolicy(snapshot_max_age_seconds=snapshot_retention_minutes * 60,
-                               snapshots_kept=snapshots_kept, orphan_age_seconds=orphan_age_hours * 3600)
-    problems = policy.problems()
-    if problems:
-        raise ConfigError("; ".join(problems))
-    if warehouse:
-        require_existing_warehouse(warehouse)
-    spark = spark_session(warehouse, catalog, master=master, conf=_key_values(conf), catalog_type=catalog_type,
-                          catalog_uri=catalog_uri)
-    mirrors = MirrorCatalog(spark, catalog=catalog, namespace=namespace)
+    if destination.warehouse:
+        require_existing_warehouse(destination.warehouse)
+    spark = spark_session(destination)
+    mirrors = MirrorCatalog(spark, destination)
     tables = mirrors.all_tables()
     if table:
         wanted = set()
@@ -397,7 +485,8 @@ def maintain(
                 raise ConfigError(f"--table {name!r} must be schema.table")
             mirror = mirrors.identifier_for(schema_name, table_name)
             if mirror not in {identifier for identifier, _ in tables}:
-                raise ConfigError(f"no mirror of {name} in namespace {namespace!r} of {warehouse}")
+                raise ConfigError(f"no mirror of {name} in namespace {destination.namespace!r} of "
+                                  f"{destination.warehouse}")
             wanted |= {mirror, mirrors.changelog_identifier_for(schema_name, table_name),
                        mirrors.rejects_identifier_for(schema_name, table_name)}
         tables = [(identifier, rejects) for identifier, rejects in tables if identifier in wanted]
@@ -422,33 +511,28 @@ def maintain(
                           ("snapshots", "data_files", "delete_files")), f"{r.seconds:.1f}")
     out.print(summary)
     if not results:
-        out.print(f"no mirrors in namespace {namespace!r}")
+        out.print(f"no mirrors in namespace {destination.namespace!r}")
 
 
 @app.command()
+@with_destination(optional_warehouse="Also show the mirrors in this warehouse.")
 def status(
     dsn: Dsn,
     slot: Annotated[str | None, typer.Option("--slot", envvar="PGCDC_SLOT", help="Only this slot.")] = None,
-    warehouse: Annotated[str | None, typer.Option(
-        "--warehouse", envvar="PGCDC_WAREHOUSE", help="Also show the mirrors in this warehouse.")] = None,
-    catalog: Catalog = "pgcdc",
-    catalog_type: CatalogType = None,
-    catalog_uri: CatalogUri = None,
-    namespace: Namespace = "mirror",
-    conf: SparkConf = None,
     as_json: JsonFlag = False,
+    *,
+    destination: Destination,
 ) -> None:
     """Slots (confirmed LSN, lag, WAL retained, wal_status) and, with --warehouse, each mirror's position."""
     from pgcdc.status import idle_slot_warnings, mirror_status, slot_status
 
-    if warehouse:
+    if destination.warehouse:
         from pgcdc.warehouse import require_existing_warehouse
 
-        require_existing_warehouse(warehouse)
+        require_existing_warehouse(destination.warehouse)
     slots = slot_status(dsn, slot)
     warnings = idle_slot_warnings(slots)
-    mirrors = mirror_status(warehouse, catalog, namespace, _key_values(conf), catalog_type=catalog_type,
-                            catalog_uri=catalog_uri) if warehouse else []
+    mirrors = mirror_status(destination) if destination.warehouse else []
     if as_json:
         out.print_json(json.dumps({"slots": slots, "mirrors": mirrors, "warnings": warnings}, default=str))
         return
@@ -461,7 +545,7 @@ def status(
             "slot", "database", "active", "confirmed_flush_lsn", "lag_bytes", "lag_seconds",
             "wal_retained_bytes", "wal_status", "two_phase")))
     out.print(table)
-    if warehouse:
+    if destination.warehouse:
         mirror_table = Table(title="mirrors")
         for column in ("mirror", "source", "slot", "pgcdc.lsn", "rows", "snapshots", "rejected"):
             mirror_table.add_column(column)
@@ -479,19 +563,15 @@ def _print_warnings(warnings: list[dict[str, str]]) -> None:
 
 
 @app.command()
+@with_destination(optional_warehouse="Also check the destination: the warehouse's storage takes a file, the "
+                                     "catalog answers.")
 def check(
     dsn: Dsn,
     publication: Publication,
     slot: SlotName = "pgcdc",
-    warehouse: Annotated[str | None, typer.Option(
-        "--warehouse", envvar="PGCDC_WAREHOUSE",
-        help="Also check the destination: the warehouse's storage takes a file, the catalog answers.")] = None,
-    catalog: Catalog = "pgcdc",
-    catalog_type: CatalogType = None,
-    catalog_uri: CatalogUri = None,
-    namespace: Namespace = "mirror",
-    conf: SparkConf = None,
     as_json: JsonFlag = False,
+    *,
+    destination: Destination,
 ) -> None:
     """Verify wal_level, privileges, free slots and WAL senders, the publication and replica identities, and with
     --warehouse that the storage and catalog are reachable and writable; say how to fix each problem. Inactive
@@ -501,9 +581,8 @@ def check(
 
     found = check_source(dsn, publication=publication, slot=slot)
     problems: list[Any] = [p for p in found if not p.warning]
-    if warehouse:
-        problems += _destination_problems(warehouse, catalog, catalog_type, catalog_uri, namespace,
-                                          _key_values(conf))
+    if destination.warehouse:
+        problems += _destination_problems(destination)
     warnings = [{"warning": p.what, "fix": p.fix} for p in found if p.warning]
     warnings += idle_slot_warnings(slot_status(dsn, None))
     if as_json:
@@ -516,27 +595,29 @@ def check(
         _print_warnings(warnings)
         if not problems:
             out.print(f"[green]ready[/green]: {redact_dsn(dsn)} can stream publication {publication!r}"
-                      + (f" into {warehouse}" if warehouse else ""))
+                      + (f" into {destination.warehouse}" if destination.warehouse else ""))
     if problems:
         raise typer.Exit(EXIT_SOURCE_NOT_READY)
 
 
-def _destination_problems(warehouse: str, catalog: str, catalog_type: str | None, catalog_uri: str | None,
-                          namespace: str, conf: dict[str, str]) -> list[Any]:
+def _destination_problems(destination: Destination) -> list[Any]:
     from pgcdc.spark.destination import FAST_FAILURE_SETTINGS, check_destination
     from pgcdc.spark.session import spark_session
     from pgcdc.warehouse import require_writable_warehouse
 
-    require_writable_warehouse(warehouse)
-    spark = spark_session(warehouse, catalog, conf={**FAST_FAILURE_SETTINGS, **conf}, catalog_type=catalog_type,
-                          catalog_uri=catalog_uri, short_lived=True)
+    assert destination.warehouse is not None
+    require_writable_warehouse(destination.warehouse)
+    spark = spark_session(dataclasses.replace(destination, conf={**FAST_FAILURE_SETTINGS, **destination.conf}),
+                          short_lived=True)
     try:
-        return list(check_destination(spark, warehouse, catalog, namespace))
+        return list(check_destination(spark, destination.warehouse, destination.catalog, destination.namespace))
     finally:
         spark.stop()
 
 
 @app.command()
+@with_destination(optional_warehouse="With --consume: the warehouse whose mirrors must not lose what the slot "
+                                     "holds (default: ./warehouse if it exists).")
 def decode(
     dsn: Annotated[str | None, typer.Option("--dsn", envvar="PGCDC_DSN", callback=_valid_dsn,
                                             help="Read from a slot on this server (SQL interface).")] = None,
@@ -553,16 +634,10 @@ def decode(
     force: Annotated[bool, typer.Option(
         "--force", help="Let --consume advance a slot that pgcdc's mirrors stream from (they lose what it "
                         "skips).")] = False,
-    warehouse: Annotated[str | None, typer.Option(
-        "--warehouse", envvar="PGCDC_WAREHOUSE", help="With --consume: the warehouse whose mirrors must not lose "
-                                                      "what the slot holds (default: ./warehouse if it exists).")] = None,
-    catalog: Catalog = "pgcdc",
-    catalog_type: CatalogType = None,
-    catalog_uri: CatalogUri = None,
-    namespace: Namespace = "mirror",
-    conf: SparkConf = None,
     limit: Annotated[int | None, typer.Option("--limit", "-n", help="Print at most this many messages.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines.")] = False,
+    *,
+    destination: Destination,
 ) -> None:
     """Print the pgoutput messages a slot holds (peek, not consume, unless --consume) or a file holds."""
     from pgcdc.decode_view import MessagePrinter, decode_file, decode_slot, transaction_end
@@ -578,8 +653,7 @@ def decode(
         if not dsn or not publication or slot is None:
             raise ConfigError("--slot needs --dsn and --publication")
         if consume:
-            _refuse_consuming_a_mirror_slot(slot, warehouse, catalog, namespace, _key_values(conf), force=force,
-                                            catalog_type=catalog_type, catalog_uri=catalog_uri)
+            _refuse_consuming_a_mirror_slot(slot, destination, force=force)
         messages = decode_slot(dsn, slot, publication=publication, proto_version=proto_version, binary=binary,
                                streaming=streaming, limit=limit)
     printer = MessagePrinter(as_json=as_json)
@@ -598,21 +672,19 @@ def decode(
         _consume_printed(dsn, slot, printed_through, after_it)
 
 
-def _refuse_consuming_a_mirror_slot(slot: str, warehouse: str | None, catalog: str, namespace: str,
-                                    conf: dict[str, str], *, force: bool, catalog_type: str | None,
-                                    catalog_uri: str | None) -> None:
+def _refuse_consuming_a_mirror_slot(slot: str, destination: Destination, *, force: bool) -> None:
     """A slot backs mirrors when it is pgcdc's own (the default name, PGCDC_SLOT, the config file's ``slot``) or
     when a warehouse's mirrors record it (``pgcdc.slot``): whatever --consume skips, they never receive. Such a
     slot is consumed only with --force, and then with a warning naming the mirrors."""
     from pgcdc.status import mirrors_streaming_from
     from pgcdc.warehouse import require_existing_warehouse
 
-    if warehouse is None and Path("warehouse").is_dir():
-        warehouse = "warehouse"  # where pgcdc run keeps its mirrors by default
-    if warehouse is not None:
-        require_existing_warehouse(warehouse)
-    mirrors = (mirrors_streaming_from(slot, warehouse, catalog, namespace, conf, catalog_type=catalog_type,
-                                      catalog_uri=catalog_uri) if warehouse is not None else [])
+    if destination.warehouse is None and Path(DEFAULT_WAREHOUSE).is_dir():
+        # where pgcdc run keeps its mirrors by default
+        destination = dataclasses.replace(destination, warehouse=DEFAULT_WAREHOUSE)
+    if destination.warehouse is not None:
+        require_existing_warehouse(destination.warehouse)
+    mirrors = mirrors_streaming_from(slot, destination) if destination.warehouse is not None else []
     own = slot in {"pgcdc", os.environ.get("PGCDC_SLOT"), _state.get("config_slot")}
     if not mirrors and not own:
         return

@@ -213,9 +213,10 @@ def run_demo(out: Console, *, warehouse: Path | None = None, rows: int = 2000,
 
 def _demo(out: Console, server: EmbeddedPostgres, store: dict, where: list[str], rows: int,
           large_transaction_rows: int, started: float) -> bool:
-    """The demo on a running server, its mirrors where ``store`` (PipelineConfig fields) says; ``where`` are
-    the summary's lines about that place."""
+    """The demo on a running server, its mirrors where ``store`` (Destination fields) says; ``where`` are the
+    summary's lines about that place."""
     from pgcdc.pipeline import Pipeline, PipelineConfig
+    from pgcdc.spark.destination import Destination
     from pgcdc.verify import compare_publication
 
     out.print(f"[bold]1.[/bold] PostgreSQL 18 running at [cyan]{server.dsn}[/cyan]")
@@ -224,7 +225,8 @@ def _demo(out: Console, server: EmbeddedPostgres, store: dict, where: list[str],
         conn.execute(seed_rows(rows))
     out.print(f"   schema [cyan]shop[/cyan]: 5 tables, {rows:,} existing rows each, publication [cyan]shop[/cyan]")
 
-    config = PipelineConfig(dsn=server.dsn, publication="shop", slot="pgcdc_demo", batch_max_seconds=2.0, **store)
+    config = PipelineConfig(dsn=server.dsn, publication="shop", slot="pgcdc_demo", batch_max_seconds=2.0,
+                            destination=Destination(**store))
     pipeline = Pipeline(config)
     out.print("[bold]2.[/bold] starting Spark with Iceberg, creating the slot, copying existing rows")
     copied = pipeline.snapshot()

@@ -36,6 +36,11 @@ class ConversionError(PgcdcError):
     """A column value that cannot be converted to its declared type."""
 
 
+class UnconvertibleValue(PgcdcError):
+    """A value a type's decoder cannot convert; the converter makes it a ConversionError with the column's context
+    (table, column, type, format, LSN)."""
+
+
 class TextValuesRequired(ConversionError):
     """Binary values of a column whose type pgcdc reads only as text (a column added while streaming binary)."""
 

@@ -141,7 +141,7 @@ def s3_server() -> Iterator[S3Server]:
 
 @dataclass
 class CatalogSetup:
-    """An Iceberg catalog on S3 as pgcdc is told about it: the ``PipelineConfig`` fields that name it."""
+    """An Iceberg catalog on S3 as pgcdc is told about it: the ``Destination`` fields that name it."""
 
     catalog: str
     catalog_type: str
@@ -150,8 +150,9 @@ class CatalogSetup:
     spark_conf: dict[str, str]
 
     def config_overrides(self) -> dict:
+        """The fields of a :class:`pgcdc.Destination` that name this catalog and its warehouse."""
         return {"catalog": self.catalog, "catalog_type": self.catalog_type, "catalog_uri": self.catalog_uri,
-                "warehouse": self.warehouse, "spark_conf": dict(self.spark_conf)}
+                "warehouse": self.warehouse, "conf": dict(self.spark_conf)}
 
     def cli_arguments(self) -> list[str]:
         arguments = ["--catalog", self.catalog, "--catalog-type", self.catalog_type, "--catalog-uri",

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -20,6 +19,9 @@ LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
 WHERE s.slot_type = 'logical' AND (%(slot)s::text IS NULL OR s.slot_name = %(slot)s)
 ORDER BY s.slot_name
 """
+
+if TYPE_CHECKING:
+    from pgcdc.spark.destination import Destination
 
 
 def slot_status(dsn: str, slot: str | None) -> list[dict[str, Any]]:
@@ -63,25 +65,21 @@ def _size(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-def mirrors_streaming_from(slot: str, warehouse: str, catalog: str, namespace: str, conf: Mapping[str, str], *,
-                           catalog_type: str | None = None, catalog_uri: str | None = None) -> list[tuple[str, Any]]:
-    """(mirror, position) of each mirror in the warehouse that streams from ``slot`` (its ``pgcdc.slot``)."""
+def mirrors_streaming_from(slot: str, destination: Destination) -> list[tuple[str, Any]]:
+    """(mirror, position) of each mirror of ``destination`` that streams from ``slot`` (its ``pgcdc.slot``)."""
     from pgcdc.spark.mirror import MirrorCatalog
     from pgcdc.spark.mirror_status import mirrors_streaming_from as streaming_from
     from pgcdc.spark.session import spark_session
 
-    spark = spark_session(warehouse, catalog, conf=conf, catalog_type=catalog_type, catalog_uri=catalog_uri,
-                          short_lived=True)
-    return streaming_from(MirrorCatalog(spark, catalog=catalog, namespace=namespace), slot)
+    spark = spark_session(destination, short_lived=True)
+    return streaming_from(MirrorCatalog(spark, destination), slot)
 
 
-def mirror_status(warehouse: str, catalog: str, namespace: str, conf: Mapping[str, str], *,
-                  catalog_type: str | None = None, catalog_uri: str | None = None) -> list[dict[str, Any]]:
-    """Each mirror in the warehouse: its source table, ``pgcdc.lsn`` and row count."""
+def mirror_status(destination: Destination) -> list[dict[str, Any]]:
+    """Each mirror of ``destination``: its source table, ``pgcdc.lsn`` and row count."""
     from pgcdc.spark.mirror import MirrorCatalog
     from pgcdc.spark.mirror_status import describe_mirrors
     from pgcdc.spark.session import spark_session
 
-    spark = spark_session(warehouse, catalog, conf=conf, catalog_type=catalog_type, catalog_uri=catalog_uri,
-                          short_lived=True)
-    return describe_mirrors(MirrorCatalog(spark, catalog=catalog, namespace=namespace))
+    spark = spark_session(destination, short_lived=True)
+    return describe_mirrors(MirrorCatalog(spark, destination))

@@ -16,6 +16,7 @@ from pgcdc.errors import PositionCorruptError
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline import Pipeline
 from pgcdc.positions import RECORD_PROPERTY
+from pgcdc.spark.destination import Destination
 from pgcdc.spark.iceberg import load_table
 from pgcdc.spark.maintenance import (
     MaintainedTable,
@@ -114,7 +115,7 @@ def test_positions_survive_compaction_and_expiry_of_every_snapshot_that_carried_
         spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{name}', options => map('rewrite-all', 'true'))")
         expire_all_but_the_newest(spark, name)
         assert lineage_positions(spark, identifier) == [], f"{identifier} still carries its position"
-        assert MirrorCatalog(spark, catalog=config.catalog, namespace=config.namespace).positions.read(
+        assert MirrorCatalog(spark, config.destination).positions.read(
             identifier) == before[identifier]
     logged = assert_changelog_whole(spark, mirrors)
     pg.execute(CHANGES.format(start=20_000))
@@ -131,7 +132,7 @@ def test_a_commit_in_flight_when_its_snapshots_were_expired(spark, iceberg_names
     identifier = f"pgcdc.{iceberg_namespace}.t"
     spark.sql(f"CREATE TABLE {identifier} (id bigint NOT NULL, v string) USING iceberg "
               f"TBLPROPERTIES ('format-version' = '2', 'pgcdc.key' = '{'id' if keyed else ''}')")
-    mirrors = MirrorCatalog(spark, catalog="pgcdc", namespace=iceberg_namespace)
+    mirrors = MirrorCatalog(spark, Destination(namespace=iceberg_namespace))
     for lsn in ("0/10", "0/20"):
         spark.range(2).selectExpr("id", "'x' AS v").writeTo(identifier).option(
             "snapshot-property.pgcdc.lsn", lsn).append()
@@ -292,7 +293,7 @@ def test_a_concurrent_compaction_job_conflicts_are_retried(pg, spark, caplog):
     catch_up_in_process(config, spark)
     pipeline = Pipeline(config, spark=spark)
     other = spark.newSession()
-    name = f"{config.namespace}.shop.customers"
+    name = f"{config.destination.namespace}.shop.customers"
     rewrites = {"done": 0, "failed": 0}
     stop = threading.Event()
 

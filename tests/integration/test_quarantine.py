@@ -74,7 +74,7 @@ def test_stop_names_the_row_and_the_way_out_quarantine_sets_the_change_aside(pg,
     assert "public.items.at" in message and "(id=101)" in message and "committed at LSN" in message
     assert "--on-conversion-error quarantine" in message and "items__rejects" in message
 
-    quarantine = pipeline_config(pg, spark, publication="shop", binary=binary, namespace=config.namespace,
+    quarantine = pipeline_config(pg, spark, publication="shop", binary=binary, namespace=config.destination.namespace,
                                  on_conversion_error="quarantine")
     pipeline = catch_up(quarantine, spark)
     assert pipeline.progress.rows_rejected == 2

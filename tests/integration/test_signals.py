@@ -136,7 +136,7 @@ def test_a_transaction_replayed_after_a_reconnection_is_counted_once(pg, spark):
                          "generate_series(1, 500) g")
             written = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
             # committed to the mirror, not yet confirmed (the apply pauses after its commit): cut the connection
-            mirror = f"`pgcdc`.`{config.namespace}`.`shop`.`customers`"
+            mirror = f"`pgcdc`.`{config.destination.namespace}`.`shop`.`customers`"
             wait_for(lambda: spark.catalog.clearCache() or spark.table(mirror).where("name = 'late'").count() == 500,
                      120, "the batch's commit")
             conn.execute("SELECT pg_terminate_backend(%s)", (_slot_backend(conn, config.slot),))

@@ -77,7 +77,7 @@ def unreferenced_files(spark, pipeline: Pipeline) -> list[Path]:
         identifier = pipeline.mirrors.identifier_for(schema, table)
         referenced = {Path(unquote(urlparse(row.file_path).path))
                       for row in spark.sql(f"SELECT file_path FROM {identifier}.all_files").collect()}
-        location = namespace_directory(spark, pipeline.config.namespace) / schema / table / "data"
+        location = namespace_directory(spark, pipeline.config.destination.namespace) / schema / table / "data"
         found += [path for path in data_files(location) if path not in referenced]
     return found
 
@@ -92,7 +92,7 @@ def test_copy_and_stream_on_a_standalone_cluster_survive_lost_executors(pg, spar
     prepare_source(pg, rows=10000)
     # the MERGE writer, whose applies run in executors' tasks (the row-delta writer's run in the driver)
     config = pipeline_config(pg, spark, apply_writer="merge")
-    mirrors = namespace_directory(spark, config.namespace)
+    mirrors = namespace_directory(spark, config.destination.namespace)
     # started by hand, not by start_streaming: the first kill lands before it streams
     # several tasks per table, so that both executors hold a task when they are lost
     process = run_cli(config, *cluster_options(cluster), "--snapshot-rows-per-task", "5000",

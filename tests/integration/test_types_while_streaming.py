@@ -63,7 +63,7 @@ def test_columns_of_types_created_while_streaming_are_what_a_copy_makes_them(pg,
     assert fields == {"id": "int", "v": "string", "moods": "array<string>", "mood": "string", "n": "int",
                       "span": "string"}
     # a copy makes the same columns
-    copied = pipeline_config(pg, spark, publication="pub", slot="copied", namespace=config.namespace + "_copy")
+    copied = pipeline_config(pg, spark, publication="pub", slot="copied", namespace=config.destination.namespace + "_copy")
     again = Pipeline(copied, spark=spark)
     again.snapshot()
     assert {f.name: f.dataType.simpleString() for f in spark.table(again.mirrors.identifier_for(

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from objectstore_support import jdbc_catalog, require_object_store, rest_catalog, s3_server
+from pgcdc.spark.destination import Destination
 from pgcdc.spark.mirror import MirrorCatalog
 from pipeline_support import (
     SHOP_TABLES,
@@ -94,7 +95,7 @@ def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) 
     # status reads the mirrors back through the same catalog; with --debug nothing secret shows either
     config = pipeline_config(pg, spark, namespace=namespace, **store.config_overrides())
     status = subprocess.run([sys.executable, "-m", "pgcdc.cli", "--debug", "status", "--dsn", config.dsn,
-                             *catalog_arguments(config), "--namespace", config.namespace, "--json"],
+                             *catalog_arguments(config), "--namespace", config.destination.namespace, "--json"],
                             capture_output=True, text=True, timeout=600)
     assert status.returncode == 0, status.stderr[-3000:]
     assert '"shop.customers"' in status.stdout
@@ -103,12 +104,12 @@ def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) 
     # maintain one mirror through the same catalog (every mirror: tests/integration/test_maintenance.py),
     # expiring every snapshot but the newest: positions and rows stay
     maintain = subprocess.run([sys.executable, "-m", "pgcdc.cli", "--debug", "maintain", *catalog_arguments(config),
-                               "--namespace", config.namespace, "--table", "shop.customers", "--snapshots-kept", "1",
+                               "--namespace", config.destination.namespace, "--table", "shop.customers", "--snapshots-kept", "1",
                                "--snapshot-retention-minutes", "0", "--json"],
                               capture_output=True, text=True, timeout=600)
     assert maintain.returncode == 0, maintain.stderr[-3000:]
     maintained = json.loads(maintain.stdout)
-    mirrors = MirrorCatalog(spark, catalog=config.catalog, namespace=config.namespace)
+    mirrors = MirrorCatalog(spark, config.destination)
     assert mirrors.identifier_for("shop", "customers") in {row["table"] for row in maintained}, maintained
     assert all(row["snapshots"] == 1 for row in maintained), maintained
     # read back in this process (its Spark is warm): the same positions, and every mirror still equal
@@ -153,7 +154,8 @@ def test_check_names_what_is_wrong_with_the_destination(spark, s3, store):
     from pgcdc.spark.session import attach_catalog
 
     def problems(name: str, warehouse: str, conf: dict[str, str], **catalog) -> list:
-        attach_catalog(spark, warehouse, name, {**FAST_FAILURE_SETTINGS, **conf}, **catalog)
+        attach_catalog(spark, Destination(warehouse=warehouse, catalog=name, conf={**FAST_FAILURE_SETTINGS, **conf},
+                                          **catalog))
         return check_destination(spark, warehouse, name, "checked")
 
     good_s3 = s3.hadoop_settings("spark.hadoop.")

@@ -50,7 +50,7 @@ def test_ctrl_c_on_s3_finishes_the_batch_in_flight_and_nothing_more(pg, pg_serve
                     conn.execute("INSERT INTO shop.customers (id, name) SELECT 1000000 + g, 'first' FROM "
                                  "generate_series(1, 100) g")
                     first_end = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-                    mirror = f"`{config.catalog}`.`{config.namespace}`.`shop`.`customers`"
+                    mirror = f"`{config.destination.catalog}`.`{config.destination.namespace}`.`shop`.`customers`"
                     wait_for(lambda: spark.catalog.clearCache() or spark.table(mirror).where(
                         "name = 'first'").count() == 100, 180, "the first batch's commit")
                     # a second batch collected while the first one applies, then Ctrl-C

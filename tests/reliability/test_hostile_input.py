@@ -16,6 +16,7 @@ from pgcdc.errors import PositionCorruptError, SpillCorruptError
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput import Commit, StreamCommit
 from pgcdc.replication import ReplicationOptions, SqlInterfaceReader
+from pgcdc.spark.destination import Destination
 from pgcdc.transactions import Transaction, TransactionAssembler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,8 +130,8 @@ def test_a_corrupt_stored_position_stops_the_pipeline(pg, spark):
     pg.execute("INSERT INTO t VALUES (1, 'a')")
     pg.execute("CREATE PUBLICATION pub FOR TABLE t")
     warehouse = spark.conf.get("spark.sql.catalog.pgcdc.warehouse")
-    config = PipelineConfig(dsn=pg.dsn, publication="pub", slot="corrupt", warehouse=warehouse,
-                            namespace=f"corrupt_{pg.name}", batch_max_seconds=0.5)
+    config = PipelineConfig(dsn=pg.dsn, publication="pub", slot="corrupt", batch_max_seconds=0.5,
+                            destination=Destination(warehouse=warehouse, namespace=f"corrupt_{pg.name}"))
     pipeline = Pipeline(config, spark=spark)
     pipeline.run(until_caught_up=True, handle_signals=False)
     mirror = pipeline.mirrors.identifier_for("public", "t")

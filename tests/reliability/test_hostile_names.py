@@ -10,6 +10,7 @@ import random
 import pytest
 
 from pgcdc.pipeline import Pipeline, PipelineConfig
+from pgcdc.spark.destination import Destination
 from pipeline_support import assert_mirrors_equal
 
 pytestmark = pytest.mark.slow
@@ -42,8 +43,9 @@ def test_hostile_identifiers_are_mirrored_correctly(pg, spark):
                      + ", ".join(f"{_ident(SCHEMA)}.{_ident(t)}" for t in TABLES) + f", public.{_ident('UPPER')}")
 
     warehouse = spark.conf.get("spark.sql.catalog.pgcdc.warehouse")
-    config = PipelineConfig(dsn=pg.dsn, publication=PUBLICATION, slot="select", warehouse=warehouse,
-                            namespace=f"names {os.getpid()}.{random.randrange(10**6)}", batch_max_seconds=0.5)
+    config = PipelineConfig(dsn=pg.dsn, publication=PUBLICATION, slot="select", batch_max_seconds=0.5,
+                            destination=Destination(warehouse=warehouse,
+                                                    namespace=f"names {os.getpid()}.{random.randrange(10**6)}"))
     pipeline = Pipeline(config, spark=spark)
     pipeline.check()
     pipeline.run(until_caught_up=True, handle_signals=False)

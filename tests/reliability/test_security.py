@@ -28,6 +28,7 @@ import pytest
 from pgcdc.embedded import EmbeddedPostgres, free_port
 from pgcdc.local_object_store import postgres_jdbc_jar
 from pgcdc.pipeline import Pipeline, PipelineConfig
+from pgcdc.spark.destination import Destination
 from pipeline_support import (
     SHOP_TABLES,
     Workload,
@@ -120,9 +121,9 @@ def _cdc_dsn(proxy: TlsTerminatingProxy, **extra: str) -> str:
 
 def _config(dsn: str, spark, **overrides) -> PipelineConfig:
     return PipelineConfig(dsn=dsn, publication="shop", slot=f"sec_{random.randrange(10**6)}",
-                          warehouse=spark.conf.get("spark.sql.catalog.pgcdc.warehouse"),
-                          namespace=f"sec_{os.getpid()}_{random.randrange(10**9)}", batch_max_seconds=0.5,
-                          **overrides)
+                          destination=Destination(warehouse=spark.conf.get("spark.sql.catalog.pgcdc.warehouse"),
+                                                  namespace=f"sec_{os.getpid()}_{random.randrange(10**9)}"),
+                          batch_max_seconds=0.5, **overrides)
 
 
 def test_plain_connections_are_refused_by_the_tls_endpoint(tls_server):

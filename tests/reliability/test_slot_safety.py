@@ -17,6 +17,7 @@ import pytest
 from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.errors import ConfigError
 from pgcdc.pipeline import Pipeline, PipelineConfig
+from pgcdc.spark.destination import Destination
 from pipeline_support import assert_mirrors_equal
 
 pytestmark = pytest.mark.slow
@@ -24,8 +25,9 @@ pytestmark = pytest.mark.slow
 
 def _config(dsn: str, spark, **overrides) -> PipelineConfig:
     return PipelineConfig(dsn=dsn, publication="pub", slot="safe", batch_max_seconds=0.5,
-                          warehouse=spark.conf.get("spark.sql.catalog.pgcdc.warehouse"),
-                          namespace=f"safe_{os.getpid()}_{random.randrange(10**9)}", **overrides)
+                          destination=Destination(warehouse=spark.conf.get("spark.sql.catalog.pgcdc.warehouse"),
+                                                  namespace=f"safe_{os.getpid()}_{random.randrange(10**9)}"),
+                          **overrides)
 
 
 def _source(conn: psycopg.Connection) -> None:

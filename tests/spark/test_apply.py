@@ -16,32 +16,19 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from change_tables import ARROW, changes
 from pgcdc.change_table import ChangeColumns as C
 from pgcdc.change_table import change_schema
 from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
 from pgcdc.spark.apply import apply_changes
 from pgcdc.spark.arrow import plain_type
+from pgcdc.spark.destination import Destination
 from pgcdc.spark.mirror import MirrorCatalog, TableSpec
 from pgcdc.spark.mirror_status import namespace_positions
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType()),
                      StructField("big", StringType()), StructField("tags", ArrayType(StringType()))])
-ARROW = pa.schema([("id", pa.int64()), ("name", pa.string()), ("big", pa.string()), ("tags", pa.list_(pa.string()))])
-
-
-def changes(*events: tuple) -> pa.Table:
-    """events: (op, lsn, ordinal, row dict or None, options dict) -> a change table keyed on id."""
-    rows = []
-    for op, lsn, ordinal, row, *rest in events:
-        options = rest[0] if rest else {}
-        rows.append({**{f.name: (row or {}).get(f.name) for f in ARROW}, C.OP: op, C.LSN: lsn, C.ORDINAL: ordinal,
-                     C.UNCHANGED: options.get("unchanged", []), C.OLD_KEY: options.get("old_key"),
-                     C.XID: 700 + lsn, C.COMMIT_TS: None, C.ORIGIN: options.get("origin"),
-                     C.BEFORE: options.get("before")})
-    return pa.Table.from_pylist(rows, schema=change_schema(ARROW, ("id",)))
-
-
 def rows_of(spark, identifier) -> list[tuple]:
     return sorted(tuple(r) for r in spark.table(identifier).select("id", "name", "big", "tags").collect())
 
@@ -64,7 +51,7 @@ def writer(request) -> str:
 
 @pytest.fixture
 def mirrors(spark, iceberg_namespace):
-    return MirrorCatalog(spark, catalog="pgcdc", namespace=iceberg_namespace)
+    return MirrorCatalog(spark, Destination(namespace=iceberg_namespace))
 
 
 def test_insert_update_delete_key_change_and_toast(spark, mirrors, writer):
@@ -106,7 +93,7 @@ def test_replay_is_a_no_op_and_truncate_mid_batch(spark, mirrors, writer):
     assert spark.sql(f"SELECT count(*) AS n FROM {mirror.identifier}.snapshots").collect()[0].n == snapshots
 
     # a fresh catalog (a restart) reads the position back and skips the replay too
-    restarted = MirrorCatalog(spark, catalog="pgcdc", namespace=mirrors.namespace).ensure(mirror.spec)
+    restarted = MirrorCatalog(spark, Destination(namespace=mirrors.namespace)).ensure(mirror.spec)
     assert restarted.position == Lsn(5)
     apply(spark, restarted, changes(
         ("I", 5, 0, {"id": 1, "name": "a"}),  # already applied: skipped
@@ -200,7 +187,7 @@ def test_schema_evolution_and_refused_narrowing(spark, mirrors):
     # a fresh process reads the table back: smallint is stored as int, which is no change
     small = StructType([*wider.fields, StructField("s", ShortType())])
     mirrors.ensure(TableSpec("s", "evolve", small, ("id",)))
-    reopened = MirrorCatalog(spark, catalog="pgcdc", namespace=mirrors.namespace)
+    reopened = MirrorCatalog(spark, Destination(namespace=mirrors.namespace))
     assert reopened.ensure(TableSpec("s", "evolve", small, ("id",))).schema["s"].dataType == IntegerType()
     narrower = StructType([StructField("id", LongType()), StructField("n", StringType()),
                            StructField("new", StringType())])
@@ -357,4 +344,4 @@ def test_delta_commit_racing_a_compaction_is_retried_and_lands_once(spark, mirro
     operations = [r.operation for r in spark.sql(
         f"SELECT operation FROM {mirror.identifier}.snapshots ORDER BY committed_at").collect()]
     assert operations == ["overwrite", "overwrite", "replace", "overwrite"]
-    assert MirrorCatalog(spark, catalog="pgcdc", namespace=mirrors.namespace).positions.read(mirror.identifier) == Lsn(3)
+    assert MirrorCatalog(spark, Destination(namespace=mirrors.namespace)).positions.read(mirror.identifier) == Lsn(3)

@@ -98,7 +98,7 @@ import json, logging, sys, threading, time
 from pgcdc.spark.iceberg import with_commit_properties
 from pgcdc.spark.session import spark_session
 
-spark = spark_session(warehouse=sys.argv[1])
+spark = spark_session(Destination(warehouse=sys.argv[1]))
 tables = [f"pgcdc.first.commit_{n}" for n in range(6)]
 spark.sql("CREATE NAMESPACE pgcdc.first")
 for table in tables:

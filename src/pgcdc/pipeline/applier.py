@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -33,8 +33,10 @@ from pgcdc.spark.maintenance import Maintainer, MaintenancePolicy, mirror_tables
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from pgcdc.pgoutput.messages import Relation
     from pgcdc.spark.apply import AppliedChanges
     from pgcdc.spark.mirror import MirrorTable
+    from pgcdc.spark.rejects import SetAside
 
 log = logging.getLogger("pgcdc.pipeline")
 
@@ -98,13 +100,14 @@ class Applier:
 
     def __init__(self, tables: SourceTables, spark: Callable[[], SparkSession], progress: Progress,
                  emit: Callable[[], None], *, changelog: bool, writer: str = "delta",
-                 maintenance: MaintenancePolicy | None = None) -> None:
+                 maintenance: MaintenancePolicy | None = None, target: MirrorTarget | None = None) -> None:
+        """``target``: what batches are applied to (default: the mirrors in Iceberg, through ``spark``)."""
         self.tables = tables
+        self.target = target or SparkMirrors(tables, spark, changelog=changelog, writer=writer)
         self._spark = spark
         self.progress = progress
         self._emit = emit
         self._changelog = changelog
-        self._writer = writer
         self._executor = _Worker("pgcdc-apply")
         self._maintenance_executor = _Worker("pgcdc-maintain") if writer == "delta" else self._executor
         self.applying: Applying | None = None
@@ -197,37 +200,28 @@ class Applier:
 
     def _apply(self, batch: Batch) -> Applied:
         """Apply every segment of ``batch`` to its mirror (on the apply thread); returns what was applied."""
-        from pgcdc.spark.rejects import append_rejects
-
         started = time.monotonic()
         outcome = Applied()
         applied = 0
+        target = self.target
         for segments in batch.tables.values():
             for index, segment in enumerate(segments):
-                relation = segment.relation
-                if held_whole(segment.span, self.tables.held_position(
-                        relation.namespace, relation.name, changelog=self._changelog)):
+                if held_whole(segment.span, target.held_position(segment.relation)):
                     continue
                 following = segments[index + 1].span if index + 1 < len(segments) else None
-                mirror = self.tables.mirror_for(segment.relation)
+                mirror = target.mirror(segment.relation)
                 position = mirror_position(segment.span, following, mirror.position)
                 if applied:
                     injection_point("apply.between-mirrors")
                 if segment.rejects:  # first: its own position makes a replay after a crash here harmless
-                    rejected = append_rejects(self._spark(), mirror, pa.concat_tables(segment.rejects))
-                    if rejected.position is not None:
-                        mirror.rejects_position = rejected.position
+                    rejected = target.set_aside(mirror, pa.concat_tables(segment.rejects))
                     outcome.rejected += rejected.changes
                     outcome.commit_lsns |= rejected.commit_lsns
                     injection_point("apply.rejects")
                 if not segment.chunks:  # every change of the run was set aside
                     continue
                 injection_point("apply.mirror")
-                changes = self._apply_segment(mirror, pa.concat_tables(segment.chunks), position)
-                if changes.position is not None:
-                    mirror.position = changes.position
-                if changes.changelog_position is not None:
-                    mirror.changelog_position = changes.changelog_position
+                changes = target.apply(mirror, pa.concat_tables(segment.chunks), position)
                 outcome.changes += changes.changes
                 outcome.commit_lsns |= changes.commit_lsns
                 applied += 1
@@ -235,31 +229,79 @@ class Applier:
         outcome.seconds = time.monotonic() - started
         return outcome
 
-    def _apply_segment(self, mirror: MirrorTable, changes: pa.Table, position: Lsn) -> AppliedChanges:
+
+class MirrorTarget(Protocol):
+    """What the applier applies a batch to: the mirrors, as the writers see them (:class:`SparkMirrors`)."""
+
+    def held_position(self, relation: Relation) -> Lsn | None: ...
+
+    def mirror(self, relation: Relation) -> MirrorTable: ...
+
+    def set_aside(self, mirror: MirrorTable, rejects: pa.Table) -> SetAside: ...
+
+    def apply(self, mirror: MirrorTable, changes: pa.Table, position: Lsn) -> AppliedChanges: ...
+
+
+class SparkMirrors:
+    """The mirrors in Iceberg, written through Spark's JVM: each apply records the positions it committed."""
+
+    def __init__(self, tables: SourceTables, spark: Callable[[], SparkSession], *, changelog: bool,
+                 writer: str) -> None:
+        self.tables = tables
+        self._spark = spark
+        self._changelog = changelog
+        self._writer = writer
+
+    def held_position(self, relation: Relation) -> Lsn | None:
+        return self.tables.held_position(relation.namespace, relation.name, changelog=self._changelog)
+
+    def mirror(self, relation: Relation) -> MirrorTable:
+        return self.tables.mirror_for(relation)
+
+    def set_aside(self, mirror: MirrorTable, rejects: pa.Table) -> SetAside:
+        from pgcdc.spark.rejects import append_rejects
+
+        rejected = append_rejects(self._spark(), mirror, rejects)
+        if rejected.position is not None:
+            mirror.rejects_position = rejected.position
+        return rejected
+
+    def apply(self, mirror: MirrorTable, changes: pa.Table, position: Lsn) -> AppliedChanges:
         """One mirror's changes (and its change log's), retried when a commit of someone else's beside pgcdc's
         (a compaction job, a catalog's optimizer) conflicts with it: the failed commit changed nothing, and the
         retry skips what the change log already holds."""
-        from pgcdc.spark.apply import apply_changes
         from pgcdc.spark.iceberg import is_commit_conflict
 
-        mirrors = self.tables.mirrors
-        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        attempt = 1
+        while True:
             try:
-                # positions go into table properties too, where expiry of snapshots cannot remove them
-                with contextlib.ExitStack() as recordings:
-                    if self._changelog:
-                        recordings.enter_context(mirrors.positions.recording(
-                            mirror.changelog_identifier, before=mirror.changelog_position, upto=position,
-                            held=lambda: mirror.changelog_position, whole=True))
-                    recording = recordings.enter_context(mirrors.positions.recording(
-                        mirror.identifier, before=mirror.position, upto=position, held=lambda: mirror.position,
-                        whole=not mirror.spec.key_columns, deferred=True))
-                    return apply_changes(self._spark(), mirror, changes, lsn=position, changelog=self._changelog,
-                                         writer=self._writer, before_merge=recording.mark_pending)
+                return self._apply_once(mirror, changes, position)
             except Exception as exc:
                 if attempt == COMMIT_ATTEMPTS or not is_commit_conflict(exc):
                     raise
+                attempt += 1
                 log.warning("%s: the commit conflicted with a concurrent one (%s); applying again (attempt %d of "
-                            "%d)", mirror.spec.source, str(exc).splitlines()[0][:300], attempt + 1, COMMIT_ATTEMPTS)
+                            "%d)", mirror.spec.source, str(exc).splitlines()[0][:300], attempt, COMMIT_ATTEMPTS)
                 time.sleep(min(0.5 * 2 ** attempt, 10.0))
-        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _apply_once(self, mirror: MirrorTable, changes: pa.Table, position: Lsn) -> AppliedChanges:
+        from pgcdc.spark.apply import apply_changes
+
+        positions = self.tables.mirrors.positions
+        # positions go into table properties too, where expiry of snapshots cannot remove them
+        with contextlib.ExitStack() as recordings:
+            if self._changelog:
+                recordings.enter_context(positions.recording(
+                    mirror.changelog_identifier, before=mirror.changelog_position, upto=position,
+                    held=lambda: mirror.changelog_position, whole=True))
+            recording = recordings.enter_context(positions.recording(
+                mirror.identifier, before=mirror.position, upto=position, held=lambda: mirror.position,
+                whole=not mirror.spec.key_columns, deferred=True))
+            applied = apply_changes(self._spark(), mirror, changes, lsn=position, changelog=self._changelog,
+                                    writer=self._writer, before_merge=recording.mark_pending)
+            # the one place a mirror's positions move after an apply: before the recordings write them down
+            if applied.changelog_position is not None:
+                mirror.changelog_position = applied.changelog_position
+            if applied.position is not None:
+                mirror.position = applied.position
+            return applied

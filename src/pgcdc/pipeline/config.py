@@ -2,39 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
 from pgcdc.replication.slots import slot_name_problem
-from pgcdc.secrets import parse_dsn, register_conf_secrets
+from pgcdc.secrets import parse_dsn
+from pgcdc.spark.destination import Destination
 from pgcdc.spark.maintenance import MaintenancePolicy
-from pgcdc.spark.session import catalog_settings
 
 
 @dataclass
 class PipelineConfig:
     """Everything a pipeline needs; validated before anything touches a server or the JVM.
 
-    ``dsn`` is a libpq connection string or URI for the source database (TLS
-    settings such as ``sslmode`` pass through). ``warehouse`` is a directory or a URI
-    (``s3a://bucket/prefix``); ``catalog_type`` hadoop (default), jdbc or rest, the latter two at
-    ``catalog_uri``. ``spark_conf`` overrides any Spark or Iceberg catalog setting
-    (``spark.sql.catalog.<catalog>.*``, ``spark.hadoop.fs.s3a.*``); its secret values never show in
-    logs or errors.
+    ``dsn`` is a libpq connection string or URI for the source database (TLS settings such as ``sslmode`` pass
+    through); ``destination`` says where the mirrors go (:class:`pgcdc.Destination`: the warehouse, its catalog
+    and namespace, Spark's settings and master).
     """
 
     dsn: str
     publication: str
     slot: str = "pgcdc"
-    catalog: str = "pgcdc"
-    namespace: str = "mirror"
-    warehouse: str | None = "warehouse"
-    catalog_type: str | None = None  # None: the type spark_conf names, else hadoop
-    catalog_uri: str | None = None
-    spark_master: str | None = None
-    spark_conf: Mapping[str, str] = field(default_factory=dict)
+    destination: Destination = field(default_factory=Destination)
     batch_max_rows: int = 200_000
     batch_max_seconds: float = 5.0
     changelog: bool = False
@@ -60,13 +50,7 @@ class PipelineConfig:
     maintenance: MaintenancePolicy = field(default_factory=MaintenancePolicy)  # compaction, expiry, orphan files
 
     def __post_init__(self) -> None:
-        register_conf_secrets(self.spark_conf)
         problems = []
-        try:
-            catalog_settings(self.warehouse, self.catalog, conf=self.spark_conf, catalog_type=self.catalog_type,
-                             catalog_uri=self.catalog_uri)
-        except ConfigError as exc:
-            problems.append(str(exc))
         try:
             parse_dsn(self.dsn)
         except ConfigError as exc:

@@ -53,7 +53,8 @@ log = logging.getLogger("pgcdc.pipeline")
 class Pipeline:
     """Mirror a publication's tables into Iceberg with Spark; see :class:`PipelineConfig`.
 
-    >>> pipeline = Pipeline(PipelineConfig(dsn="dbname=shop", publication="shop", warehouse="/data/wh"))  # doctest: +SKIP
+    >>> pipeline = Pipeline(PipelineConfig(dsn="dbname=shop", publication="shop",
+    ...                                    destination=Destination(warehouse="/data/wh")))  # doctest: +SKIP
     >>> pipeline.run(until_caught_up=True)                                                              # doctest: +SKIP
     """
 
@@ -63,8 +64,7 @@ class Pipeline:
         if spark is not None:  # a session the caller built: it must hold the catalog the config names
             from pgcdc.spark.session import attach_catalog
 
-            attach_catalog(spark, config.warehouse, config.catalog, config.spark_conf,
-                           catalog_type=config.catalog_type, catalog_uri=config.catalog_uri)
+            attach_catalog(spark, config.destination)
         self._spark = spark
         self._on_progress = on_progress
         self.progress = Progress()
@@ -81,9 +81,7 @@ class Pipeline:
         if self._spark is None:
             from pgcdc.spark.session import spark_session
 
-            self._spark = spark_session(self.config.warehouse, self.config.catalog,
-                                        master=self.config.spark_master, conf=self.config.spark_conf,
-                                        catalog_type=self.config.catalog_type, catalog_uri=self.config.catalog_uri)
+            self._spark = spark_session(self.config.destination)
         return self._spark
 
     @property

@@ -60,7 +60,7 @@ class Snapshotter:
                 # only this publication's mirrors: a namespace may also hold the mirrors of other pgcdc runs
                 # (other publications, other slots) writing the same warehouse
                 published = {(t.schema, t.name) for t in tables}
-                refuse_lost_slot(config.slot, config.namespace, {
+                refuse_lost_slot(config.slot, config.destination.namespace, {
                     name: lsn for name, lsn in namespace_positions(self.tables.mirrors).items() if name in published})
             self._set_phase("snapshot")
             copied: dict[str, int] = {}  # committed copies: the JVM may be past asking after an interrupt

@@ -74,8 +74,7 @@ class SourceTables:
         if self._mirrors is None:
             from pgcdc.spark.mirror import MirrorCatalog
 
-            self._mirrors = MirrorCatalog(self._spark(), catalog=self.config.catalog,
-                                          namespace=self.config.namespace, slot=self.config.slot)
+            self._mirrors = MirrorCatalog(self._spark(), self.config.destination, slot=self.config.slot)
         return self._mirrors
 
     def observe_type(self, message: Type) -> None:

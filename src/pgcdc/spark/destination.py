@@ -1,5 +1,6 @@
-"""The destination checked before anything is created: the warehouse's storage (a directory, a bucket) takes a
-file and gives it back, and the catalog answers and lets pgcdc create its namespace. Each failure is one
+"""The destination: where the mirrors go (:class:`Destination`, declared once for every command and the Python
+API), and what is checked of it before anything is created: the warehouse's storage (a directory, a bucket)
+takes a file and gives it back, and the catalog answers and lets pgcdc create its namespace. Each failure is one
 problem saying what is wrong (an endpoint nobody answers at, a missing bucket, refused credentials, an
 unreachable catalog, a missing jar) and how to fix it, not a Java stack trace after the slot exists."""
 
@@ -9,10 +10,12 @@ import contextlib
 import logging
 import re
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pgcdc.secrets import redact
+from pgcdc.errors import ConfigError
+from pgcdc.secrets import redact, register_conf_secrets
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -26,6 +29,65 @@ FAST_FAILURE_SETTINGS = {
     "spark.hadoop.fs.s3a.connection.establish.timeout": "5000",
     "spark.hadoop.fs.s3a.connection.timeout": "10000",
 }
+
+
+DEFAULT_WAREHOUSE = "warehouse"
+DEFAULT_CATALOG = "pgcdc"
+DEFAULT_NAMESPACE = "mirror"
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where the mirrors go, and the Spark that writes them: the ``warehouse`` (a directory or a URI such as
+    ``s3a://bucket/prefix``), the Iceberg ``catalog`` Spark knows it by, of ``catalog_type`` hadoop (default: the
+    warehouse itself), jdbc or rest at ``catalog_uri``, the ``namespace`` holding the mirrors, Spark settings
+    (``conf``: ``spark.sql.catalog.<catalog>.*``, ``spark.hadoop.fs.s3a.*``, ...; their secret values never show
+    in logs or errors), the Spark ``master`` (None: local) and ``java_options`` for the driver's and executors'
+    JVMs. Validated when made.
+
+    >>> Destination(warehouse="s3a://lake/mirrors", catalog_type="jdbc",
+    ...             catalog_uri="jdbc:postgresql://db.example:5432/iceberg")  # doctest: +ELLIPSIS
+    Destination(warehouse='s3a://lake/mirrors', ...)
+    """
+
+    warehouse: str | None = DEFAULT_WAREHOUSE
+    catalog: str = DEFAULT_CATALOG
+    catalog_type: str | None = None  # None: the type ``conf`` names, else hadoop
+    catalog_uri: str | None = None
+    namespace: str = DEFAULT_NAMESPACE
+    conf: Mapping[str, str] = field(default_factory=dict)
+    master: str | None = None
+    java_options: str = ""
+
+    def __post_init__(self) -> None:
+        register_conf_secrets(self.conf)
+        problems = self.problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings, each with the fix (empty: nothing)."""
+        from pgcdc.spark.session import catalog_settings
+
+        problems = []
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.catalog):
+            problems.append(f"catalog name {self.catalog!r} must be a plain identifier (letters, digits, _)")
+        if not self.namespace or "`" in self.namespace:
+            problems.append(f"mirror namespace {self.namespace!r} must be a non-empty name without back-quotes")
+        try:
+            catalog_settings(self.warehouse, self.catalog, conf=self.conf, catalog_type=self.catalog_type,
+                             catalog_uri=self.catalog_uri)
+        except ConfigError as exc:
+            problems.append(str(exc))
+        return problems
+
+    def spark_settings(self, *, local: bool = True, short_lived: bool = False) -> dict[str, str]:
+        """The settings of a Spark session that writes these mirrors (:func:`pgcdc.spark.session.spark_settings`)."""
+        from pgcdc.spark.session import spark_settings
+
+        return spark_settings(self.warehouse, self.catalog, local=local, conf=self.conf,
+                              catalog_type=self.catalog_type, catalog_uri=self.catalog_uri, short_lived=short_lived,
+                              java_options=self.java_options)
 
 
 @dataclass(frozen=True)

@@ -179,55 +179,12 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
     _clean_old_metadata(table)
     wanted = [step for step in STEPS if step in steps]
 
-    def carrying(action: Any) -> Any:
-        for key, value in carried.items():
-            action = action.snapshotProperty(str(key), str(value))
-        return action
-
     for step in wanted:
         injection_point(f"maintain.{step}")
         log.info("%s: %s starting", identifier, step, extra={"event": "maintenance.step", "table": identifier,
                                                               "step": step})
         try:
-            if step == "compact-data" and (before.data_files > 1 or before.delete_files > 0):
-                # every data file a delete applies to is rewritten without the deleted rows; the new files keep the
-                # starting snapshot's sequence number: every delete file up to it is left without a row to apply to,
-                # and equality deletes committed during the rewrite still apply to them (no conflict with the stream)
-                action = (actions.rewriteDataFiles(table).option("min-input-files", "2")
-                          .option("delete-file-threshold", "1").option("partial-progress.enabled", "false")
-                          .option("use-starting-sequence-number", "true").option("remove-dangling-deletes", "true"))
-                if policy.target_file_bytes:
-                    action = action.option("target-file-size-bytes", str(policy.target_file_bytes))
-                outcome = carrying(action).execute()
-                result.steps[step] = int(outcome.rewrittenDataFilesCount())
-            elif step == "compact-deletes" and _health(spark, table).delete_files > 0:
-                if table.spec().isUnpartitioned() and table.specs().size() == 1:
-                    # Iceberg's dangling-delete action leaves unpartitioned tables to its commits, which drop only
-                    # what one commit's own manifests show: equality deletes stay after a compaction
-                    result.steps[step] = _drop_dangling_deletes(spark, table, carried)
-                else:
-                    outcome = carrying(actions.removeDanglingDeleteFiles(table)).execute()
-                    result.steps[step] = len(list(outcome.removedDeleteFiles()))
-                table.refresh()
-                # Iceberg 1.10's position-delete reader fails on list and map columns ("Invalid partition field
-                # parent"): there the position deletes a compaction did not make dangling stay until the next one
-                if _position_delete_files(table) and not _has_lists_or_maps(table):
-                    outcome = carrying(actions.rewritePositionDeletes(table).option("rewrite-all", "true")).execute()
-                    result.steps[step] += int(outcome.rewrittenDeleteFilesCount())
-            elif step == "rewrite-manifests" and _health(spark, table).manifests > 1:
-                outcome = carrying(actions.rewriteManifests(table)).execute()
-                result.steps[step] = len(list(outcome.rewrittenManifests()))
-            elif step == "expire":
-                older_than = int((time.time() - policy.snapshot_max_age_seconds) * 1000)
-                outcome = (actions.expireSnapshots(table).expireOlderThan(older_than)
-                           .retainLast(policy.snapshots_kept).execute())
-                result.steps[step] = (int(outcome.deletedDataFilesCount()) + int(outcome.deletedPositionDeleteFilesCount())
-                                      + int(outcome.deletedManifestsCount()) + int(outcome.deletedManifestListsCount()))
-            elif step == "remove-orphans":
-                age = policy.orphan_age_seconds if orphan_age_seconds is None else orphan_age_seconds
-                outcome = actions.deleteOrphanFiles(table).olderThan(int((time.time() - age) * 1000)).execute()
-                result.steps[step] = len(list(outcome.orphanFileLocations()))
-                table.updateProperties().set(ORPHANS_REMOVED_PROPERTY, str(int(time.time()))).commit()
+            result.steps[step] = _run_step(spark, actions, table, step, before, carried, policy, orphan_age_seconds)
         except Exception as exc:
             if not is_commit_conflict(exc):
                 raise
@@ -246,6 +203,55 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
              result.after.snapshots, result.after.data_files, result.after.delete_files,
              extra={"event": "maintenance", "table": identifier, "steps": result.steps})
     return result
+
+
+def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: TableHealth,
+              carried: Mapping[str, str], policy: MaintenancePolicy, orphan_age_seconds: float | None) -> int:
+    """One maintenance step on ``table``, its commits carrying ``carried``; returns the files it rewrote, dropped,
+    expired or deleted (0: nothing to do)."""
+
+    def carrying(action: Any) -> Any:
+        for key, value in carried.items():
+            action = action.snapshotProperty(str(key), str(value))
+        return action
+
+    if step == "compact-data" and (before.data_files > 1 or before.delete_files > 0):
+        # every data file a delete applies to is rewritten without the deleted rows; the new files keep the
+        # starting snapshot's sequence number: every delete file up to it is left without a row to apply to, and
+        # equality deletes committed during the rewrite still apply to them (no conflict with the stream)
+        action = (actions.rewriteDataFiles(table).option("min-input-files", "2")
+                  .option("delete-file-threshold", "1").option("partial-progress.enabled", "false")
+                  .option("use-starting-sequence-number", "true").option("remove-dangling-deletes", "true"))
+        if policy.target_file_bytes:
+            action = action.option("target-file-size-bytes", str(policy.target_file_bytes))
+        return int(carrying(action).execute().rewrittenDataFilesCount())
+    if step == "compact-deletes" and _health(spark, table).delete_files > 0:
+        if table.spec().isUnpartitioned() and table.specs().size() == 1:
+            # Iceberg's dangling-delete action leaves unpartitioned tables to its commits, which drop only what
+            # one commit's own manifests show: equality deletes stay after a compaction
+            dropped = _drop_dangling_deletes(spark, table, carried)
+        else:
+            dropped = len(list(carrying(actions.removeDanglingDeleteFiles(table)).execute().removedDeleteFiles()))
+        table.refresh()
+        # Iceberg 1.10's position-delete reader fails on list and map columns ("Invalid partition field parent"):
+        # there the position deletes a compaction did not make dangling stay until the next one
+        if _position_delete_files(table) and not _has_lists_or_maps(table):
+            outcome = carrying(actions.rewritePositionDeletes(table).option("rewrite-all", "true")).execute()
+            dropped += int(outcome.rewrittenDeleteFilesCount())
+        return dropped
+    if step == "rewrite-manifests" and _health(spark, table).manifests > 1:
+        return len(list(carrying(actions.rewriteManifests(table)).execute().rewrittenManifests()))
+    if step == "expire":
+        older_than = int((time.time() - policy.snapshot_max_age_seconds) * 1000)
+        outcome = actions.expireSnapshots(table).expireOlderThan(older_than).retainLast(policy.snapshots_kept).execute()
+        return (int(outcome.deletedDataFilesCount()) + int(outcome.deletedPositionDeleteFilesCount())
+                + int(outcome.deletedManifestsCount()) + int(outcome.deletedManifestListsCount()))
+    if step == "remove-orphans":
+        age = policy.orphan_age_seconds if orphan_age_seconds is None else orphan_age_seconds
+        outcome = actions.deleteOrphanFiles(table).olderThan(int((time.time() - age) * 1000)).execute()
+        table.updateProperties().set(ORPHANS_REMOVED_PROPERTY, str(int(time.time()))).commit()
+        return len(list(outcome.orphanFileLocations()))
+    return 0
 
 
 def _drop_dangling_deletes(spark: SparkSession, table: Any, carried: Mapping[str, str]) -> int:

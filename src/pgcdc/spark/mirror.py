@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgcdc.errors import ConfigError, IdentityChangedError
 from pgcdc.lsn import Lsn
+from pgcdc.spark.destination import Destination
 from pgcdc.spark.mirror_positions import MirrorPositions
 from pgcdc.spark.mirror_properties import (
     FILL_PROPERTY,
@@ -149,15 +150,13 @@ def cannot_widen(current: StructType, target: StructType) -> list[str]:
 class MirrorCatalog:
     """The mirrors of one pgcdc pipeline: ``<catalog>.<namespace>.<source schema>.<source table>``."""
 
-    def __init__(self, spark: SparkSession, *, catalog: str = "pgcdc", namespace: str = "mirror",
-                 slot: str | None = None) -> None:
-        """``slot``: the replication slot the mirrors stream from, recorded in each mirror it creates or opens
-        (None: a reader such as ``pgcdc status``, which records nothing)."""
-        if not namespace or "`" in namespace:
-            raise ConfigError(f"mirror namespace {namespace!r} must be a non-empty name without back-quotes")
+    def __init__(self, spark: SparkSession, destination: Destination, *, slot: str | None = None) -> None:
+        """The mirrors of ``destination``'s namespace. ``slot``: the replication slot the mirrors stream from,
+        recorded in each mirror it creates or opens (None: a reader such as ``pgcdc status``, which records
+        nothing)."""
         self.spark = spark
-        self.catalog = catalog
-        self.namespace = namespace
+        self.catalog = destination.catalog
+        self.namespace = destination.namespace
         self.slot = slot
         self._tables: dict[tuple[str, str], MirrorTable] = {}
         self.properties = MirrorProperties(spark)

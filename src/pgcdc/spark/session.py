@@ -1,6 +1,6 @@
 """SparkSession with Apache Iceberg, local by default, any cluster or catalog by configuration.
 
->>> spark = spark_session(warehouse="/tmp/warehouse")            # doctest: +SKIP
+>>> spark = spark_session(Destination(warehouse="/tmp/warehouse"))  # doctest: +SKIP
 >>> spark.sql("CREATE TABLE pgcdc.db.t (id bigint) USING iceberg")  # doctest: +SKIP
 
 Defaults: a Hadoop catalog named ``pgcdc`` on a local warehouse directory,
@@ -28,11 +28,11 @@ from typing import IO, TYPE_CHECKING
 
 from pgcdc.errors import ConfigError
 from pgcdc.secrets import holds_secret, register_conf_secrets
+from pgcdc.spark.destination import DEFAULT_CATALOG, Destination
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-DEFAULT_CATALOG = "pgcdc"
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 MIN_JAVA = 17
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
@@ -104,6 +104,7 @@ def spark_settings(
     catalog_type: str | None = None,
     catalog_uri: str | None = None,
     short_lived: bool = False,
+    java_options: str | None = None,
 ) -> dict[str, str]:
     """The Spark settings pgcdc needs: the Iceberg runtime and extensions, and a catalog named ``catalog`` on
     ``warehouse`` (default ``./warehouse``). Add them to your own session's builder:
@@ -114,7 +115,8 @@ def spark_settings(
     override every default, and a ``spark.jars`` among them is added to the Iceberg runtime, not put in its
     place (object storage needs e.g. ``hadoop-aws`` and the AWS SDK bundle there). ``short_lived``: the JVM
     answers a few metadata questions and ends (``status``, ``check``), so it compiles with the quick compiler
-    only. The ``PGCDC_JAVA_OPTIONS`` environment variable adds options to the driver's and executors' JVMs.
+    only. ``java_options`` (default: the ``PGCDC_JAVA_OPTIONS`` environment variable) are added to the driver's and
+    executors' JVMs.
     """
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", catalog):
         raise ConfigError(f"catalog name {catalog!r} must be a plain identifier (letters, digits, _)")
@@ -124,7 +126,8 @@ def spark_settings(
     jars += [jar.strip() for jar in conf.pop("spark.jars", "").split(",") if jar.strip() and jar.strip() not in jars]
     java_options = " ".join(filter(None, [f"-Dlog4j.configurationFile={LOG_CONFIG.as_uri()}",
                                           SHORT_LIVED_JVM if short_lived else "",
-                                          os.environ.get("PGCDC_JAVA_OPTIONS", "").strip()]))
+                                          (os.environ.get("PGCDC_JAVA_OPTIONS", "") if java_options is None
+                                           else java_options).strip()]))
     settings = {"spark.jars": ",".join(jars), "spark.sql.extensions": ICEBERG_EXTENSIONS,
                 **catalog_settings(warehouse, catalog, conf=conf, catalog_type=catalog_type,
                                    catalog_uri=catalog_uri),
@@ -201,13 +204,12 @@ def _make_local_warehouse(settings: Mapping[str, str], catalog: str) -> None:
         Path(unquote(urlparse(warehouse).path)).mkdir(parents=True, exist_ok=True)
 
 
-def attach_catalog(spark: SparkSession, warehouse: str | os.PathLike[str] | None, catalog: str = DEFAULT_CATALOG,
-                   conf: Mapping[str, str] | None = None, *, catalog_type: str | None = None,
-                   catalog_uri: str | None = None) -> None:
+def attach_catalog(spark: SparkSession, destination: Destination) -> None:
     """Make a session someone else built (a notebook's ``SparkSession.builder.getOrCreate()``) hold pgcdc's
-    catalog: a session with Iceberg's runtime and extensions gets the catalog on ``warehouse`` at run time (a
-    catalog it already has is used as it is); one without them cannot, and the error says what to add.
-    ``spark.hadoop.*`` entries of ``conf`` (object storage settings) apply to this catalog's tables only."""
+    catalog: a session with Iceberg's runtime and extensions gets the destination's catalog at run time (a catalog
+    it already has is used as it is); one without them cannot, and the error says what to add. ``spark.hadoop.*``
+    entries of the destination's ``conf`` (object storage settings) apply to this catalog's tables only."""
+    warehouse, catalog = destination.warehouse, destination.catalog
     prefix = f"spark.sql.catalog.{catalog}"
     if spark.conf.get(prefix, None):
         return
@@ -226,10 +228,9 @@ def attach_catalog(spark: SparkSession, warehouse: str | os.PathLike[str] | None
             f"{'' if has_iceberg else ' and no Iceberg runtime'}; build it with pgcdc's settings: "
             f"SparkSession.builder.config(map=pgcdc.spark_settings({str(warehouse or 'warehouse')!r})).getOrCreate() "
             "(a session already running must be stopped first: the runtime and extensions are fixed at its start)")
-    conf = dict(conf or {})
-    register_conf_secrets(conf)
-    settings = {**catalog_settings(warehouse, catalog, conf=conf, catalog_type=catalog_type,
-                                   catalog_uri=catalog_uri),
+    conf = dict(destination.conf)
+    settings = {**catalog_settings(warehouse, catalog, conf=conf, catalog_type=destination.catalog_type,
+                                   catalog_uri=destination.catalog_uri),
                 **{f"{prefix}.hadoop.{k.removeprefix('spark.hadoop.')}": v for k, v in conf.items()
                    if k.startswith("spark.hadoop.")},
                 **{k: v for k, v in conf.items() if k.startswith(prefix)}}
@@ -238,38 +239,29 @@ def attach_catalog(spark: SparkSession, warehouse: str | os.PathLike[str] | None
         spark.conf.set(key, value)
 
 
-def spark_session(
-    warehouse: str | os.PathLike[str] | None = None,
-    catalog: str = DEFAULT_CATALOG,
-    *,
-    master: str | None = None,
-    conf: Mapping[str, str] | None = None,
-    app_name: str = "pgcdc",
-    catalog_type: str | None = None,
-    catalog_uri: str | None = None,
-    short_lived: bool = False,
-) -> SparkSession:
-    """Get or create a SparkSession with the Iceberg extensions and a catalog named ``catalog``.
-
-    ``warehouse`` is where the catalog's tables go (default ``./warehouse``); ``catalog_type``, ``catalog_uri``
-    and ``short_lived`` as in :func:`spark_settings`; ``conf`` entries override every default.
-    """
+def spark_session(destination: Destination | None = None, *, app_name: str = "pgcdc",
+                  short_lived: bool = False) -> SparkSession:
+    """Get or create a SparkSession with the Iceberg extensions and the catalog of ``destination`` (default: a
+    Hadoop catalog named ``pgcdc`` on ``./warehouse``, local Spark). ``short_lived``: the JVM answers a few
+    metadata questions and ends (:func:`spark_settings`)."""
+    destination = destination or Destination()
     ensure_java()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or _python())
     from pyspark.sql import SparkSession
 
-    conf = dict(conf or {})
-    master = master or conf.pop("spark.master", None) or "local[*]"
+    conf = dict(destination.conf)
+    master = destination.master or conf.pop("spark.master", None) or "local[*]"
     if master.startswith("local-cluster"):
         # local-cluster launches executor JVMs through $SPARK_HOME/bin; pip's pyspark is a full Spark home
         import pyspark
 
         os.environ.setdefault("SPARK_HOME", str(Path(pyspark.__file__).parent))
-    settings = spark_settings(warehouse, catalog, local=master.startswith("local"),
-                              conf={"spark.ui.enabled": "false", **conf}, catalog_type=catalog_type,
-                              catalog_uri=catalog_uri, short_lived=short_lived)
-    _make_local_warehouse(settings, catalog)
+    settings = spark_settings(destination.warehouse, destination.catalog, local=master.startswith("local"),
+                              conf={"spark.ui.enabled": "false", **conf}, catalog_type=destination.catalog_type,
+                              catalog_uri=destination.catalog_uri, short_lived=short_lived,
+                              java_options=destination.java_options or None)
+    _make_local_warehouse(settings, destination.catalog)
 
     _launch_jvm_apart(settings, master, app_name)
     builder = SparkSession.builder.master(master).appName(app_name)

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
+from pgcdc.errors import UnconvertibleValue
 from pgcdc.types.decoding import (
     ColumnKind,
-    UnconvertibleValue,
     Values,
     accelerated,
     as_list,

@@ -40,11 +40,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from pgcdc.errors import ConversionError, TextValuesRequired
+from pgcdc.errors import ConversionError, TextValuesRequired, UnconvertibleValue
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import Relation, TupleData
 from pgcdc.types import decoding
-from pgcdc.types.decoding import ConversionOptions, UnconvertibleValue, Values
+from pgcdc.types.decoding import ConversionOptions, Values
 from pgcdc.types.kinds import column_kind
 from pgcdc.types.registry import TypeRegistry
 

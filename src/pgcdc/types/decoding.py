@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pgcdc.errors import UnconvertibleValue
 from pgcdc.pgoutput.messages import TupleData
 
 Values = Sequence[bytes | memoryview | None]
@@ -92,10 +93,6 @@ class ConversionOptions:
             raise ValueError(f"infinity policy {self.infinity!r} must be 'clamp' or 'error'")
         if not 0 <= self.numeric_scale <= 38:
             raise ValueError("numeric_scale must be between 0 and 38")
-
-
-class UnconvertibleValue(Exception):
-    """A value a decoder cannot convert; becomes a ConversionError with the column's context."""
 
 
 @dataclass(frozen=True)

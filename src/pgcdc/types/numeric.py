@@ -14,11 +14,11 @@ from decimal import Context, Decimal, InvalidOperation, localcontext
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pgcdc.errors import UnconvertibleValue
 from pgcdc.types.decoding import (
     ColumnKind,
     ColumnKinds,
     ConversionOptions,
-    UnconvertibleValue,
     Values,
     accelerated,
     as_list,

@@ -16,6 +16,7 @@ from decimal import Decimal
 import numpy as np
 import pyarrow as pa
 
+from pgcdc.errors import UnconvertibleValue
 from pgcdc.types.decoding import (
     INT32_MAX,
     INT32_MIN,
@@ -24,7 +25,6 @@ from pgcdc.types.decoding import (
     ColumnKind,
     ColumnKinds,
     ConversionOptions,
-    UnconvertibleValue,
     Values,
     as_strings,
     cast_text,

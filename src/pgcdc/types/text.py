@@ -6,10 +6,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pgcdc.errors import UnconvertibleValue
 from pgcdc.types.decoding import (
     ColumnKind,
     ColumnKinds,
-    UnconvertibleValue,
     Values,
     accelerated,
     as_list,
