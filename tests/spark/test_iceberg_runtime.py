@@ -96,6 +96,7 @@ def test_a_zip_changed_on_disk_is_read_again_when_import_caches_are_invalidated(
 FIRST_COMMITS_FROM_THREADS = """
 import json, logging, sys, threading, time
 from pgcdc.spark.iceberg import with_commit_properties
+from pgcdc.spark.destination import Destination
 from pgcdc.spark.session import spark_session
 
 spark = spark_session(Destination(warehouse=sys.argv[1]))

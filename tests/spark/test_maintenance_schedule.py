@@ -57,14 +57,26 @@ def test_maintenance_is_on_by_default_and_can_be_turned_off():
     assert not MaintenancePolicy(enabled=False).enabled
 
 
-@pytest.mark.parametrize("text, retried", [
-    ("org.apache.iceberg.exceptions.ValidationException: Found conflicting files that can contain records", True),
-    ("org.apache.iceberg.exceptions.CommitFailedException: Version 7 already exists", True),
-    ("org.apache.iceberg.exceptions.CommitFailedException: ... CommitStateUnknownException: timed out", False),
-    ("org.apache.iceberg.exceptions.CommitStateUnknownException: the commit may have landed", False),
-    ("AnalysisException: Table or view not found", False),
-])
-def test_only_commits_that_lost_to_a_concurrent_one_are_applied_again(text, retried):
+def _thrown(jvm, kind: str):
+    """A Java exception of ``kind`` as Iceberg throws it (its message arguments are Java varargs)."""
+    exceptions = jvm.org.apache.iceberg.exceptions
+    no_arguments = jvm.java.util.ArrayList().toArray()
+    if kind == "validation":
+        return exceptions.ValidationException("Found conflicting files that can contain records", no_arguments)
+    if kind == "commit-failed":
+        return exceptions.CommitFailedException("Version 7 already exists", no_arguments)
+    if kind == "state-unknown":
+        return exceptions.CommitStateUnknownException(jvm.java.lang.RuntimeException("timed out"))
+    return jvm.java.lang.IllegalStateException("Table or view not found")
+
+
+@pytest.mark.parametrize("kind, retried", [("validation", True), ("commit-failed", True), ("state-unknown", False),
+                                           ("other", False)])
+def test_only_commits_that_lost_to_a_concurrent_one_are_applied_again(spark, kind, retried):
+    """Recognised by the Java exception's class, through py4j, whatever Spark wraps it in."""
     from pgcdc.spark.iceberg import is_commit_conflict
 
-    assert is_commit_conflict(RuntimeError(text)) is retried
+    jvm = spark.sparkContext._jvm
+    with pytest.raises(Exception) as raised:  # py4j's error around the Java exception, as a failed commit raises it
+        jvm.org.apache.iceberg.relocated.com.google.common.base.Throwables.throwIfUnchecked(_thrown(jvm, kind))
+    assert is_commit_conflict(raised.value) is retried
