@@ -26,6 +26,7 @@ from pgcdc.spark.arrow import plain_type
 from pgcdc.spark.destination import Destination
 from pgcdc.spark.mirror import MirrorCatalog, TableSpec
 from pgcdc.spark.mirror_status import namespace_positions
+from pyiceberg_reader import assert_reads_alike, hadoop_table
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType()),
                      StructField("big", StringType()), StructField("tags", ArrayType(StringType()))])
@@ -270,12 +271,14 @@ def flat_changes(keys: tuple[str, ...], *events: tuple) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=change_schema(FLAT_ARROW, keys))
 
 
-def test_delta_writer_commits_one_row_delta_with_equality_deletes_on_the_key(spark, mirrors):
-    """Inserted, replaced, re-keyed and deleted in one commit each: a data file and an equality-delete file on the
-    key; the row written in the same commit as the delete of its key survives it, older rows under it do not."""
-    mirror = mirrors.ensure(TableSpec("public", "delta_keyed", FLAT, ("id",)))
+@pytest.mark.parametrize("deletes", ["position", "equality"])
+def test_delta_writer_commits_one_row_delta_replacing_each_key_once(spark, mirrors, deletes):
+    """Inserted, replaced, re-keyed and deleted in one commit each: a data file and a delete file — by position,
+    the rows the batch replaces or removes; by equality, every key it touches (the row written in the same commit
+    as the delete of its key survives it, older rows under it do not). PyIceberg reads what Spark reads."""
+    mirror = mirrors.ensure(TableSpec("public", f"delta_keyed_{deletes}", FLAT, ("id",)))
     apply(spark, mirror, flat_changes(("id",), *[("I", 1, i, {"id": i, "name": f"v{i}", "n": i}, None)
-                                                      for i in range(5)]), lsn=Lsn(1), writer="delta")
+                                                      for i in range(5)]), lsn=Lsn(1), writer="delta", deletes=deletes)
     apply(spark, mirror, flat_changes(
         ("id",),
         ("U", 2, 0, {"id": 1, "name": "v1-new", "n": 10}, None),
@@ -283,61 +286,116 @@ def test_delta_writer_commits_one_row_delta_with_equality_deletes_on_the_key(spa
         ("I", 2, 2, {"id": 2, "name": "back", "n": 20}, None),  # deleted and inserted again in one batch
         ("D", 2, 3, {"id": 3}, None),
         ("I", 3, 0, {"id": 7, "name": "new", "n": None}, None),
-    ), lsn=Lsn(3), writer="delta")
+    ), lsn=Lsn(3), writer="delta", deletes=deletes)
     summary = last_summary(spark, mirror.identifier)
-    assert summary["pgcdc.lsn"] == "0/3"
-    assert summary["added-equality-delete-files"] == "1" and summary["added-data-files"] == "1"
-    assert summary["added-equality-deletes"] == "4"  # every key the batch touched: 1, 2, 3, 7
+    assert summary["pgcdc.lsn"] == "0/3" and summary["added-data-files"] == "1"
+    if deletes == "position":  # the rows under 1, 2 and 3; 7 had none
+        assert summary["added-position-delete-files"] == "1" and summary["added-position-deletes"] == "3"
+    else:  # every key the batch touched: 1, 2, 3, 7
+        assert summary["added-equality-delete-files"] == "1" and summary["added-equality-deletes"] == "4"
     rows = sorted(tuple(r) for r in spark.table(mirror.identifier).collect())
     assert rows == [(0, "v0", 0), (1, "v1-new", 10), (2, "back", 20), (4, "v4", 4), (7, "new", None)]
     snapshots = spark.sql(f"SELECT count(*) AS n FROM {mirror.identifier}.snapshots").collect()[0].n
     assert snapshots == 2  # one commit per batch
+    if deletes == "position":
+        assert assert_reads_alike(spark, mirror.identifier, hadoop_table(spark, mirror.identifier)) == 5
 
 
-def test_delta_writer_deletes_one_of_identical_rows_of_tables_without_a_key_null_matching_null(spark, mirrors):
-    mirror = mirrors.ensure(TableSpec("public", "delta_full", FLAT, (), "f"))
+@pytest.mark.parametrize("deletes", ["position", "equality"])
+def test_delta_writer_deletes_one_of_identical_rows_of_tables_without_a_key_null_matching_null(spark, mirrors,
+                                                                                                 deletes):
+    mirror = mirrors.ensure(TableSpec("public", f"delta_full_{deletes}", FLAT, (), "f"))
     apply(spark, mirror, flat_changes(
         (), ("I", 1, 0, {"id": 1, "name": None, "n": 1}, None), ("I", 1, 1, {"id": 1, "name": None, "n": 1}, None),
         ("I", 1, 2, {"id": 1, "name": None, "n": 2}, None), ("I", 1, 3, {"id": 2, "name": "x", "n": None}, None),
-    ), lsn=Lsn(1), writer="delta")
+    ), lsn=Lsn(1), writer="delta", deletes=deletes)
     apply(spark, mirror, flat_changes(
         (),
         ("D", 2, 0, {"id": 1, "name": None, "n": 1}, {"id": 1, "name": None, "n": 1}),
         ("U", 2, 1, {"id": 2, "name": "y", "n": None}, {"id": 2, "name": "x", "n": None}),
-    ), lsn=Lsn(2), writer="delta")
-    assert last_summary(spark, mirror.identifier)["added-equality-delete-files"] == "1"
+    ), lsn=Lsn(2), writer="delta", deletes=deletes)
+    summary = last_summary(spark, mirror.identifier)
+    if deletes == "position":  # exactly the one copy deleted, and the row updated
+        assert summary["added-position-deletes"] == "2"
+    else:  # every copy, and the copy that stays written again
+        assert summary["added-equality-delete-files"] == "1"
     # a delete of one of two identical rows (NULL matching NULL) leaves the other, as in the source
     assert sorted(tuple(r) for r in spark.table(mirror.identifier).collect()) == [
         (1, None, 1), (1, None, 2), (2, "y", None)]
+    if deletes == "position":
+        assert assert_reads_alike(spark, mirror.identifier, hadoop_table(spark, mirror.identifier)) == 3
 
 
 def test_delta_writer_hands_what_it_cannot_write_to_the_merge(spark, mirrors, caplog):
     """Rows matched on a nested column (a table without a key that has an array column) cannot be named by an
-    equality delete: the MERGE applies that batch, and says so."""
+    equality delete: deleting by equality, the MERGE applies that batch, and says so; by position the row-delta
+    writer applies it."""
     mirror = mirrors.ensure(TableSpec("public", "nested_full", SCHEMA, (), "f"))
     with caplog.at_level("INFO", logger="pgcdc.spark.apply"):
         apply(spark, mirror, changes(("I", 1, 0, {"id": 1, "name": "x", "tags": ["a"]})), lsn=Lsn(1),
-                      writer="delta")
+              writer="delta", deletes="equality")
     assert "MERGE writer applies this batch" in caplog.text and "tags" in caplog.text
     assert rows_of(spark, mirror.identifier) == [(1, "x", None, ["a"])]
+    caplog.clear()
+    with caplog.at_level("INFO", logger="pgcdc.spark.apply"):
+        apply(spark, mirror, changes(("D", 2, 0, None, {"before": {"id": 1, "name": "x", "big": None, "tags": ["a"]}}),
+                                     ("I", 2, 1, {"id": 3, "name": "y", "tags": ["b", None]})),
+              lsn=Lsn(2), writer="delta")
+    assert "MERGE writer" not in caplog.text
+    assert last_summary(spark, mirror.identifier)["added-position-deletes"] == "1"
+    assert rows_of(spark, mirror.identifier) == [(3, "y", None, ["b", None])]
     with pytest.raises(ValueError, match="apply writer"):
         apply(spark, mirror, changes(("I", 2, 0, {"id": 2})), lsn=Lsn(2), writer="fast")
 
 
-def test_delta_commit_racing_a_compaction_is_retried_and_lands_once(spark, mirrors):
-    """A compaction commits between the moment the batch read the mirror and its commit: the row delta is
-    retried on the compacted table with the same files, its equality deletes reach the rewritten rows, and the
-    position lands once."""
+def test_position_deletes_resolved_before_a_compaction_fail_validation_and_are_resolved_again(spark, mirrors):
+    """A compaction commits between the moment a batch resolved its rows' positions and its commit: the commit
+    names data files that are gone, Iceberg's validation refuses it (never a delete against a removed file, which
+    would bring the row back), and applied again it resolves the rows in the compacted file."""
+    from pgcdc.positions import commit_properties
+    from pgcdc.spark.apply import _index
+    from pgcdc.spark.iceberg import is_commit_conflict
+    from pgcdc.spark.mirror_reads import position_deletes, positioned
+    from pgcdc.spark.reduce import ordered, reduce_changes
+    from pgcdc.spark.row_delta import RowDeltaWriter
+
+    mirror = mirrors.ensure(TableSpec("public", "raced_positions", FLAT, ("id",)))
+    for lsn in (1, 2):  # two data files, for the compaction to rewrite into one
+        apply(spark, mirror, flat_changes(("id",), ("I", lsn, 0, {"id": lsn, "name": "old", "n": 0}, None)),
+              lsn=Lsn(lsn), writer="delta")
+    batch = flat_changes(("id",), ("U", 3, 0, {"id": 1, "name": "new", "n": 5}, None))
+    target = RowDeltaWriter(spark, mirror.identifier)
+    index = _index(mirror, target, None)
+    reduction = reduce_changes(ordered(batch), list(FLAT.names), ("id",), append_only=False, position=mirror.position)
+    rows, located = positioned(mirror, reduction, index, target.schema)
+    spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{mirror.identifier}', "
+              "options => map('rewrite-all', 'true'))").collect()
+    summary, properties = commit_properties(Lsn(3))
+    with pytest.raises(Exception) as refused:
+        target.commit(rows, position_deletes(index, located), summary, table_properties=properties,
+                      validate_from=index.snapshot_id)
+    assert is_commit_conflict(refused.value)
+    assert sorted(tuple(r) for r in spark.table(mirror.identifier).collect()) == [(1, "old", 0), (2, "old", 0)]
+    apply(spark, mirror, batch, lsn=Lsn(3), writer="delta")  # the index follows the compaction first
+    assert sorted(tuple(r) for r in spark.table(mirror.identifier).collect()) == [(1, "new", 5), (2, "old", 0)]
+    assert assert_reads_alike(spark, mirror.identifier, hadoop_table(spark, mirror.identifier)) == 2
+
+
+def test_an_equality_delta_racing_a_compaction_is_retried_and_lands_once(spark, mirrors):
+    """Deleting by equality, a compaction commits between the moment the batch read the mirror and its commit:
+    the row delta is retried on the compacted table with the same files, its equality deletes reach the rewritten
+    rows, and the position lands once."""
     from pgcdc.spark.row_delta import RowDeltaWriter
 
     mirror = mirrors.ensure(TableSpec("public", "raced", FLAT, ("id",)))
     for lsn in (1, 2):  # two data files, for the compaction to rewrite into one
         apply(spark, mirror, flat_changes(("id",), ("I", lsn, 0, {"id": lsn, "name": "old", "n": 0}, None)),
-                      lsn=Lsn(lsn), writer="delta")
+              lsn=Lsn(lsn), writer="delta", deletes="equality")
     target = RowDeltaWriter(spark, mirror.identifier)
     spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{mirror.identifier}', "
               "options => map('rewrite-all', 'true'))").collect()
     assert last_summary(spark, mirror.identifier).get("pgcdc.lsn") is None  # the compaction's own commit
+    # equality deletes name keys, not files: the commit lands on the compacted table
     rows = pa.table({"id": pa.array([1], pa.int64()), "name": ["new"], "n": pa.array([5], pa.int16())})
     target.commit(rows, rows.select(["id"]), {"pgcdc.lsn": "0/3"})
     assert sorted(tuple(r) for r in spark.table(mirror.identifier).collect()) == [(1, "new", 5), (2, "old", 0)]

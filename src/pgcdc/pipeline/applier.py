@@ -29,6 +29,7 @@ from pgcdc.pipeline.batcher import Batch
 from pgcdc.pipeline.config import Progress
 from pgcdc.pipeline.tables import SourceTables
 from pgcdc.spark.maintenance import Maintainer, MaintenancePolicy, mirror_tables
+from pgcdc.spark.mirror_index import IndexBudget
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -103,7 +104,10 @@ class Applier:
                  maintenance: MaintenancePolicy | None = None, target: MirrorTarget | None = None) -> None:
         """``target``: what batches are applied to (default: the mirrors in Iceberg, through ``spark``)."""
         self.tables = tables
-        self.target = target or SparkMirrors(tables, spark, changelog=changelog, writer=writer)
+        self.target = target or SparkMirrors(tables, spark, changelog=changelog, writer=writer,
+                                             deletes=tables.config.deletes if tables is not None else "position",
+                                             budget=IndexBudget(tables.config.index_memory_bytes)
+                                             if tables is not None else None)
         self._spark = spark
         self.progress = progress
         self._emit = emit
@@ -246,11 +250,13 @@ class SparkMirrors:
     """The mirrors in Iceberg, written through Spark's JVM: each apply records the positions it committed."""
 
     def __init__(self, tables: SourceTables, spark: Callable[[], SparkSession], *, changelog: bool,
-                 writer: str) -> None:
+                 writer: str, deletes: str = "position", budget: IndexBudget | None = None) -> None:
         self.tables = tables
         self._spark = spark
         self._changelog = changelog
         self._writer = writer
+        self._deletes = deletes
+        self._budget = budget
 
     def held_position(self, relation: Relation) -> Lsn | None:
         return self.tables.held_position(relation.namespace, relation.name, changelog=self._changelog)
@@ -298,7 +304,8 @@ class SparkMirrors:
                 mirror.identifier, before=mirror.position, upto=position, held=lambda: mirror.position,
                 whole=not mirror.spec.key_columns, deferred=True))
             applied = apply_changes(self._spark(), mirror, changes, lsn=position, changelog=self._changelog,
-                                    writer=self._writer, before_merge=recording.mark_pending)
+                                    writer=self._writer, deletes=self._deletes, budget=self._budget,
+                                    before_merge=recording.mark_pending)
             # the one place a mirror's positions move after an apply: before the recordings write them down
             if applied.changelog_position is not None:
                 mirror.changelog_position = applied.changelog_position

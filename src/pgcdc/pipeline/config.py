@@ -42,6 +42,10 @@ class PipelineConfig:
     receive_timeout_seconds: float = 60.0
     snapshot_writer: str = "auto"
     apply_writer: str = "delta"  # "delta": Iceberg row deltas written from Arrow; "merge": a Spark MERGE per batch
+    # how the row-delta writer removes rows: "position" (every reader reads them; a key index per mirror) or
+    # "equality" (no index; PyIceberg cannot read them)
+    deletes: str = "position"
+    index_memory_mb: int | None = None  # what the key indexes may take together (None: a quarter of the memory)
     snapshot_rows_per_task: int = 250_000  # rows of a copy task (a page range); more tasks than executors
     on_conversion_error: str = "stop"  # or "quarantine": changes that cannot be converted go to <table>__rejects
     # a table whose replica identity changes while streaming: "copy" it again keyed on the new identity while the
@@ -84,11 +88,25 @@ class PipelineConfig:
             problems.append(f"snapshot writer {self.snapshot_writer!r} must be auto, arrow or spark")
         if self.apply_writer not in ("delta", "merge"):
             problems.append(f"apply writer {self.apply_writer!r} must be delta or merge")
+        if self.deletes not in ("position", "equality"):
+            problems.append(f"deletes {self.deletes!r} must be position or equality")
+        if self.index_memory_mb is not None and self.index_memory_mb < 1:
+            problems.append("index_memory_mb must be at least 1")
         if self.snapshot_rows_per_task < 1:
             problems.append(f"snapshot rows per task {self.snapshot_rows_per_task} must be at least 1")
         problems += self.maintenance.problems()
         if problems:
             raise ConfigError("; ".join(problems))
+
+
+    @property
+    def index_memory_bytes(self) -> int:
+        """What the key indexes may take together: ``index_memory_mb``, else a quarter of the machine's memory."""
+        if self.index_memory_mb is not None:
+            return self.index_memory_mb << 20
+        import psutil
+
+        return int(psutil.virtual_memory().total) // 4
 
 
 @dataclass

@@ -28,9 +28,11 @@ import pyarrow as pa
 from pgcdc.lsn import Lsn
 from pgcdc.positions import commit_properties
 from pgcdc.spark.changelog import append_changelog
+from pgcdc.spark.files import in_layout
 from pgcdc.spark.merge_writer import merge
 from pgcdc.spark.mirror import MirrorTable
-from pgcdc.spark.mirror_reads import completed
+from pgcdc.spark.mirror_index import IndexBudget, MirrorIndex, Unindexable, index_for
+from pgcdc.spark.mirror_reads import completed, position_deletes, positioned
 from pgcdc.spark.reduce import KEYED, Reduction, after_position, ordered, reduce_changes
 from pgcdc.spark.row_delta import RowDeltaWriter
 
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgcdc.spark.apply")
 
 WRITERS = ("delta", "merge")
+DELETES = ("position", "equality")  # how the row-delta writer removes rows (docs/pipeline.md, "The commit protocol")
 
 
 @dataclass(frozen=True)
@@ -55,16 +58,20 @@ class AppliedChanges:
 
 
 def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *, lsn: Lsn,
-                  changelog: bool = False, writer: str = "delta",
-                  before_merge: Callable[[], None] | None = None) -> AppliedChanges:
+                  changelog: bool = False, writer: str = "delta", deletes: str = "position",
+                  budget: IndexBudget | None = None, before_merge: Callable[[], None] | None = None
+                  ) -> AppliedChanges:
     """Apply ``changes`` to ``mirror`` and record ``lsn`` as its position, in one commit; returns what was applied.
 
     ``lsn`` is the commit LSN of the last transaction ``changes`` holds whole. Nothing is committed when every
-    change is already in the mirror. ``writer``: "delta" or "merge" (see the module). The row-delta writer sets
-    the mirror's ``pgcdc.position`` property in its commit; ``before_merge`` is called before a commit of the MERGE
-    writer, which cannot."""
+    change is already in the mirror. ``writer``: "delta" or "merge" (see the module); ``deletes``: how the
+    row-delta writer removes rows, "position" (from the mirror's key index, within ``budget``) or "equality".
+    The row-delta writer sets the mirror's ``pgcdc.position`` property in its commit; ``before_merge`` is called
+    before a commit of the MERGE writer, which cannot."""
     if writer not in WRITERS:
         raise ValueError(f"apply writer {writer!r} must be one of {', '.join(WRITERS)}")
+    if deletes not in DELETES:
+        raise ValueError(f"deletes {deletes!r} must be one of {', '.join(DELETES)}")
     changes = ordered(changes)
     changelog_position = None
     if changelog:  # first: the change log's own position makes a replay after a crash here harmless
@@ -77,15 +84,55 @@ def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *
     if reduction.unmatched:  # only a publication that does not publish them lets them happen
         log.warning("%s has no replica identity: %d updates/deletes cannot be mirrored", spec.source,
                     reduction.unmatched)
-    _commit(spark, mirror, reduction, lsn, writer, before_merge)
+    target = _row_delta_target(spark, mirror, deletes) if writer == "delta" else None
+    index = _index(mirror, target, budget) if target is not None and deletes == "position" else None
+    if index is None and target is not None and mirror.deletes == "equality":  # its index could not be had
+        target = _row_delta_target(spark, mirror, "equality")
+    if index is not None and target is not None:
+        _commit_by_position(mirror, reduction, lsn, target, index)
+    else:
+        _commit(spark, mirror, reduction, lsn, target, before_merge)
     return AppliedChanges(reduction.changes, reduction.commit_lsns, lsn, changelog_position)
 
 
-def _commit(spark: SparkSession, mirror: MirrorTable, reduction: Reduction, lsn: Lsn, writer: str,
-            before_merge: Callable[[], None] | None) -> None:
-    """The reduced batch, with what the mirror knows, made durable by a writer in one commit carrying ``lsn``."""
+def _commit_by_position(mirror: MirrorTable, reduction: Reduction, lsn: Lsn, target: RowDeltaWriter,
+                        index: MirrorIndex) -> None:
+    """The reduced batch in one row delta whose deletes name the rows they remove by file and position, resolved
+    against the snapshot the index describes; the index follows the commit."""
+    rows, located = positioned(mirror, reduction, index, target.schema)
+    summary, properties = commit_properties(lsn)
+    committed = target.commit(rows, position_deletes(index, located), summary, table_properties=properties,
+                              replace_all=reduction.truncated, validate_from=index.snapshot_id)
+    keys = in_layout(rows.select(index.key_names), pa.schema([target.schema.field(n) for n in index.key_names]))
+    if reduction.truncated:
+        index.replaced(committed.snapshot_id, committed.data_path, keys)
+    else:
+        index.committed(committed.snapshot_id, located, committed.data_path, keys)
+
+
+def _index(mirror: MirrorTable, target: RowDeltaWriter, budget: IndexBudget | None) -> MirrorIndex | None:
+    """The mirror's key index, up to date with the table the writer loaded; None for a mirror that deletes by
+    equality (append-only mirrors delete nothing; one whose index cannot be had says why, once)."""
+    spec = mirror.spec
+    if spec.append_only or mirror.deletes == "equality":
+        return None
+    key_names = list(spec.key_columns) or list(spec.spark_schema.names)
+    try:
+        mirror.index = index_for(mirror.index, target.table, key_names, target.schema,
+                                 multiset=not spec.key_columns, budget=budget)
+    except Unindexable as exc:
+        log.warning("%s: its mirror deletes by equality (%s); PyIceberg cannot read it until it is compacted",
+                    spec.source, exc)
+        mirror.deletes, mirror.index = "equality", None
+        return None
+    return mirror.index
+
+
+def _commit(spark: SparkSession, mirror: MirrorTable, reduction: Reduction, lsn: Lsn,
+            target: RowDeltaWriter | None, before_merge: Callable[[], None] | None) -> None:
+    """The reduced batch, with what the mirror knows, made durable in one commit carrying ``lsn``: a row delta
+    with equality deletes, or a MERGE."""
     rows, removed = completed(spark, mirror, reduction)
-    target = _row_delta_target(spark, mirror) if writer == "delta" else None
     if target is None:
         if before_merge is not None:
             before_merge()
@@ -102,12 +149,13 @@ def _commit(spark: SparkSession, mirror: MirrorTable, reduction: Reduction, lsn:
     target.commit(rows, removed, summary, table_properties=properties, replace_all=reduction.truncated)
 
 
-def _row_delta_target(spark: SparkSession, mirror: MirrorTable) -> RowDeltaWriter | None:
+def _row_delta_target(spark: SparkSession, mirror: MirrorTable, deletes: str) -> RowDeltaWriter | None:
     """The mirror as the row-delta writer writes it in this batch; None (the MERGE writer applies the batch)
     when it cannot, with the reason logged."""
     target = RowDeltaWriter(spark, mirror.identifier)
-    matched_on = list(mirror.spec.key_columns) or ([] if mirror.spec.append_only
-                                                   else list(mirror.spec.spark_schema.names))
+    by_equality = deletes == "equality" or mirror.deletes == "equality"
+    matched_on = [] if mirror.spec.append_only or not by_equality else (
+        list(mirror.spec.key_columns) or list(mirror.spec.spark_schema.names))
     reason = target.unwritable(matched_on)
     if reason is not None:
         log.info("%s: the MERGE writer applies this batch to %s: %s", mirror.spec.source, mirror.identifier, reason)

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import DataType, StructType
 
+    from pgcdc.spark.mirror_index import MirrorIndex
+
 log = logging.getLogger("pgcdc.spark.mirror")
 
 CHANGELOG_SUFFIX = "__changes"
@@ -95,6 +97,8 @@ class MirrorTable:
     rejects_position: tuple[int, int] | None = None  # (commit LSN, ordinal) of the last change set aside
     shape: SourceShape | None = None  # see SHAPE_PROPERTY
     changelog_image: StructType | None = None  # the row image the change log was last written with
+    index: MirrorIndex | None = None  # where each row is (deleting by position), built when first needed
+    deletes: str | None = None  # "equality" when this mirror cannot delete by position (why was logged)
 
 
 def stored_type(data_type: DataType) -> DataType:

@@ -5,22 +5,32 @@
   key, or under the key it had before the batch when its key changed in it. One bounded read of just those keys.
 - How many identical copies of a keyless row the mirror holds: a DELETE of one of them removes that one alone,
   but a match on every column finds them all, so they all go and the ones that stay are written again.
+
+Deleting by position (the default), both come from the mirror's key index (:mod:`.mirror_index`) and the data
+files it points into, read with Arrow (:func:`positioned`): no Spark query. Deleting by equality, from Spark
+queries of the mirror (:func:`completed`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc.change_table import ChangeColumns as C
-from pgcdc.spark.arrow import arrow_to_dataframe, from_plain_rows, plain_rows, plain_values
+from pgcdc.spark.arrow import arrow_to_dataframe, from_plain_rows, from_plain_values, plain_rows, plain_values
+from pgcdc.spark.files import in_layout
+from pgcdc.spark.key_index import Located
 from pgcdc.spark.mirror import MirrorTable, quote
 from pgcdc.spark.reduce import COPIES_GONE, KEYED, KEYLESS, Reduction
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from pgcdc.spark.mirror_index import MirrorIndex
+    from pgcdc.spark.row_delta import PositionDeletes
 
 
 def completed(spark: SparkSession, mirror: MirrorTable, reduction: Reduction) -> tuple[pa.Table, pa.Table | None]:
@@ -116,3 +126,83 @@ def _copies_held(spark: SparkSession, mirror: MirrorTable, rows: pa.Table) -> di
     counted = spark.sql(f"SELECT s._pgcdc_row, count(*) AS n FROM {mirror.identifier} t JOIN _pgcdc_deleted s "
                         f"ON {whole_row_match(names)} GROUP BY s._pgcdc_row").collect()
     return {row[0]: row[1] for row in counted}
+
+
+def positioned(mirror: MirrorTable, reduction: Reduction, index: MirrorIndex, layout: pa.Schema
+               ) -> tuple[pa.Table, Located | None]:
+    """(the rows to write, whole, in the mirror's columns; the index's entries of the rows they replace or remove)
+    of a reduced batch, read from the mirror's key index: the places of the rows a batch replaces or deletes, the
+    copies of a keyless row it deletes, and from the data files there the values of unchanged TOAST columns the
+    batch never saw. No Spark query."""
+    names = list(mirror.spec.spark_schema.names)
+    if reduction.kind == KEYED:
+        keys = list(reduction.keys)
+        rows = reduction.rows
+        if not reduction.truncated:
+            rows = _fill_unchanged_from_files(rows, keys, index, layout)
+        if reduction.truncated or reduction.removed is None:
+            return rows.select(names), None
+        # every key the batch touches: the row under it is replaced or removed
+        touched = in_layout(pa.concat_tables([reduction.removed, rows.select(keys)]), _fields(layout, keys))
+        return rows.select(names), _found(index.keys.find(touched))
+    if reduction.kind == KEYLESS and reduction.removed is not None and reduction.removed.num_rows:
+        deleted = in_layout(reduction.removed.select(names), layout)
+        return reduction.rows, index.keys.take(deleted, reduction.removed.column(COPIES_GONE).to_numpy())
+    return reduction.rows, None
+
+
+def _fields(layout: pa.Schema, names: list[str]) -> pa.Schema:
+    return pa.schema([layout.field(name) for name in names])
+
+
+def _found(located: Located) -> Located:
+    present = located.file_ids >= 0
+    return Located(located.file_ids[present], located.positions[present])
+
+
+def position_deletes(index: MirrorIndex, located: Located | None) -> PositionDeletes:
+    """The rows at ``located``, per data file of the index."""
+    from pgcdc.spark.row_delta import PositionDeletes
+
+    if located is None or not len(located.file_ids):
+        return PositionDeletes({})
+    files: dict[str, np.ndarray] = {}
+    order = np.argsort(located.file_ids, kind="stable")
+    ids, positions = located.file_ids[order], located.positions[order]
+    bounds = np.flatnonzero(np.diff(ids)) + 1
+    for chunk_ids, chunk_positions in zip(np.split(ids, bounds), np.split(positions, bounds), strict=True):
+        files[index.keys.path(int(chunk_ids[0]))] = chunk_positions
+    return PositionDeletes(files)
+
+
+def _fill_unchanged_from_files(rows: pa.Table, keys: list[str], index: MirrorIndex, layout: pa.Schema) -> pa.Table:
+    """Unchanged TOAST values the batch cannot know, read from the data files holding the rows: under the row's
+    key, or under the key it had before the batch when its key changed in it."""
+    unchanged = rows.column(C.UNCHANGED).to_pylist()
+    wanted = [i for i, columns in enumerate(unchanged) if columns]
+    if not wanted:
+        return rows
+    fill = plain_values(rows.column(C.FILL_KEY))
+    own = plain_rows(rows.select(keys))
+    lookup_rows = [fill[i] if fill[i] is not None else own[i] for i in wanted]
+    lookup = in_layout(from_plain_rows(lookup_rows, pa.schema([rows.schema.field(k) for k in keys])),
+                       _fields(layout, keys))
+    located = index.keys.find(lookup)
+    columns = sorted({c for i in wanted for c in unchanged[i]})
+    fields = [layout.field(name) for name in columns]
+    values = {name: [None] * len(wanted) for name in columns}  # per wanted row, as plain Python values
+    for file_id in sorted(set(located.file_ids[located.file_ids >= 0].tolist())):
+        at = np.flatnonzero(located.file_ids == file_id)
+        read = index.files.read_columns(index.keys.path(file_id), fields, layout, rows=located.positions[at])
+        for name in columns:
+            for slot, value in zip(at.tolist(), plain_values(read.column(name)), strict=True):
+                values[name][slot] = value
+    for name in columns:
+        keep = pa.array([name in (columns_ or ()) for columns_ in unchanged], pa.bool_())
+        filled: list[Any] = [None] * rows.num_rows
+        for slot, row in enumerate(wanted):
+            filled[row] = values[name][slot]
+        field = rows.schema.field(name)
+        mirrored = from_plain_values(filled, layout.field(name).type).cast(field.type)
+        rows = rows.set_column(rows.schema.get_field_index(name), field, pc.if_else(keep, mirrored, rows.column(name)))
+    return rows

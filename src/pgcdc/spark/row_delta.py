@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from pgcdc.faults import injection_point
@@ -45,6 +47,29 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgcdc.spark.delta")
 
 
+# a position-delete file's columns and their reserved field ids (the Iceberg spec)
+POSITION_DELETE_SCHEMA = pa.schema([
+    pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": b"2147483546"}),
+    pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": b"2147483545"}),
+])
+
+
+@dataclass(frozen=True)
+class PositionDeletes:
+    """Rows removed by their place: per data file (its location exactly as the table's manifests hold it, which
+    is how readers match them), the positions of its rows that go."""
+
+    files: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A row delta that landed: its snapshot, and the data file it added (None: none)."""
+
+    snapshot_id: int
+    data_path: str | None
+
+
 class RowDeltaWriter:
     """One mirror as the row-delta writer sees it for one batch: the Iceberg table as loaded now (its schema
     and field ids read fresh, so a schema change between batches is followed), and its Parquet layout."""
@@ -63,7 +88,8 @@ class RowDeltaWriter:
 
     def unwritable(self, key_columns: list[str]) -> str | None:
         """Why the row-delta writer cannot write this mirror (the MERGE writer does), or None when it can.
-        ``key_columns``: the columns its equality deletes name (every column of a table without a key)."""
+        ``key_columns``: the columns its equality deletes would name (every column of a table without a key;
+        none when it deletes by position)."""
         if self.table.spec().isPartitioned():
             return "it is partitioned"
         if int(self.table.operations().current().formatVersion()) < 2:
@@ -78,27 +104,27 @@ class RowDeltaWriter:
     def field_ids(self, names: list[str]) -> list[int]:
         return [int(self.schema.field(name).metadata[b"PARQUET:field_id"]) for name in names]
 
-    def commit(self, rows: pa.Table | None, deleted_keys: pa.Table | None, properties: Mapping[str, str], *,
-               table_properties: Mapping[str, str] | None = None, replace_all: bool = False) -> None:
-        """One commit: ``rows`` added, every older row equal to a row of ``deleted_keys`` (on its columns)
-        removed — or, with ``replace_all``, every row of the table replaced by ``rows`` — ``properties`` in
-        its snapshot summary and ``table_properties`` set on the table, all in one metadata commit."""
+    def commit(self, rows: pa.Table | None, deletes: pa.Table | PositionDeletes | None,
+               properties: Mapping[str, str], *, table_properties: Mapping[str, str] | None = None,
+               replace_all: bool = False, validate_from: int | None = None) -> Committed:
+        """One commit: ``rows`` added, and removed either every older row equal to a row of ``deletes`` (an Arrow
+        table: equality deletes on its columns) or the rows at ``deletes``' positions (:class:`PositionDeletes`)
+        — or, with ``replace_all``, every row of the table replaced by ``rows`` — ``properties`` in its snapshot
+        summary and ``table_properties`` set on the table, all in one metadata commit. Concurrent commits are
+        validated from ``validate_from`` (default: the snapshot this writer loaded): for position deletes, the
+        snapshot their positions were read from, and every data file they name must still be live."""
         jvm: Any = self.spark.sparkContext._jvm
         iceberg = jvm.org.apache.iceberg
         written: list[str] = []
+        data_path = None
         try:
             injection_point("apply.delta-write")
             data = None
             if rows is not None and rows.num_rows:
-                data = self._write(rows, self.schema, written)
-                data = data_file(self.spark, self.table, *data)
+                data_path, size = self._write(rows, self.schema, written)
+                data = data_file(self.spark, self.table, data_path, size)
             injection_point("apply.delta-deletes")
-            deletes = None
-            if not replace_all and deleted_keys is not None and deleted_keys.num_rows:
-                names = deleted_keys.column_names
-                key_schema = pa.schema([self.schema.field(name) for name in names])
-                path_size = self._write(deleted_keys, key_schema, written)
-                deletes = data_file(self.spark, self.table, *path_size, equality_ids=self.field_ids(names))
+            delete_file = None if replace_all else self._delete_file(deletes, written)
             injection_point("apply.delta-commit")
             # one transaction: the snapshot and the table properties land in one metadata file, or neither
             transaction = self.table.newTransaction()
@@ -108,14 +134,22 @@ class RowDeltaWriter:
                     operation = operation.addFile(data)
             else:
                 operation = transaction.newRowDelta()
-                if self.start_snapshot is not None:
-                    # conflicts are checked from the state the batch was built on; equality deletes need no
-                    # data file of it to survive, so a compaction committed meanwhile is no conflict
-                    operation = operation.validateFromSnapshot(self.start_snapshot.snapshotId())
+                start = validate_from if validate_from is not None else (
+                    None if self.start_snapshot is None else int(self.start_snapshot.snapshotId()))
+                if start is not None:
+                    # conflicts are checked from the state the batch was built on: equality deletes need no data
+                    # file of it to survive (a compaction meanwhile is no conflict); position deletes need every
+                    # data file they name, and a commit that removed one makes this one fail, to be resolved again
+                    operation = operation.validateFromSnapshot(start)
+                if isinstance(deletes, PositionDeletes) and deletes.files:
+                    referenced = jvm.java.util.ArrayList()
+                    for path in deletes.files:
+                        referenced.add(path)
+                    operation = operation.validateDataFilesExist(referenced).validateDeletedFiles()
                 if data is not None:
                     operation = operation.addRows(data)
-                if deletes is not None:
-                    operation = operation.addDeletes(deletes)
+                if delete_file is not None:
+                    operation = operation.addDeletes(delete_file)
             for key, value in properties.items():
                 operation = operation.set(str(key), str(value))
             operation.commit()
@@ -125,12 +159,41 @@ class RowDeltaWriter:
                     update = update.set(str(key), str(value))
                 update.commit()
             transaction.commitTransaction()
+            return Committed(int(self.table.currentSnapshot().snapshotId()), data_path)
         except Exception as exc:
             if commit_outcome_unknown(exc):
                 log.error("the commit's outcome is unknown; its files are kept: %s", ", ".join(written))
             else:
                 self._remove(written)
             raise
+
+    def _delete_file(self, deletes: pa.Table | PositionDeletes | None, written: list[str]) -> Any:
+        """The delete file of ``deletes`` (None: nothing to delete): equality deletes on the table's columns, or
+        position deletes (``file_path``, ``pos`` sorted, as the spec asks), their metrics from the footer."""
+        iceberg = self.spark.sparkContext._jvm.org.apache.iceberg  # type: ignore[union-attr]
+        if isinstance(deletes, PositionDeletes):
+            if not deletes.files:
+                return None
+            paths = sorted(deletes.files)
+            positions = [np.sort(deletes.files[path]) for path in paths]
+            rows = pa.Table.from_arrays(
+                [pa.array(np.repeat(np.array(paths, dtype=object), [len(p) for p in positions]), pa.string()),
+                 pa.array(np.concatenate(positions), pa.int64())], schema=POSITION_DELETE_SCHEMA)
+            path, size = self._write(rows, POSITION_DELETE_SCHEMA, written)
+            metrics = iceberg.parquet.ParquetUtil.fileMetrics(self.table.io().newInputFile(path),
+                                                              iceberg.MetricsConfig.forPositionDelete(self.table))
+            builder = (iceberg.FileMetadata.deleteFileBuilder(self.table.spec()).ofPositionDeletes()
+                       .withPath(path).withFormat(iceberg.FileFormat.PARQUET).withFileSizeInBytes(size)
+                       .withMetrics(metrics))
+            if len(paths) == 1:  # readers that match delete files to data files by it go straight to the one
+                builder = builder.withReferencedDataFile(paths[0])
+            return builder.build()
+        if deletes is None or not deletes.num_rows:
+            return None
+        names = deletes.column_names
+        key_schema = pa.schema([self.schema.field(name) for name in names])
+        path, size = self._write(deletes, key_schema, written)
+        return data_file(self.spark, self.table, path, size, equality_ids=self.field_ids(names))
 
     def _write(self, rows: pa.Table, schema: pa.Schema, written: list[str]) -> tuple[str, int]:
         """``rows`` as one Parquet file in ``schema`` (field ids, Iceberg's types) at a new location of the

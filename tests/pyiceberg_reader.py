@@ -1,0 +1,66 @@
+"""A second reader of the mirrors that is not pgcdc's code: PyIceberg, reading a table's own metadata as a user
+would — the newest metadata file of a Hadoop-catalog table (its ``version-hint.text``), or a JDBC catalog through
+PyIceberg's ``SqlCatalog`` — and compared with what Iceberg's Java reader (Spark) reads of the same snapshot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+
+
+def newest_metadata(table_location: str) -> str:
+    """The newest metadata file of a Hadoop-catalog table: ``v<version-hint>.metadata.json``, then each next
+    version while its file exists, as Iceberg's own Hadoop catalog looks for it."""
+    directory = Path(unquote(urlparse(table_location).path)) / "metadata"
+    version = int((directory / "version-hint.text").read_text().strip())
+    while (directory / f"v{version + 1}.metadata.json").exists():
+        version += 1
+    return str(directory / f"v{version}.metadata.json")
+
+
+def hadoop_table(spark, identifier: str):
+    """The PyIceberg table of a mirror in a local Hadoop-catalog warehouse (``identifier`` as Spark names it)."""
+    from pyiceberg.table import StaticTable
+
+    location = next(row.data_type for row in spark.sql(f"DESCRIBE TABLE EXTENDED {identifier}").collect()
+                    if row.col_name == "Location")
+    return StaticTable.from_metadata(newest_metadata(location))
+
+
+def sql_catalog_table(uri: str, warehouse: str, identifier: tuple[str, ...], properties: dict[str, str]):
+    """The PyIceberg table of a mirror recorded in Iceberg's JDBC catalog (a PostgreSQL database at ``uri``,
+    ``postgresql+psycopg2://...``), read through PyIceberg's ``SqlCatalog``."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("pgcdc", uri=uri, warehouse=warehouse, **properties)
+    return catalog.load_table(identifier)
+
+
+def sorted_rows(table: pa.Table) -> list[tuple]:
+    """Rows as tuples in a total order (values compared as their repr: NaN, None and nested values included)."""
+    columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
+    return sorted(zip(*columns, strict=True), key=repr) if columns else []
+
+
+def assert_reads_alike(spark, identifier: str, pyiceberg_table, snapshot_id: int | None = None) -> int:
+    """PyIceberg reads exactly the rows Spark reads of the mirror's snapshot (default: the current one); returns
+    how many."""
+    from pgcdc.spark.arrow import plain_type
+
+    if snapshot_id is None:
+        snapshot = pyiceberg_table.current_snapshot()
+        snapshot_id = snapshot.snapshot_id if snapshot is not None else None
+    read = pyiceberg_table.scan(snapshot_id=snapshot_id).to_arrow() if snapshot_id is not None else None
+    frame = spark.read.option("snapshot-id", snapshot_id).table(identifier) if snapshot_id is not None \
+        else spark.table(identifier)
+    batches = frame._collect_as_arrow()
+    expected = pa.Table.from_batches(batches) if batches else None
+    names = [f.name for f in frame.schema.fields]
+    plain = [] if read is None else sorted_rows(read.select(names).cast(
+        pa.schema([pa.field(f.name, plain_type(f.type)) for f in read.select(names).schema])))
+    wanted = [] if expected is None else sorted_rows(expected.cast(
+        pa.schema([pa.field(f.name, plain_type(f.type)) for f in expected.schema])))
+    assert plain == wanted, f"{identifier} at snapshot {snapshot_id}: PyIceberg read {len(plain)} rows, Spark {len(wanted)}"
+    return len(plain)
