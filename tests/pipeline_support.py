@@ -182,7 +182,8 @@ def catalog_arguments(config: PipelineConfig) -> list[str]:
 def run_cli(config: PipelineConfig, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     command = [sys.executable, "-m", "pgcdc.cli", "run", "--dsn", config.dsn, "--publication", config.publication,
                "--slot", config.slot, *catalog_arguments(config), "--namespace", config.destination.namespace,
-               "--batch-seconds", str(config.batch_max_seconds), "--apply", config.apply_writer, *args]
+               "--batch-seconds", str(config.batch_max_seconds), "--apply", config.apply_writer, "--deletes",
+               config.deletes, *args]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
 

@@ -203,8 +203,16 @@ SnapshotWriter = Annotated[str, typer.Option(
          "mounted warehouse), spark (Spark's Iceberg writer: any storage), auto (arrow where it can).")]
 ApplyWriter = Annotated[str, typer.Option(
     "--apply", envvar="PGCDC_APPLY", show_envvar=True,
-    help="How batches reach the mirrors: delta (a Parquet data file and an equality-delete file per mirror, one "
-         "Iceberg row-delta commit, no Spark query) or merge (a Spark MERGE INTO per mirror).")]
+    help="How batches reach the mirrors: delta (a Parquet data file and a delete file per mirror, one Iceberg "
+         "row-delta commit, no Spark query) or merge (a Spark MERGE INTO per mirror).")]
+Deletes = Annotated[str, typer.Option(
+    "--deletes", envvar="PGCDC_DELETES", show_envvar=True,
+    help="How the delta writer removes rows: position (every reader reads them, PyIceberg included; a key index "
+         "per mirror in memory) or equality (no index; PyIceberg cannot read a mirror until it is compacted).")]
+IndexMemory = Annotated[int | None, typer.Option(
+    "--index-memory-mb", envvar="PGCDC_INDEX_MEMORY_MB", show_envvar=True, min=1,
+    help="Memory the mirrors' key indexes may take together (default: a quarter of the machine's); a mirror "
+         "whose index would not fit deletes by equality.")]
 SnapshotRowsPerTask = Annotated[int, typer.Option(
     "--snapshot-rows-per-task", envvar="PGCDC_SNAPSHOT_ROWS_PER_TASK", show_envvar=True, min=1,
     help="Rows per task of the initial copy (a range of the table's pages, read by one COPY): the copy of a "
@@ -374,7 +382,9 @@ def run(
         help="When idle, emit a logical message this often so a quiet slot keeps advancing.")] = None,
     resnapshot: Resnapshot = False,
     snapshot_writer: SnapshotWriter = "auto",
-    apply: ApplyWriter = "delta",
+    apply: ApplyWriter = _CONFIG.apply_writer,
+    deletes: Deletes = _CONFIG.deletes,
+    index_memory_mb: IndexMemory = None,
     snapshot_rows_per_task: SnapshotRowsPerTask = _CONFIG.snapshot_rows_per_task,
     spill_dir: Annotated[str | None, typer.Option(
         "--spill-dir", envvar="PGCDC_SPILL_DIR", help="Where transactions larger than --memory-limit spill "
@@ -407,7 +417,8 @@ def run(
         batch_max_seconds=batch_seconds, changelog=changelog, snapshot=not no_snapshot, binary=binary,
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
-        snapshot_writer=snapshot_writer, apply_writer=apply, snapshot_rows_per_task=snapshot_rows_per_task,
+        snapshot_writer=snapshot_writer, apply_writer=apply, deletes=deletes, index_memory_mb=index_memory_mb,
+        snapshot_rows_per_task=snapshot_rows_per_task,
         memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout,
         on_conversion_error=on_conversion_error, on_identity_change=on_identity_change, maintenance=policy)
     from pgcdc.observability import MetricsServer, StatusLine

@@ -2,10 +2,11 @@
 
 While a batch is applied, the stream's thread goes on reading, decoding and converting the next one. A
 batch is confirmed (the position :meth:`pgcdc.checkpoint.Checkpoint.batch_flush` gave it) only once
-every mirror it touched has committed. Maintenance (compaction, expiry) runs one table at a time on a
-thread of its own beside the row-delta writer's applies — its commits and theirs are retried over each other
-by Iceberg — and on the apply thread between two applies of the MERGE writer, whose position deletes a
-compaction running beside it would conflict with.
+every mirror it touched has committed. Maintenance (compaction, expiry) runs one table at a time: between two
+applies, on the apply thread, when batches delete by position (the default, and the MERGE writer) — a
+compaction running beside them replaces the very files their deletes name, and one of the two would keep losing
+— and on a thread of its own beside the applies when they delete by equality, whose deletes name keys (their
+commits and the compaction's are retried over each other by Iceberg).
 """
 
 from __future__ import annotations
@@ -100,20 +101,23 @@ class Applier:
     """``with Applier(...) as applier``: :meth:`start` a batch, :meth:`collect` it (waiting if need be)."""
 
     def __init__(self, tables: SourceTables, spark: Callable[[], SparkSession], progress: Progress,
-                 emit: Callable[[], None], *, changelog: bool, writer: str = "delta",
-                 maintenance: MaintenancePolicy | None = None, target: MirrorTarget | None = None) -> None:
-        """``target``: what batches are applied to (default: the mirrors in Iceberg, through ``spark``)."""
+                 emit: Callable[[], None], *, changelog: bool, writer: str = "delta", deletes: str = "position",
+                 index_memory_bytes: int | None = None, maintenance: MaintenancePolicy | None = None,
+                 target: MirrorTarget | None = None) -> None:
+        """``target``: what batches are applied to (default: the mirrors in Iceberg, through ``spark``, written by
+        ``writer``, deleting by ``deletes``, their key indexes within ``index_memory_bytes``)."""
         self.tables = tables
-        self.target = target or SparkMirrors(tables, spark, changelog=changelog, writer=writer,
-                                             deletes=tables.config.deletes if tables is not None else "position",
-                                             budget=IndexBudget(tables.config.index_memory_bytes)
-                                             if tables is not None else None)
+        self.target = target or SparkMirrors(tables, spark, changelog=changelog, writer=writer, deletes=deletes,
+                                             budget=IndexBudget(index_memory_bytes))
         self._spark = spark
         self.progress = progress
         self._emit = emit
         self._changelog = changelog
         self._executor = _Worker("pgcdc-apply")
-        self._maintenance_executor = _Worker("pgcdc-maintain") if writer == "delta" else self._executor
+        # equality deletes name keys, which a compaction running beside the applies keeps reaching; position
+        # deletes name files, which a compaction replaces: then maintenance runs between two applies
+        beside = writer == "delta" and deletes == "equality"
+        self._maintenance_executor = _Worker("pgcdc-maintain") if beside else self._executor
         self.applying: Applying | None = None
         self._rate_window: list[tuple[float, int]] = []
         self.maintainer = Maintainer(spark, maintenance or MaintenancePolicy(enabled=False), self._maintained)

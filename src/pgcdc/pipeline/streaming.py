@@ -74,7 +74,8 @@ class StreamRun:
         # stream never waits for an apply unless a full batch is ready before the one before it is applied.
         with SourceWatch(config.dsn, config.slot) as watch, \
                 Applier(self.tables, self._spark, self.progress, self._emit, changelog=config.changelog,
-                        writer=config.apply_writer, maintenance=config.maintenance) as applier:
+                        writer=config.apply_writer, deletes=config.deletes,
+                        index_memory_bytes=config.index_memory_bytes, maintenance=config.maintenance) as applier:
             stopped_in_order = interrupted = False
             try:
                 for item in items:
