@@ -89,7 +89,7 @@ def metadata_bytes(spark, identifier: str) -> int:
 
 
 def read_times(spark, identifier: str, key: int, repeats: int = 3) -> tuple[float, float]:
-    """Best of ``repeats``: a full-table count, a key lookup."""
+    """Best of ``repeats``: a full-table count, a key lookup (Spark)."""
     spark.catalog.clearCache()
     counts, lookups = [], []
     for _ in range(repeats):
@@ -102,6 +102,31 @@ def read_times(spark, identifier: str, key: int, repeats: int = 3) -> tuple[floa
     return min(counts), min(lookups)
 
 
+def pyiceberg_read_times(spark, identifier: str, key: int, repeats: int = 3) -> tuple[float, float] | None:
+    """Best of ``repeats``, PyIceberg reading the table's newest metadata file: all rows, a key lookup; None when
+    it cannot read the table (equality deletes)."""
+    from pyiceberg.expressions import EqualTo
+    from pyiceberg.table import StaticTable
+
+    location = Path(unquote(urlparse(str(load_table(spark, identifier).location())).path)) / "metadata"
+    version = int((location / "version-hint.text").read_text().strip())
+    while (location / f"v{version + 1}.metadata.json").exists():
+        version += 1
+    counts, lookups = [], []
+    try:
+        for _ in range(repeats):
+            table = StaticTable.from_metadata(str(location / f"v{version}.metadata.json"))
+            started = time.perf_counter()
+            table.scan().to_arrow()
+            counts.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            table.scan(row_filter=EqualTo("id", key)).to_arrow()
+            lookups.append(time.perf_counter() - started)
+    except ValueError:  # "PyIceberg does not yet support equality deletes"
+        return None
+    return min(counts), min(lookups)
+
+
 def measure(spark, mirror: str, fresh: str, key: int) -> dict:
     spark.sql(f"DROP TABLE IF EXISTS {fresh}")
     spark.table(mirror).writeTo(fresh).using("iceberg").tableProperty("format-version", "2").create()
@@ -109,22 +134,118 @@ def measure(spark, mirror: str, fresh: str, key: int) -> dict:
     for name, identifier in (("mirror", mirror), ("fresh", fresh)):
         health = table_health(spark, identifier)
         count_s, lookup_s = read_times(spark, identifier, key)
+        pyiceberg = pyiceberg_read_times(spark, identifier, key)
         figures[name] = {"snapshots": health.snapshots, "data_files": health.data_files,
                          "delete_files": health.delete_files, "metadata_mb": metadata_bytes(spark, identifier) / 1e6,
-                         "count_s": count_s, "lookup_s": lookup_s}
+                         "count_s": count_s, "lookup_s": lookup_s,
+                         "pyiceberg_s": None if pyiceberg is None else sum(pyiceberg)}
     return figures
 
 
 def print_report(label: str, figures: dict) -> None:
     m, f = figures["mirror"], figures["fresh"]
+    pyiceberg = "cannot read" if m["pyiceberg_s"] is None else f"{m['pyiceberg_s']:>8.3f}"
     print(f"{label:>8} {m['snapshots']:>9} {m['data_files']:>6} {m['delete_files']:>7} {m['metadata_mb']:>8.2f} "
-          f"{m['count_s']:>8.3f} {m['lookup_s']:>8.3f} | fresh: {f['count_s']:>8.3f} {f['lookup_s']:>8.3f}", flush=True)
+          f"{m['count_s']:>8.3f} {m['lookup_s']:>8.3f} {pyiceberg:>11} | fresh: {f['count_s']:>8.3f} "
+          f"{f['lookup_s']:>8.3f} {f['pyiceberg_s']:>8.3f}", flush=True)
 
 
 def read_ratio(figures: dict) -> float:
-    """The mirror's read time (a count and a key lookup) over the freshly written table's."""
+    """Spark's read time of the mirror (a count and a key lookup) over the freshly written table's."""
     mirror, fresh = figures["mirror"], figures["fresh"]
     return (mirror["count_s"] + mirror["lookup_s"]) / (fresh["count_s"] + fresh["lookup_s"])
+
+
+def pyiceberg_ratio(figures: dict) -> float | None:
+    """PyIceberg's read time of the mirror (all rows and a key lookup) over the freshly written table's; None when
+    it cannot read the mirror."""
+    mirror, fresh = figures["mirror"], figures["fresh"]
+    return None if mirror["pyiceberg_s"] is None else mirror["pyiceberg_s"] / fresh["pyiceberg_s"]
+
+
+def stream(spark, warehouse: Path, args: argparse.Namespace, deletes: str) -> dict:
+    """The whole run for one way of deleting; returns its figures."""
+    batches = args.batches or (60 if args.quick else 10_000)
+    reports = 3 if args.quick else 20
+    # pgcdc's defaults on the batch clock; retention by age in real time, scaled to the run: a day keeps an
+    # hour of snapshots, this run its last few seconds (--quick) or its last minute
+    policy = MaintenancePolicy(interval_seconds=args.maintenance_interval,
+                               snapshot_max_age_seconds=5.0 if args.quick else 60.0, check_seconds=0.0)
+    config = PipelineConfig(dsn="dbname=longrun", publication="longrun", maintenance=policy, deletes=deletes,
+                            destination=Destination(warehouse=str(warehouse), namespace=f"longrun_{deletes}"))
+    tables = SourceTables(config, lambda: spark)
+    mirror = tables.mirrors.ensure(TableSpec("bench", "events", spark_schema(SOURCE), ("id",)))
+    fresh = tables.mirrors.identifier_for("bench", "events_fresh")
+    applier = Applier(tables, lambda: spark, Progress(), lambda: None, changelog=False, deletes=deletes,
+                      maintenance=policy)
+    clock = [0.0]  # the schedule's time: each batch is --batch-seconds later
+    applier.maintainer.clock = lambda: clock[0]
+    rng = random.Random(16)
+    live: list[int] = []
+    next_id, lsn = 1, 0x1000000
+    started = time.monotonic()
+    apply_s = maintain_s = 0.0
+    turns = 0
+    rows = []
+    print(f"deletes by {deletes}:")
+    print(f"{'batches':>8} {'snapshots':>9} {'data':>6} {'deletes':>7} {'meta MB':>8} {'count s':>8} "
+          f"{'lookup s':>8} {'pyiceberg s':>11} | fresh: {'count s':>8} {'lookup s':>8} {'pyiceberg s':>8}")
+    with applier:
+        for number in range(1, batches + 1):
+            clock[0] += args.batch_seconds
+            lsn += 1000
+            changes, next_id = batch(rng, lsn, next_id, live, args.changes)
+            t0 = time.perf_counter()
+            applier.target.apply(mirror, changes, Lsn(lsn))  # the apply thread's own call
+            t1 = time.perf_counter()
+            apply_s += t1 - t0
+            if applier.maintainer.ready() and applier.maintainer.turn() is not None:
+                turns += 1
+            maintain_s += time.perf_counter() - t1
+            if number % max(1, batches // reports) == 0 or number == batches:
+                figures = measure(spark, mirror.identifier, fresh, rng.choice(live))
+                rows.append((number, figures))
+                print_report(str(number), figures)
+        # then the stream goes quiet: the schedule's clock runs on, an interval at a time
+        for _ in range(3):
+            clock[0] += policy.interval_seconds
+            if applier.maintainer.turn() is not None:
+                turns += 1
+    ratios = sorted(read_ratio(r[1]) for r in rows)
+    pyiceberg = sorted(ratio for r in rows if (ratio := pyiceberg_ratio(r[1])) is not None)
+    streaming = rows[-1][1]
+    rest = measure(spark, mirror.identifier, fresh, rng.choice(live))
+    m, f = rest["mirror"], rest["fresh"]
+    print_report("at rest", rest)
+    position = tables.mirrors.positions.read(mirror.identifier)
+    assert position == Lsn(lsn), f"the mirror holds {position}, not the last batch's {Lsn(lsn)}"
+    return {
+        "batches": batches, "changes_per_batch": args.changes, "rows": len(live),
+        "seconds": round(time.monotonic() - started, 1), "apply_s_per_batch": round(apply_s / batches, 4),
+        "maintenance_turns": turns, "maintenance_s_total": round(maintain_s, 1),
+        "snapshots": m["snapshots"], "data_files": m["data_files"], "delete_files": m["delete_files"],
+        "metadata_mb": round(m["metadata_mb"], 3),
+        "count_s": round(m["count_s"], 4), "lookup_s": round(m["lookup_s"], 4),
+        "fresh_count_s": round(f["count_s"], 4), "fresh_lookup_s": round(f["lookup_s"], 4),
+        "fresh_metadata_mb": round(f["metadata_mb"], 3),
+        "read_time_ratio_vs_fresh": round(read_ratio(rest), 3),
+        "pyiceberg_read_time_ratio_vs_fresh": None if pyiceberg_ratio(rest) is None else round(pyiceberg_ratio(rest), 3),
+        "streaming": {"read_time_ratio_last": round(read_ratio(streaming), 3),
+                      "read_time_ratio_median": round(ratios[len(ratios) // 2], 3),
+                      "read_time_ratio_max": round(ratios[-1], 3),
+                      "pyiceberg_read_time_ratio_median": round(pyiceberg[len(pyiceberg) // 2], 3) if pyiceberg else None,
+                      "pyiceberg_read_time_ratio_max": round(pyiceberg[-1], 3) if pyiceberg else None,
+                      "pyiceberg_reads": f"{len(pyiceberg)} of {len(rows)}",
+                      "data_files_last": streaming["mirror"]["data_files"],
+                      "delete_files_last": streaming["mirror"]["delete_files"]},
+        "simulated_hours": round(batches * args.batch_seconds / 3600, 1),
+        "max_snapshots_seen": max(r[1]["mirror"]["snapshots"] for r in rows),
+        "max_data_files_seen": max(r[1]["mirror"]["data_files"] for r in rows),
+        "max_delete_files_seen": max(r[1]["mirror"]["delete_files"] for r in rows),
+        "retention": {"snapshots_kept": policy.snapshots_kept, "snapshot_max_age_s": policy.snapshot_max_age_seconds,
+                      "compact_at_data_files": policy.data_files, "compact_at_delete_files": policy.delete_files,
+                      "interval_s": policy.interval_seconds},
+    }
 
 
 def main() -> None:
@@ -136,88 +257,20 @@ def main() -> None:
                         help="the time a batch stands for on the maintenance schedule's clock (pgcdc's default)")
     parser.add_argument("--maintenance-interval", type=float, default=MaintenancePolicy().interval_seconds,
                         help="seconds (of the batch clock) between two maintenances of the mirror at least")
+    parser.add_argument("--deletes", choices=("position", "equality", "both"), default="both",
+                        help="how the row-delta writer deletes: position (pgcdc's default), equality, or both, "
+                             "one after the other, to compare")
     args = parser.parse_args()
-    batches = args.batches or (60 if args.quick else 10_000)
-    reports = 3 if args.quick else 20
     warehouse = Path(tempfile.mkdtemp(prefix="pgcdc-longrun-"))
-    # pgcdc's defaults on the batch clock; retention by age in real time, scaled to the run: a day keeps an
-    # hour of snapshots, this run its last few seconds (--quick) or its last minute
-    policy = MaintenancePolicy(interval_seconds=args.maintenance_interval,
-                               snapshot_max_age_seconds=5.0 if args.quick else 60.0, check_seconds=0.0)
     spark = spark_session(Destination(warehouse=str(warehouse), conf={"spark.sql.shuffle.partitions": "2"}))
+    kinds = ("position", "equality") if args.deletes == "both" else (args.deletes,)
     try:
-        config = PipelineConfig(dsn="dbname=longrun", publication="longrun", maintenance=policy,
-                                destination=Destination(warehouse=str(warehouse)))
-        tables = SourceTables(config, lambda: spark)
-        mirror = tables.mirrors.ensure(TableSpec("bench", "events", spark_schema(SOURCE), ("id",)))
-        fresh = tables.mirrors.identifier_for("bench", "events_fresh")
-        applier = Applier(tables, lambda: spark, Progress(), lambda: None, changelog=False, maintenance=policy)
-        clock = [0.0]  # the schedule's time: each batch is --batch-seconds later
-        applier.maintainer.clock = lambda: clock[0]
-        rng = random.Random(16)
-        live: list[int] = []
-        next_id, lsn = 1, 0x1000000
-        started = time.monotonic()
-        apply_s = maintain_s = 0.0
-        turns = 0
-        rows = []
-        print(f"{'batches':>8} {'snapshots':>9} {'data':>6} {'deletes':>7} {'meta MB':>8} {'count s':>8} "
-              f"{'lookup s':>8} | fresh: {'count s':>8} {'lookup s':>8}")
-        with applier:
-            for number in range(1, batches + 1):
-                clock[0] += args.batch_seconds
-                lsn += 1000
-                changes, next_id = batch(rng, lsn, next_id, live, args.changes)
-                t0 = time.perf_counter()
-                applier._apply_segment(mirror, changes, Lsn(lsn))  # the apply thread's own call
-                t1 = time.perf_counter()
-                apply_s += t1 - t0
-                if applier.maintainer.ready() and applier.maintainer.turn() is not None:
-                    turns += 1
-                maintain_s += time.perf_counter() - t1
-                if number % max(1, batches // reports) == 0 or number == batches:
-                    figures = measure(spark, mirror.identifier, fresh, rng.choice(live))
-                    rows.append((number, figures))
-                    print_report(str(number), figures)
-            # then the stream goes quiet: the schedule's clock runs on, an interval at a time
-            for _ in range(3):
-                clock[0] += policy.interval_seconds
-                if applier.maintainer.turn() is not None:
-                    turns += 1
-        ratios = sorted(read_ratio(r[1]) for r in rows)
-        streaming = rows[-1][1]
-        rest = measure(spark, mirror.identifier, fresh, rng.choice(live))
-        m, f = rest["mirror"], rest["fresh"]
-        print_report("at rest", rest)
-        position = tables.mirrors.positions.read(mirror.identifier)
-        assert position == Lsn(lsn), f"the mirror holds {position}, not the last batch's {Lsn(lsn)}"
-        result = {
-            "batches": batches, "changes_per_batch": args.changes, "rows": len(live),
-            "seconds": round(time.monotonic() - started, 1), "apply_s_per_batch": round(apply_s / batches, 4),
-            "maintenance_turns": turns, "maintenance_s_total": round(maintain_s, 1),
-            "snapshots": m["snapshots"], "data_files": m["data_files"], "delete_files": m["delete_files"],
-            "metadata_mb": round(m["metadata_mb"], 3),
-            "count_s": round(m["count_s"], 4), "lookup_s": round(m["lookup_s"], 4),
-            "fresh_count_s": round(f["count_s"], 4), "fresh_lookup_s": round(f["lookup_s"], 4),
-            "fresh_metadata_mb": round(f["metadata_mb"], 3),
-            "read_time_ratio_vs_fresh": round(read_ratio(rest), 3),
-            "streaming": {"read_time_ratio_last": round(read_ratio(streaming), 3),
-                          "read_time_ratio_median": round(ratios[len(ratios) // 2], 3),
-                          "read_time_ratio_max": round(ratios[-1], 3),
-                          "data_files_last": streaming["mirror"]["data_files"],
-                          "delete_files_last": streaming["mirror"]["delete_files"]},
-            "simulated_hours": round(batches * args.batch_seconds / 3600, 1),
-            "max_snapshots_seen": max(r[1]["mirror"]["snapshots"] for r in rows),
-            "max_data_files_seen": max(r[1]["mirror"]["data_files"] for r in rows),
-            "max_delete_files_seen": max(r[1]["mirror"]["delete_files"] for r in rows),
-            "retention": {"snapshots_kept": policy.snapshots_kept, "snapshot_max_age_s": policy.snapshot_max_age_seconds,
-                          "compact_at_data_files": policy.data_files, "compact_at_delete_files": policy.delete_files,
-                          "interval_s": policy.interval_seconds},
-        }
+        results = {kind: stream(spark, warehouse, args, kind) for kind in kinds}
     finally:
         spark.stop()
         shutil.rmtree(warehouse, ignore_errors=True)
-    print(json.dumps(result))
+    # the default's figures at the top level, as before; each kind's under its name
+    print(json.dumps({**results[kinds[0]], "deletes": kinds[0], **{f"deletes_{kind}": results[kind] for kind in kinds}}))
 
 
 if __name__ == "__main__":

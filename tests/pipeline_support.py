@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from pgcdc.demo import SCHEMA, seed_rows
+from pgcdc.lsn import Lsn
 from pgcdc.pipeline import Pipeline, PipelineConfig
 from pgcdc.spark.destination import Destination
 from pgcdc.spark.mirror_status import namespace_positions
@@ -167,6 +168,14 @@ class Workload:
                                  (rng.randrange(1, 300),))
 
 
+def insert_customers(conn: psycopg.Connection, first: int, count: int, name: str) -> Lsn:
+    """``count`` customers with ids from ``first`` on, named ``name``, in one transaction; returns the server's WAL
+    position after it (what a slot has confirmed once it holds them)."""
+    conn.execute("INSERT INTO shop.customers (id, name) SELECT g, %s FROM generate_series(%s::int, %s::int) g",
+                 (name, first, first + count - 1))
+    return Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
+
 def catalog_arguments(config: PipelineConfig) -> list[str]:
     """The flags that name ``config``'s catalog and warehouse, with its Spark settings as ``--conf``."""
     arguments = ["--warehouse", config.destination.warehouse or "warehouse", "--catalog", config.destination.catalog]
@@ -230,8 +239,6 @@ def start_streaming(config: PipelineConfig, *args: str, timeout: float = 600,
 def run_cli_while_changing(config: PipelineConfig, change, *args: str, timeout: float = 600) -> str:
     """One ``pgcdc run`` that copies the tables, then streams what ``change(conn)`` writes once it streams; stopped
     by SIGTERM when the slot confirms everything written (so it applied it all), and it must exit cleanly."""
-    from pgcdc.lsn import Lsn
-
     run = start_streaming(config, *args, timeout=timeout)
     process = run.process
     try:
@@ -279,7 +286,6 @@ def mirror_mixed_workload(pg, spark, **overrides) -> Pipeline:
     large streamed and prepared transactions, truncates) into mirrors with a changelog; every mirror is then
     compared row for row, and a second run with nothing new must change nothing."""
     from pgcdc.demo import workload
-    from pgcdc.lsn import Lsn
 
     pg.server.require(16, "streaming 'parallel' and two-phase decoding")
     prepare_source(pg, rows=300)

@@ -1,13 +1,17 @@
 """When the slot moves, and why that is safe: every LSN decision pgcdc makes, in one place.
 
-Two kinds of position exist, and nothing else decides either:
+Two kinds of position exist:
 
-- **A mirror's position** is ``pgcdc.lsn`` in the summary of its newest Iceberg snapshot: the commit LSN
-  of the last source transaction the mirror holds whole. It is written in the same atomic Iceberg commit
-  as the data (a MERGE, an append, the snapshot copy's overwrite), so data and position never disagree.
+- **A mirror's position** is the commit LSN of the last source transaction the mirror holds whole. Every commit
+  pgcdc makes to a mirror carries it (``pgcdc.lsn`` in the snapshot summary, in the same atomic commit as the
+  data, so data and position never disagree), and the ``pgcdc.position`` table property keeps it where snapshot
+  expiry cannot remove it. How it is recorded, and read back — the highest ``pgcdc.lsn`` of the current
+  lineage, else the property, refused when it cannot be trusted — and why that survives someone else's
+  compaction and expiry, is :mod:`pgcdc.positions`'.
 - **The slot's confirmed position** (the flush LSN pgcdc reports to the server) is where the server
   resumes after a restart: it keeps every WAL byte after it and sends again every transaction that
-  commits after it, and every prepared transaction whose PREPARE lies at or after it.
+  commits after it, and every prepared transaction whose PREPARE lies at or after it. Every decision about it
+  is made here.
 
 The rules, each a function or method below:
 

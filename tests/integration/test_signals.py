@@ -16,6 +16,7 @@ from pipeline_support import (
     SHOP_TABLES,
     assert_mirrors_equal,
     catch_up_in_process,
+    insert_customers,
     pipeline_config,
     prepare_source,
     run_cli,
@@ -110,9 +111,7 @@ def test_a_batch_applying_longer_than_the_server_waits_keeps_the_connection_and_
     try:
         with psycopg.connect(config.dsn, autocommit=True) as conn:
             for transaction in range(5):
-                conn.execute("INSERT INTO shop.customers (id, name) SELECT 1000000 + g, 'late' FROM "
-                             "generate_series(%s::int, %s::int) g", (transaction * 100, transaction * 100 + 99))
-            written = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+                written = insert_customers(conn, 1_000_000 + transaction * 100, 100, "late")
         output, recorded = _stop_when_confirmed(run, config, written)
     finally:
         if run.process.poll() is None:
@@ -132,9 +131,7 @@ def test_a_transaction_replayed_after_a_reconnection_is_counted_once(pg, spark):
     run = start_streaming(config, env={"PGCDC_INJECT": "apply.before-confirm:1:8:PAUSE"})
     try:
         with psycopg.connect(config.dsn, autocommit=True) as conn:
-            conn.execute("INSERT INTO shop.customers (id, name) SELECT 1000000 + g, 'late' FROM "
-                         "generate_series(1, 500) g")
-            written = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+            written = insert_customers(conn, 1_000_001, 500, "late")
             # committed to the mirror, not yet confirmed (the apply pauses after its commit): cut the connection
             mirror = f"`pgcdc`.`{config.destination.namespace}`.`shop`.`customers`"
             wait_for(lambda: spark.catalog.clearCache() or spark.table(mirror).where("name = 'late'").count() == 500,

@@ -16,6 +16,7 @@ from pipeline_support import (
     SHOP_TABLES,
     assert_mirrors_equal,
     catch_up_in_process,
+    insert_customers,
     pipeline_config,
     prepare_source,
     start_streaming,
@@ -47,16 +48,12 @@ def test_ctrl_c_on_s3_finishes_the_batch_in_flight_and_nothing_more(pg, pg_serve
             process = run.process
             try:
                 with psycopg.connect(config.dsn, autocommit=True) as conn:
-                    conn.execute("INSERT INTO shop.customers (id, name) SELECT 1000000 + g, 'first' FROM "
-                                 "generate_series(1, 100) g")
-                    first_end = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+                    first_end = insert_customers(conn, 1_000_001, 100, "first")
                     mirror = f"`{config.destination.catalog}`.`{config.destination.namespace}`.`shop`.`customers`"
                     wait_for(lambda: spark.catalog.clearCache() or spark.table(mirror).where(
                         "name = 'first'").count() == 100, 180, "the first batch's commit")
                     # a second batch collected while the first one applies, then Ctrl-C
-                    conn.execute("INSERT INTO shop.customers (id, name) SELECT 2000000 + g, 'second' FROM "
-                                 "generate_series(1, 100) g")
-                    second_end = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+                    second_end = insert_customers(conn, 2_000_001, 100, "second")
                     process.send_signal(signal.SIGINT)
                     # the batch in flight still has most of its pause to go; what follows it is bounded
                     process.wait(timeout=PAUSE_SECONDS + 60)
