@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -158,17 +159,18 @@ class Phase:
 
 
 def streaming_phase(dsn: str, spark, store: dict, writer_kind: str, seconds: float, rate: float | None,
-                    first_id: int) -> Phase:
-    """Run the writer and the pipeline (with apply writer ``writer_kind``, on its slot) together."""
+                    first_id: int, *, consistent_seconds: float | None, label: str) -> Phase:
+    """Run the writer and the pipeline (with apply writer ``writer_kind``, moving the consistent tags every
+    ``consistent_seconds``, on the slot of ``label``) together."""
     applied: list[tuple[float, Lsn]] = []
 
     def on_progress(progress) -> None:
         if progress.applied_lsn is not None and (not applied or applied[-1][1] != progress.applied_lsn):
             applied.append((time.monotonic(), progress.applied_lsn))
 
-    config = PipelineConfig(dsn=dsn, publication="flow", slot=f"bench_flow_{writer_kind}", batch_max_seconds=1.0,
-                            snapshot=False, apply_writer=writer_kind,
-                            destination=Destination(namespace=f"bench_flow_{writer_kind}", **store))
+    config = PipelineConfig(dsn=dsn, publication="flow", slot=f"bench_flow_{label}", batch_max_seconds=1.0,
+                            snapshot=False, apply_writer=writer_kind, consistent_seconds=consistent_seconds,
+                            destination=Destination(namespace=f"bench_flow_{label}", **store))
     pipeline = Pipeline(config, spark=spark, on_progress=on_progress)
     failures: list[BaseException] = []
 
@@ -220,32 +222,41 @@ def drop_slot(dsn: str, slot: str) -> None:
             time.sleep(0.1)
 
 
+def label_text(writer_kind: str, consistent_seconds: float | None) -> str:
+    tags = "no consistent tags" if consistent_seconds is None else (
+        "consistent tags after every batch" if consistent_seconds == 0 else
+        f"consistent tags every {consistent_seconds:g}s")
+    return f"{writer_kind} writer, {tags}"
+
+
 def apply_phases(server: EmbeddedPostgres, spark, store: dict, writer_kind: str, seconds: float, first_id: int,
-                 roots: list[int], figures: dict[str, object]) -> int:
-    """The unpaced phase, then 50% and 90% of its rate, for one apply writer on a fresh slot; returns the
-    next free id."""
-    slot = f"bench_flow_{writer_kind}"
+                 roots: list[int], figures: dict[str, object], *, consistent_seconds: float | None,
+                 label: str) -> int:
+    """The unpaced phase, then 50% and 90% of its rate, for one apply writer (figures named by ``label``) on a
+    fresh slot; returns the next free id."""
+    slot = f"bench_flow_{label}"
+    phase = functools.partial(streaming_phase, consistent_seconds=consistent_seconds, label=label)
     with psycopg.connect(server.dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     cpu = cpu_seconds(roots)
-    unpaced = streaming_phase(server.dsn, spark, store, writer_kind, seconds, None, first_id)
+    unpaced = phase(server.dsn, spark, store, writer_kind, seconds, None, first_id)
     used = cpu_per_change(cpu, cpu_seconds(roots), unpaced.rows)
     apply_rate, next_id = unpaced.rows_per_s, unpaced.next_id
-    figures[f"apply_rows_per_s_{writer_kind}"] = round(apply_rate)
-    figures[f"written_rows_per_s_{writer_kind}"] = round(unpaced.written_per_s)
-    figures.update({f"{DRIVER.get(program, program).replace(' ', '_')}_us_per_row_{writer_kind}": value
+    figures[f"apply_rows_per_s_{label}"] = round(apply_rate)
+    figures[f"written_rows_per_s_{label}"] = round(unpaced.written_per_s)
+    figures.update({f"{DRIVER.get(program, program).replace(' ', '_')}_us_per_row_{label}": value
                     for program, value in used.items()})
-    print(f"{writer_kind} writer: apply under an unpaced writer: {apply_rate:,.0f} rows/s from source commit to "
+    print(f"{label_text(writer_kind, consistent_seconds)}: apply under an unpaced writer: {apply_rate:,.0f} rows/s from source commit to "
           f"Iceberg commit (the writer committed {unpaced.written_per_s:,.0f} rows/s)", flush=True)
     print(f"  {cpu_text(used)} (pgcdc: this process, the writer and pgcdc's driver"
           f"{'; other: the S3 server' if 'other' in used else ''})", flush=True)
     for share in (0.5, 0.9):
-        paced = streaming_phase(server.dsn, spark, store, writer_kind, seconds, apply_rate * share, next_id)
+        paced = phase(server.dsn, spark, store, writer_kind, seconds, apply_rate * share, next_id)
         lags, next_id = paced.lags, paced.next_id
         p50, p99 = percentile(lags, 0.5), percentile(lags, 0.99)
         suffix = "" if share == 0.9 else "_at_50pct"
-        figures.update({f"lag_p50_s{suffix}_{writer_kind}": round(p50, 2),
-                        f"lag_p99_s{suffix}_{writer_kind}": round(p99, 2)})
+        figures.update({f"lag_p50_s{suffix}_{label}": round(p50, 2),
+                        f"lag_p99_s{suffix}_{label}": round(p99, 2)})
         print(f"  lag at {share:.0%} of that rate: p50 {p50:.1f}s, p99 {p99:.1f}s, "
               f"mean {statistics.mean(lags):.1f}s", flush=True)
     drop_slot(server.dsn, slot)
@@ -265,7 +276,14 @@ def main() -> None:
                                          "cluster); default local[*]")
     parser.add_argument("--executors", type=int, help="with a cluster --master: executors of one core to use")
     parser.add_argument("--rows-per-task", type=int, help="rows per snapshot task (default: pgcdc's)")
+    parser.add_argument("--consistent-every", default=f"{PipelineConfig.consistent_seconds:g}",
+                        help="seconds between moves of the consistent tags, or off; comma-separated to measure the "
+                             "apply under each, one after the other (e.g. off,10,0; default pgcdc's)")
     args = parser.parse_args()
+    try:
+        tag_settings = [None if v.strip() == "off" else float(v) for v in args.consistent_every.split(",")]
+    except ValueError:
+        parser.error(f"--consistent-every takes seconds or off, comma-separated; got {args.consistent_every!r}")
     writers = [w.strip() for w in args.apply.split(",") if w.strip()]
     if not writers or any(w not in WRITERS for w in writers):
         parser.error(f"--apply takes writers among {', '.join(WRITERS)}, comma-separated; got {args.apply!r}")
@@ -346,7 +364,18 @@ def main() -> None:
         if args.only != "snapshot":
             next_id = 1
             for writer_kind in writers:
-                next_id = apply_phases(server, spark, store, writer_kind, phase_seconds, next_id, roots, figures)
+                for tags in tag_settings:
+                    label = writer_kind if len(tag_settings) == 1 else \
+                        f"{writer_kind}_tags_{'off' if tags is None else f'{tags:g}s'}"
+                    next_id = apply_phases(server, spark, store, writer_kind, phase_seconds, next_id, roots,
+                                           figures, consistent_seconds=tags, label=label)
+                if len(tag_settings) > 1 and None in tag_settings:
+                    off = figures[f"apply_rows_per_s_{writer_kind}_tags_off"]
+                    for tags in (t for t in tag_settings if t is not None):
+                        key = f"{writer_kind}_tags_{tags:g}s"
+                        ratio = figures[f"apply_rows_per_s_{key}"] / off if off else None
+                        figures[f"apply_ratio_vs_no_tags_{key}"] = None if ratio is None else round(ratio, 2)
+                        print(f"{label_text(writer_kind, tags)}: apply rate {ratio:.2f}x of no tags", flush=True)
         spark.stop()
     shutil.rmtree(warehouse, ignore_errors=True)
     print(json.dumps({**figures, "notes": notes}))

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 import psycopg
 
@@ -357,3 +358,10 @@ def crash_loop(pg, spark, rounds: list[str | None], seed: int, *, aim_timeout: f
     aimed_kills = sum(count for spec, count in fired.items() if not spec.startswith("random"))
     assert aimed_kills >= len([r for r in rounds if r]) // 2, f"most aimed kills must fire: {fired}"
     return outputs
+
+
+def expire_all_but_the_newest(spark, name: str) -> None:
+    """A user's own expiry: every snapshot but the current one, whoever made it."""
+    cutoff = (datetime.now() + timedelta(minutes=1)).strftime("%Y-%m-%d %H:%M:%S")
+    spark.sql(f"CALL pgcdc.system.expire_snapshots(table => '{name}', older_than => TIMESTAMP '{cutoff}', "
+              "retain_last => 1)")

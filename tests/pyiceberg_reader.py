@@ -29,13 +29,29 @@ def hadoop_table(spark, identifier: str):
     return StaticTable.from_metadata(newest_metadata(location))
 
 
-def sql_catalog_table(uri: str, warehouse: str, identifier: tuple[str, ...], properties: dict[str, str]):
-    """The PyIceberg table of a mirror recorded in Iceberg's JDBC catalog (a PostgreSQL database at ``uri``,
-    ``postgresql+psycopg2://...``), read through PyIceberg's ``SqlCatalog``."""
+def sql_catalog_table(uri: str, warehouse: str, identifier: tuple[str, ...], properties: dict[str, str],
+                      name: str = "pgcdc"):
+    """The PyIceberg table of a mirror recorded in Iceberg's JDBC catalog ``name`` (a PostgreSQL database at
+    ``uri``, ``postgresql+psycopg2://...``), read through PyIceberg's ``SqlCatalog``."""
     from pyiceberg.catalog.sql import SqlCatalog
 
-    catalog = SqlCatalog("pgcdc", uri=uri, warehouse=warehouse, **properties)
+    catalog = SqlCatalog(name, uri=uri, warehouse=warehouse, **properties)
     return catalog.load_table(identifier)
+
+
+def jdbc_catalog_table(setup, s3, identifier: str):
+    """The PyIceberg table of a mirror (``identifier`` as Spark names it, catalog first) in Iceberg's JDBC catalog
+    on a local S3 server (:func:`pgcdc.local_object_store.jdbc_catalog`'s ``setup``), read through PyIceberg's
+    ``SqlCatalog`` from the catalog's own database and the bucket."""
+    from urllib.parse import urlparse
+
+    jdbc = urlparse(setup.catalog_uri.removeprefix("jdbc:"))
+    user = setup.spark_conf[f"spark.sql.catalog.{setup.catalog}.jdbc.user"]
+    parts = [part.strip("`") for part in identifier.split("`.`")]
+    return sql_catalog_table(f"postgresql+psycopg2://{user}@{jdbc.hostname}:{jdbc.port}{jdbc.path}", setup.warehouse,
+                             tuple(parts[1:]), {"s3.endpoint": s3.endpoint, "s3.access-key-id": s3.access_key,
+                                                "s3.secret-access-key": s3.secret_key, "s3.region": "us-east-1"},
+                             name=setup.catalog)
 
 
 def sorted_rows(table: pa.Table) -> list[str]:

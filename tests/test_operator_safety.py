@@ -484,21 +484,30 @@ def test_readme_python_blocks_run_with_a_users_own_session(db, spark, capsys):
 
     from pgcdc.pgoutput import Begin, encode
 
-    from_python, codec = readme_python_blocks()
+    from_python, codec, consistent = readme_python_blocks()
     warehouse = unquote(urlparse(spark.conf.get("spark.sql.catalog.pgcdc.warehouse")).path)
     namespace = f"readme_{os.getpid()}"
     db.execute("CREATE TABLE customers (id int PRIMARY KEY, name text)")
     db.execute("INSERT INTO customers VALUES (1, 'Ada'), (2, 'Grace')")
-    db.execute("CREATE PUBLICATION shop FOR TABLE customers")
+    db.execute("CREATE SCHEMA shop")
+    db.execute("CREATE TABLE shop.orders (order_id int PRIMARY KEY, customer_id int)")
+    db.execute("CREATE TABLE shop.order_items (item_id int PRIMARY KEY, order_id int, amount int)")
+    db.execute("INSERT INTO shop.orders VALUES (1, 1), (2, 2), (3, 1)")
+    db.execute("INSERT INTO shop.order_items VALUES (1, 1, 10), (2, 1, 20), (3, 2, 7), (4, 3, 1000)")
+    db.execute("CREATE PUBLICATION shop FOR TABLE customers, shop.orders, shop.order_items")
     try:
+        scope: dict = {}
         exec(substituted(from_python, {  # the README's own code, run as a reader would
             '"host=db dbname=shop user=cdc"': repr(db.dsn),
             '"/data/iceberg"': repr(warehouse),
             'Destination(warehouse=': f'Destination(namespace={namespace!r}, warehouse=',
             "pgcdc.mirror.": f"pgcdc.{namespace}.",
-        }), {})
+        }), scope)
         shown = capsys.readouterr().out
         assert "Ada" in shown and "Grace" in shown
+        exec(substituted(consistent, {'"mirror"': repr(namespace)}), scope)  # the initial copy's moment
+        shown = capsys.readouterr().out
+        assert re.search(r"\|\s*1\s*\|\s*1030\s*\|", shown) and re.search(r"\|\s*2\s*\|\s*7\s*\|", shown), shown
     finally:
         db.execute("SELECT pg_drop_replication_slot('pgcdc')")
 

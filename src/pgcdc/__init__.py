@@ -16,6 +16,7 @@ __all__ = [
     "PipelineConfig",
     "ProtocolError",
     "__version__",
+    "consistent_tables",
     "spark_settings",
 ]
 
@@ -30,6 +31,10 @@ def __getattr__(name: str):
         from pgcdc.spark.destination import Destination
 
         return Destination
+    if name == "consistent_tables":
+        from pgcdc.spark.consistent import consistent_tables
+
+        return consistent_tables
     if name == "spark_settings":
         from pgcdc.spark.session import spark_settings
 

@@ -209,6 +209,12 @@ Deletes = Annotated[str, typer.Option(
     "--deletes", envvar="PGCDC_DELETES", show_envvar=True,
     help="How the delta writer removes rows: position (every reader reads them, PyIceberg included; a key index "
          "per mirror in memory) or equality (no index; PyIceberg cannot read a mirror until it is compacted).")]
+ConsistentEvery = Annotated[float | None, typer.Option(
+    "--consistent-every", envvar="PGCDC_CONSISTENT_EVERY", show_envvar=True, min=0,
+    help="Seconds between two moves of the mirrors' consistent tags (pgcdc_consistent: every mirror at one moment "
+         "of the source) at most; 0: after every batch.")]
+NoConsistentTags = Annotated[bool, typer.Option(
+    "--no-consistent-tags", envvar="PGCDC_NO_CONSISTENT_TAGS", help="Do not keep the consistent tags.")]
 IndexMemory = Annotated[int | None, typer.Option(
     "--index-memory-mb", envvar="PGCDC_INDEX_MEMORY_MB", show_envvar=True, min=1,
     help="Memory the mirrors' key indexes may take together (default: a quarter of the machine's); a mirror "
@@ -385,6 +391,8 @@ def run(
     apply: ApplyWriter = _CONFIG.apply_writer,
     deletes: Deletes = _CONFIG.deletes,
     index_memory_mb: IndexMemory = None,
+    consistent_every: ConsistentEvery = _CONFIG.consistent_seconds,
+    no_consistent_tags: NoConsistentTags = False,
     snapshot_rows_per_task: SnapshotRowsPerTask = _CONFIG.snapshot_rows_per_task,
     spill_dir: Annotated[str | None, typer.Option(
         "--spill-dir", envvar="PGCDC_SPILL_DIR", help="Where transactions larger than --memory-limit spill "
@@ -418,6 +426,7 @@ def run(
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
         snapshot_writer=snapshot_writer, apply_writer=apply, deletes=deletes, index_memory_mb=index_memory_mb,
+        consistent_seconds=None if no_consistent_tags else consistent_every,
         snapshot_rows_per_task=snapshot_rows_per_task,
         memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout,
         on_conversion_error=on_conversion_error, on_identity_change=on_identity_change, maintenance=policy)
@@ -564,6 +573,11 @@ def status(
             mirror_table.add_row(row["mirror"], row["source"], str(row["slot"]), str(row["lsn"]), str(row["rows"]),
                                  str(row["snapshots"]), str(row["rejected"]))
         out.print(mirror_table)
+        from pgcdc.spark.mirror_status import consistent_point
+
+        point = consistent_point(mirrors)
+        if point is not None:
+            out.print(point, highlight=False)
     _print_warnings(warnings)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ from pipeline_support import (
     Workload,
     assert_mirrors_equal,
     catch_up_in_process,
+    expire_all_but_the_newest,
     pipeline_config,
     prepare_source,
     run_cli,
@@ -62,13 +62,6 @@ def lineage_positions(spark, identifier: str) -> list[str]:
     ).collect()]
 
 
-def expire_all_but_the_newest(spark, name: str) -> None:
-    """A user's own expiry: every snapshot but the current one, whoever made it."""
-    cutoff = (datetime.now() + timedelta(minutes=1)).strftime("%Y-%m-%d %H:%M:%S")
-    spark.sql(f"CALL pgcdc.system.expire_snapshots(table => '{name}', older_than => TIMESTAMP '{cutoff}', "
-              "retain_last => 1)")
-
-
 def assert_changelog_whole(spark, mirrors: MirrorCatalog) -> int:
     """No change is in a change log twice; returns how many changes the logs hold."""
     total = 0
@@ -85,7 +78,8 @@ def assert_changelog_whole(spark, mirrors: MirrorCatalog) -> int:
 @pytest.mark.long
 def test_positions_survive_compaction_and_expiry_of_every_snapshot_that_carried_them(pg, spark, caplog):
     prepare_source(pg, rows=120)
-    config = pipeline_config(pg, spark, changelog=True, maintenance=EAGER)
+    # no consistent tags: a tag keeps the snapshot it points at, which carries the position (test_consistent.py)
+    config = pipeline_config(pg, spark, changelog=True, maintenance=EAGER, consistent_seconds=None)
     catch_up_in_process(config, spark)
     with caplog.at_level(logging.INFO, logger="pgcdc.spark.maintenance"):
         for round_ in range(2):
@@ -103,8 +97,8 @@ def test_positions_survive_compaction_and_expiry_of_every_snapshot_that_carried_
         maintain_table(spark, identifier, mirrors.positions.carried(identifier), EAGER,
                        orphan_age_seconds=0)  # nobody writes these tables now
         health = table_health(spark, identifier)
-        # (a table with array columns may keep one delete file: Iceberg cannot rewrite its position deletes)
-        # the row-delta writer's equality deletes are all dropped once compaction leaves them nothing to delete
+        # the row-delta writer's delete files are all dropped once compaction leaves them nothing to delete, on a
+        # table with array columns too (whose position deletes Iceberg cannot rewrite)
         assert health.snapshots == 1 and health.delete_files == 0 and health.data_files <= 1, (identifier, health)
         assert lineage_positions(spark, identifier) == [str(before[identifier])]
     assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
@@ -247,20 +241,26 @@ def test_killed_during_and_right_after_maintenance_steps_loses_and_duplicates_no
 
 
 @pytest.mark.long
-def test_maintenance_runs_beside_the_row_delta_writers_applies(pg, spark, caplog):
-    """The stream does not wait for a compaction: batches commit while pgcdc's own maintenance of a mirror runs
-    (each side's commit retried over the other's by Iceberg), and nothing is lost or doubled."""
+@pytest.mark.parametrize("deletes", ["equality", "position"])
+def test_maintenance_beside_or_between_the_row_delta_writers_applies(pg, spark, caplog, deletes):
+    """Equality deletes name keys, which a compaction keeps reaching: batches commit while pgcdc's own
+    maintenance of a mirror runs (each side's commit retried over the other's by Iceberg). Position deletes name
+    files a compaction replaces: maintenance runs between two applies, never beside one, while the stream goes
+    on. Either way nothing is lost or doubled."""
     prepare_source(pg, rows=200)
     eager = MaintenancePolicy(interval_seconds=0, data_files=3, delete_files=2, check_seconds=0)
-    config = pipeline_config(pg, spark, changelog=True, batch_max_seconds=0.2, maintenance=eager)
+    config = pipeline_config(pg, spark, changelog=True, batch_max_seconds=0.2, maintenance=eager, deletes=deletes)
     catch_up_in_process(config, spark)
     pipeline = Pipeline(config, spark=spark)
     mirrors = pipeline.mirrors
 
+    def maintenances() -> list[tuple[float, float]]:
+        return [(record.created - float(record.args[1]), record.created) for record in caplog.records
+                if record.name == "pgcdc.spark.maintenance" and record.msg.startswith("maintained")]
+
     def applied_during_maintenance() -> list[tuple[str, float]]:
         """(table, seconds into the maintenance) of every data commit made while a maintenance ran."""
-        windows = [(record.created - float(record.args[1]), record.created) for record in caplog.records
-                   if record.name == "pgcdc.spark.maintenance" and record.msg.startswith("maintained")]
+        windows = maintenances()
         found = []
         for schema_table in SHOP_TABLES:
             identifier = mirrors.identifier_for(*schema_table.split("."))
@@ -270,15 +270,22 @@ def test_maintenance_runs_beside_the_row_delta_writers_applies(pg, spark, caplog
                 found += [(schema_table, at - start) for start, end in windows if start < at < end]
         return found
 
+    def done() -> bool:
+        if deletes == "equality":
+            return bool(applied_during_maintenance())
+        return len(maintenances()) >= 4
+
     with caplog.at_level(logging.INFO, logger="pgcdc.spark.maintenance"), Workload(pg.dsn, seed=5, pause=0.01):
         runner, failures = run_in_background(pipeline)
         try:
-            wait_for(lambda: bool(failures) or bool(applied_during_maintenance()), 400,
-                     "a batch committed while a maintenance ran")
+            wait_for(lambda: bool(failures) or done(), 400,
+                     "a batch committed while a maintenance ran" if deletes == "equality" else "4 maintenances")
         finally:
             pipeline.stop()
             runner.join(timeout=300)
     assert not failures, failures
+    if deletes == "position":
+        assert applied_during_maintenance() == []
     catch_up_in_process(config, spark)
     assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
     assert_changelog_whole(spark, mirrors)

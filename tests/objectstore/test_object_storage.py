@@ -23,6 +23,7 @@ from pipeline_support import (
     mirror_mixed_workload,
     pipeline_config,
 )
+from pyiceberg_reader import assert_reads_alike, jdbc_catalog_table
 
 pytestmark = pytest.mark.slow
 
@@ -116,6 +117,10 @@ def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) 
     for identifier, (lsn, _) in positions.items():
         assert str(mirrors.positions.read(identifier)) == lsn, identifier
     assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
+    if store.catalog_type == "jdbc":  # a reader that is not pgcdc, through the catalog: PyIceberg reads alike
+        for schema_table in SHOP_TABLES:
+            identifier = mirrors.identifier_for(*schema_table.split("."))
+            assert assert_reads_alike(spark, identifier, jdbc_catalog_table(store, s3, identifier)) > 0
 
     # check finds the source ready and the destination wanting: a bucket that does not exist
     arguments = catalog_arguments(config)

@@ -103,9 +103,11 @@ class Applier:
     def __init__(self, tables: SourceTables, spark: Callable[[], SparkSession], progress: Progress,
                  emit: Callable[[], None], *, changelog: bool, writer: str = "delta", deletes: str = "position",
                  index_memory_bytes: int | None = None, maintenance: MaintenancePolicy | None = None,
-                 target: MirrorTarget | None = None) -> None:
+                 consistent_seconds: float | None = None, target: MirrorTarget | None = None) -> None:
         """``target``: what batches are applied to (default: the mirrors in Iceberg, through ``spark``, written by
-        ``writer``, deleting by ``deletes``, their key indexes within ``index_memory_bytes``)."""
+        ``writer``, deleting by ``deletes``, their key indexes within ``index_memory_bytes``).
+        ``consistent_seconds``: how often at most the mirrors' consistent tags move to the last batch applied
+        (0: after every batch; None: never; :mod:`pgcdc.spark.consistent`)."""
         self.tables = tables
         self.target = target or SparkMirrors(tables, spark, changelog=changelog, writer=writer, deletes=deletes,
                                              budget=IndexBudget(index_memory_bytes))
@@ -122,6 +124,11 @@ class Applier:
         self._rate_window: list[tuple[float, int]] = []
         self.maintainer = Maintainer(spark, maintenance or MaintenancePolicy(enabled=False), self._maintained)
         self._maintaining: Future[object] | None = None
+        self._consistent_seconds = consistent_seconds
+        self._tags_moved_at = float("-inf")
+        self._tagged: list[str] | None = None  # the mirrors whose tags move: those streamed from this slot
+        self._moving: Future[object] | None = None
+        self._untagged: Lsn | None = None  # the last batch applied, when the tags have not moved to it yet
 
     def __enter__(self) -> Applier:
         return self
@@ -145,6 +152,19 @@ class Applier:
         except Exception:
             pass
 
+    def finish_tag_move(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the consistent tags being moved (milliseconds a mirror): a move
+        cut short leaves tags at two LSNs, which the next run settles (:meth:`settle_tags`)."""
+        moving = self._moving
+        if moving is None or moving.done():
+            return
+        try:
+            moving.result(timeout=timeout)
+        except TimeoutError:
+            log.warning("the consistent tags are still moving %.0fs on; the next run finishes moving them", timeout)
+        except Exception as exc:
+            log.warning("moving the consistent tags failed: %s (the next run moves them)", exc)
+
     @property
     def busy(self) -> bool:
         return self.applying is not None
@@ -160,8 +180,9 @@ class Applier:
 
     def maintain(self) -> None:
         """Queue one maintenance turn when one may be due: on its own thread beside the applies of the row-delta
-        writer; between two applies of the MERGE writer, on the apply thread, where a batch handed over meanwhile
-        waits behind it (never beside it) while the stream goes on."""
+        writer deleting by equality; otherwise (position deletes name files a compaction replaces) between two
+        applies, on the apply thread, where the batch handed over next waits behind it while the stream goes
+        on."""
         if not self.maintainer.ready():
             return
         if self._maintenance_executor is self._executor and self.applying is not None:
@@ -205,6 +226,61 @@ class Applier:
                  len(applied.commit_lsns), batch.last_commit_lsn, applied.seconds,
                  f" ({applied.rejected} set aside)" if applied.rejected else "")
         self._emit()
+        if batch.last_commit_lsn is not None:
+            self._untagged = batch.last_commit_lsn
+            self.move_tags()
+
+    def settle_tags(self, start: Lsn) -> None:
+        """Before streaming from the slot's confirmed position ``start``: mirrors get their first consistent tag
+        there, and tags a stopped run left at different LSNs move together."""
+        if self._consistent_seconds is None:
+            return
+        from pgcdc.spark.consistent import settle_tags
+
+        lsn = settle_tags(self._spark(), self._tag_targets(), start)
+        if lsn is not None:
+            self.progress.consistent_lsn = lsn
+
+    def move_tags(self, *, now: bool = False) -> None:
+        """Once a batch is applied and confirmed every mirror holds the source up to its last commit: the tags move
+        there, on the apply thread before the next batch's apply, at most every ``consistent_seconds`` — or
+        ``now`` (a run's end). Called after each batch and while the stream waits, so that the tags reach the
+        last batch of a burst once the interval has passed."""
+        lsn = self._untagged
+        if self._consistent_seconds is None or lsn is None or self.busy or (
+                self._moving is not None and not self._moving.done()):
+            return
+        started = time.monotonic()
+        if not now and started - self._tags_moved_at < self._consistent_seconds:
+            return
+        from pgcdc.spark.consistent import move_tags
+
+        self._tags_moved_at, self._untagged = started, None
+        targets = self._tag_targets()
+
+        def move() -> None:
+            try:
+                moved = move_tags(self._spark(), targets, lsn)
+            except Exception as exc:  # the mirrors are right: only the tags lag, until the next move
+                log.warning("moving the consistent tags to %s failed: %s (they move again after the next batch)",
+                            lsn, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                return
+            if moved == len(targets):
+                self.progress.consistent_lsn = lsn
+            log.debug("consistent tags of %d of %d mirrors moved to %s in %.2fs", moved, len(targets), lsn,
+                      time.monotonic() - started)
+
+        self._moving = self._executor.submit(move)
+
+    def _tag_targets(self) -> list[str]:
+        """The mirrors streamed from this run's slot: those in the namespace at the start, and those made since."""
+        mirrors = self.tables.mirrors
+        if self._tagged is None:
+            from pgcdc.spark.mirror_status import mirrors_streaming_from
+
+            self._tagged = [identifier for identifier, _ in mirrors_streaming_from(mirrors,
+                                                                                  self.tables.config.slot)]
+        return sorted({*self._tagged, *(mirror.identifier for mirror in mirrors.known())})
 
     def _apply(self, batch: Batch) -> Applied:
         """Apply every segment of ``batch`` to its mirror (on the apply thread); returns what was applied."""

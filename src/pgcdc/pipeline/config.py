@@ -46,6 +46,8 @@ class PipelineConfig:
     # "equality" (no index; PyIceberg cannot read them)
     deletes: str = "position"
     index_memory_mb: int | None = None  # what the key indexes may take together (None: a quarter of the memory)
+    # how often at most the consistent tags move to the last batch applied (0: every batch; None: never)
+    consistent_seconds: float | None = 10.0
     snapshot_rows_per_task: int = 250_000  # rows of a copy task (a page range); more tasks than executors
     on_conversion_error: str = "stop"  # or "quarantine": changes that cannot be converted go to <table>__rejects
     # a table whose replica identity changes while streaming: "copy" it again keyed on the new identity while the
@@ -90,6 +92,8 @@ class PipelineConfig:
             problems.append(f"apply writer {self.apply_writer!r} must be delta or merge")
         if self.deletes not in ("position", "equality"):
             problems.append(f"deletes {self.deletes!r} must be position or equality")
+        if self.consistent_seconds is not None and self.consistent_seconds < 0:
+            problems.append("consistent_seconds must be 0 or more")
         if self.index_memory_mb is not None and self.index_memory_mb < 1:
             problems.append("index_memory_mb must be at least 1")
         if self.snapshot_rows_per_task < 1:
@@ -133,6 +137,7 @@ class Progress:
     stop_signal: int | None = None  # the signal (SIGINT, SIGTERM) that asked the pipeline to stop
     # tables copied again while streaming: (schema.table, the kind of reason, the reason)
     copies_again: list[tuple[str, str, str]] = field(default_factory=list)
+    consistent_lsn: Lsn | None = None  # where the mirrors' consistent tags stand (pgcdc.spark.consistent)
 
     @property
     def lag_bytes(self) -> int | None:

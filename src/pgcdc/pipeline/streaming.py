@@ -75,7 +75,9 @@ class StreamRun:
         with SourceWatch(config.dsn, config.slot) as watch, \
                 Applier(self.tables, self._spark, self.progress, self._emit, changelog=config.changelog,
                         writer=config.apply_writer, deletes=config.deletes,
-                        index_memory_bytes=config.index_memory_bytes, maintenance=config.maintenance) as applier:
+                        index_memory_bytes=config.index_memory_bytes, maintenance=config.maintenance,
+                        consistent_seconds=config.consistent_seconds) as applier:
+            applier.settle_tags(self.checkpoint.confirmed)
             stopped_in_order = interrupted = False
             try:
                 for item in items:
@@ -89,11 +91,13 @@ class StreamRun:
                         continue
                     if self._stop.is_set():
                         self._finish_applying(applier)
+                        applier.move_tags(now=True)
                         stopped_in_order = True
                         break
                     if self._step(applier, batch, watch, idle=item is Tick.IDLE):
                         batch = Batch()
                     if self._caught_up(applier, batch, idle=item is Tick.IDLE):
+                        applier.move_tags(now=True)
                         break
             except KeyboardInterrupt:  # a second signal: stop at once, the slot sends again what was not confirmed
                 interrupted = True
@@ -109,6 +113,7 @@ class StreamRun:
                 if batch and not stopped_in_order:
                     log.warning("stopping with %d unapplied transactions; they will be replayed", batch.transactions)
                 applier.stop_maintenance(timeout=0.0 if interrupted else STOP_BOUND_SECONDS)
+                applier.finish_tag_move(timeout=0.0 if interrupted else STOP_BOUND_SECONDS)
                 self.stream.close()
                 items.close()  # drops what the assembler held (spill files too): the server resends it
         self._report_acknowledged()
@@ -121,13 +126,16 @@ class StreamRun:
         # a full batch waits for the one applying: memory stays bounded by two batches
         if applier.busy and (applier.done() or batch.rows >= config.batch_max_rows):
             self._finish_applying(applier)
+        # between two applies: a maintenance that must not run beside one (position deletes name files a
+        # compaction replaces) and a move of the consistent tags go first; the next batch waits behind them
+        applier.maintain()  # when a mirror is due: compaction, expiry
+        applier.move_tags()  # when the interval has passed since the last move
         if not applier.busy and batch and (
                 batch.rows >= config.batch_max_rows
                 or time.monotonic() - batch.started >= config.batch_max_seconds
                 or (self.target is not None and idle)):
             self._hand_off(applier, batch)
             handed = True
-        applier.maintain()  # when a mirror is due: compaction, expiry
         if idle:
             unapplied = (bool(batch) and not handed) or applier.busy
             self._confirm(self.checkpoint.quiet_flush(self.stream.server_wal_end, unapplied=unapplied,

@@ -9,21 +9,23 @@ table runs, each step only when there is something to do:
    of the snapshot the rewrite started from, so deletes committed meanwhile (the row-delta writer's equality
    deletes, by key) still apply to them and the rewrite does not conflict with a stream that goes on;
 2. ``compact-deletes``: delete files left without a row to apply to dropped (every equality delete no newer
-   than the oldest live data file, every position delete older than it), then the position delete files
-   left rewritten (``rewrite_position_delete_files``);
+   than the oldest live data file, every position delete older than it or naming a data file no longer
+   live), then the position delete files left rewritten (``rewrite_position_delete_files``);
 3. ``rewrite-manifests``: the manifests, many small ones after many commits, rewritten into few;
 4. ``expire``: snapshots older than the retention age expired, the newest ``snapshots_kept`` always kept;
 5. ``remove-orphans``: files no snapshot references and older than ``orphan_age_seconds`` deleted — never
    younger than an hour, so files of a commit in flight (pgcdc's own or anyone's) are not taken.
 
-Steps 1-3 are commits that change no row: each carries the table's position (``pgcdc.lsn``, and
+Steps 1-3 are commits that change no row, onto which the mirror's consistent tag follows
+(:func:`pgcdc.spark.consistent.follow_rewrites`); each carries the table's position (``pgcdc.lsn``, and
 ``pgcdc.ordinal`` for ``__rejects`` tables) in its snapshot summary, read from the table just before, so the
 newest snapshot keeps telling where the table stands; expiry may still remove every snapshot that carries
 it when others commit to the table too, which is why pgcdc also keeps it in a table property
 (:meth:`pgcdc.spark.mirror.MirrorCatalog.recording`). The pipeline runs a maintenance of one table at a time
-(:mod:`pgcdc.pipeline.applier`): beside the applies of the row-delta writer, whose commits and the
-maintenance's are retried over each other by Iceberg, and between two applies of the MERGE writer, whose
-position deletes a compaction would conflict with; ``pgcdc maintain`` runs it on demand.
+(:mod:`pgcdc.pipeline.applier`): beside the applies of the row-delta writer deleting by equality, whose
+commits and the maintenance's are retried over each other by Iceberg, and between two applies of writers whose
+position deletes name files a compaction replaces (the row-delta writer's default, and MERGE); ``pgcdc
+maintain`` runs it on demand.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ MIN_ORPHAN_AGE_SECONDS = 3600.0  # a commit in flight writes its files before it
 ORPHANS_REMOVED_PROPERTY = "pgcdc.orphans-removed-at"  # epoch seconds of the last orphan-file removal
 MAINTENANCE_JOB_GROUP = "pgcdc-maintenance"  # the Spark job group of the pipeline's maintenance: cancelled at a stop
 STEPS = ("compact-data", "compact-deletes", "rewrite-manifests", "expire", "remove-orphans")
+REWRITES = ("compact-data", "compact-deletes", "rewrite-manifests")  # commits that keep the rows as they are
 # Old metadata.json files are kept by Iceberg unless told otherwise: one per commit, forever.
 METADATA_CLEANUP = {"write.metadata.delete-after-commit.enabled": "true",
                     "write.metadata.previous-versions-max": "20"}
@@ -195,6 +198,8 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
                                 _first_line(exc))[:300])
             result.steps[step] = 0
         table.refresh()
+        if step in REWRITES and result.steps[step]:
+            _follow_rewrites(table, identifier)
     injection_point("maintain.done")
     result.after = _health(spark, table)
     result.seconds = time.monotonic() - started
@@ -254,25 +259,50 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
     return 0
 
 
+def _follow_rewrites(table: Any, identifier: str) -> None:
+    """The consistent tag onto the rewrite of the snapshot it was on (same rows, same LSN): its readers read the
+    compacted files, and expiry frees the old ones. A concurrent commit of the tags' own (the stream moving them)
+    wins: the tag is then where it should be."""
+    from pgcdc.spark.consistent import follow_rewrites
+    from pgcdc.spark.iceberg import is_commit_conflict
+
+    try:
+        follow_rewrites(table)
+    except Exception as exc:
+        if not is_commit_conflict(exc):
+            raise
+        log.info("%s: the consistent tag moved meanwhile; it stays where the stream put it", identifier)
+    table.refresh()
+
+
 def _drop_dangling_deletes(spark: SparkSession, table: Any, carried: Mapping[str, str]) -> int:
     """Drop the delete files of an unpartitioned table that apply to no live data file, in one commit carrying
     ``carried``: an equality delete applies to data files of a lower data sequence number, a position delete to
-    those of a lower or equal one. Returns how many were dropped (no commit when none is)."""
+    those of a lower or equal one, and only to the data file it names when it names one (pgcdc's name the file
+    they delete from when it is one: a compaction keeping its starting sequence number leaves the last batch's
+    position deletes naming files no longer live). Returns how many were dropped (no commit when none is)."""
     snapshot = table.currentSnapshot()
     if snapshot is None:
         return 0
     jvm: Any = spark.sparkContext._jvm
-    manifests = jvm.org.apache.iceberg.ManifestFiles
+    manifests, files = jvm.org.apache.iceberg.ManifestFiles, jvm.org.apache.iceberg.util.ContentFileUtil
     io, specs = table.io(), table.specs()
-    oldest_data = min((int(data.dataSequenceNumber()) for manifest in snapshot.dataManifests(io)
-                       for data in _live_files(manifests.read(manifest, io, specs))), default=None)
+    live_data = [data for manifest in snapshot.dataManifests(io)
+                 for data in _live_files(manifests.read(manifest, io, specs))]
+    oldest_data = min((int(data.dataSequenceNumber()) for data in live_data), default=None)
+    live_paths = {str(data.location()) for data in live_data}
     rewrite = table.newRewrite().validateFromSnapshot(snapshot.snapshotId())
     dropped = 0
     for manifest in snapshot.deleteManifests(io):
-        for delete in _live_files(manifests.readDeleteManifest(manifest, io, specs)):
+        for delete in _live_files(manifests.readDeleteManifest(manifest, io, specs), stats=True):
             sequence = int(delete.dataSequenceNumber())
-            equality = str(delete.content()) == "EQUALITY_DELETES"
-            if oldest_data is None or (sequence <= oldest_data if equality else sequence < oldest_data):
+            if str(delete.content()) == "EQUALITY_DELETES":
+                dangling = oldest_data is None or sequence <= oldest_data
+            else:
+                named = files.referencedDataFileLocation(delete)
+                dangling = oldest_data is None or sequence < oldest_data or (
+                    named is not None and str(named) not in live_paths)
+            if dangling:
                 rewrite = rewrite.deleteFile(delete)
                 dropped += 1
     if dropped:
@@ -282,12 +312,14 @@ def _drop_dangling_deletes(spark: SparkSession, table: Any, carried: Mapping[str
     return dropped
 
 
-def _live_files(reader: Any) -> list[Any]:
-    """The live files (added and existing entries) of a manifest reader, which is closed after."""
+def _live_files(reader: Any, *, stats: bool = False) -> list[Any]:
+    """The live files (added and existing entries) of a manifest reader, which is closed after; with their
+    column statistics when ``stats`` (a position delete's bounds name the data file it deletes from)."""
     try:
         files, iterator = [], reader.iterator()
         while iterator.hasNext():
-            files.append(iterator.next().copyWithoutStats())
+            entry = iterator.next()
+            files.append(entry.copy() if stats else entry.copyWithoutStats())
         return files
     finally:
         reader.close()

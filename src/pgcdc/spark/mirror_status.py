@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from pgcdc.lsn import Lsn
+from pgcdc.spark.consistent import CONSISTENT_TAG, tag_state
+from pgcdc.spark.iceberg import load_table
 from pgcdc.spark.mirror import MirrorCatalog
 from pgcdc.spark.mirror_properties import SLOT_PROPERTY
 
@@ -31,11 +33,29 @@ def describe_mirrors(mirrors: MirrorCatalog) -> list[dict[str, Any]]:
         rejects = mirrors.rejects_identifier_for(source_schema, source_table)
         rejected = (spark.sql(f"SELECT count(*) AS n FROM {rejects}").collect()[0].n
                     if spark.catalog.tableExists(rejects) else 0)
+        tag = tag_state(load_table(spark, identifier))
         rows.append({"mirror": identifier, "source": f"{source_schema}.{source_table}",
                      "slot": mirrors.properties.read(identifier).get(SLOT_PROPERTY),
                      "lsn": str(position) if position is not None else None, "rows": count,
-                     "snapshots": snapshots, "rejected": rejected})
+                     "snapshots": snapshots, "rejected": rejected,
+                     "consistent_lsn": None if tag.lsn is None else str(tag.lsn)})
     return rows
+
+
+def consistent_point(described: list[dict[str, Any]]) -> str | None:
+    """``pgcdc status``'s line on the consistent tags of the mirrors :func:`describe_mirrors` described: where
+    they stand, and how far behind the newest commit (None: no tag yet)."""
+    tagged = [row for row in described if row["consistent_lsn"] is not None]
+    if not tagged:
+        return None
+    lsns = {Lsn.parse(row["consistent_lsn"]) for row in tagged}
+    newest = max((Lsn.parse(row["lsn"]) for row in described if row["lsn"] is not None), default=None)
+    stand = min(lsns)
+    behind = "" if newest is None else f", {max(0, int(newest) - int(stand)):,} bytes of WAL behind the newest commit"
+    if len(lsns) > 1:
+        return (f"consistent point ({CONSISTENT_TAG}): being moved, tags at {', '.join(str(lsn) for lsn in sorted(lsns))} "
+                f"on {len(tagged)} of {len(described)} mirrors")
+    return f"consistent point ({CONSISTENT_TAG}): {stand} on {len(tagged)} of {len(described)} mirrors{behind}"
 
 
 def mirrors_streaming_from(mirrors: MirrorCatalog, slot: str) -> list[tuple[str, Lsn | None]]:
