@@ -403,3 +403,33 @@ def test_an_equality_delta_racing_a_compaction_is_retried_and_lands_once(spark, 
         f"SELECT operation FROM {mirror.identifier}.snapshots ORDER BY committed_at").collect()]
     assert operations == ["overwrite", "overwrite", "replace", "overwrite"]
     assert MirrorCatalog(spark, Destination(namespace=mirrors.namespace)).positions.read(mirror.identifier) == Lsn(3)
+
+
+def test_a_mirror_whose_index_does_not_fit_the_budget_deletes_by_equality_and_stays_right(spark, mirrors, caplog):
+    """--index-memory-mb bounds the key indexes: an index that would not fit is not built, and one that grows
+    past the bound with its mirror makes way; either mirror goes on with equality deletes, with a warning."""
+    from pgcdc.spark.mirror_index import IndexBudget
+
+    caplog.set_level("WARNING", logger="pgcdc.spark.apply")
+    tight = IndexBudget(1)  # a byte: room for an empty index only
+    grows = mirrors.ensure(TableSpec("public", "budget_grows", FLAT, ("id",), "d"))
+    apply(spark, grows, flat_changes(("id",), *[("I", 1, i, {"id": i, "name": "v", "n": i}, None) for i in range(4)]),
+          lsn=Lsn(1), writer="delta", budget=tight)
+    assert grows.deletes != "equality" and grows.index is not None  # built while the mirror was empty
+    apply(spark, grows, flat_changes(("id",), ("U", 2, 0, {"id": 1, "name": "w", "n": 1}, None),
+                                     ("D", 2, 1, {"id": 2}, None)), lsn=Lsn(2), writer="delta", budget=tight)
+    assert grows.deletes == "equality" and grows.index is None
+    assert "budget_grows: its mirror deletes by equality (the key indexes grew" in caplog.text
+    assert last_summary(spark, grows.identifier)["added-equality-delete-files"] == "1"
+    assert sorted(tuple(r) for r in spark.table(grows.identifier).collect()) == [
+        (0, "v", 0), (1, "w", 1), (3, "v", 3)]
+
+    # a mirror that already holds rows, seen first with the tight budget (as after a restart)
+    full = mirrors.ensure(TableSpec("public", "budget_full", FLAT, ("id",), "d"))
+    apply(spark, full, flat_changes(("id",), *[("I", 1, i, {"id": i, "name": "v", "n": i}, None) for i in range(4)]),
+          lsn=Lsn(1), writer="delta")
+    full.index = None
+    apply(spark, full, flat_changes(("id",), ("D", 2, 0, {"id": 0}, None)), lsn=Lsn(2), writer="delta",
+          budget=tight)
+    assert full.deletes == "equality" and "would not fit" in caplog.text
+    assert sorted(r.id for r in spark.table(full.identifier).collect()) == [1, 2, 3]

@@ -276,13 +276,20 @@ class IndexBudget:
 
     def admits(self, rows: int) -> bool:
         """Whether an index of about ``rows`` rows fits beside the indexes built so far."""
-        if self.limit_bytes is None:
-            return True
-        held = sum(index.keys.memory_bytes for index in self._indexes)
-        return held + rows * BYTES_PER_ROW <= self.limit_bytes
+        return self.limit_bytes is None or self.held_bytes() + rows * BYTES_PER_ROW <= self.limit_bytes
+
+    def held_bytes(self) -> int:
+        return sum(index.keys.memory_bytes for index in self._indexes)
+
+    def exceeded(self) -> bool:
+        """Whether the indexes, grown with their mirrors, take more than the limit together."""
+        return self.limit_bytes is not None and self.held_bytes() > self.limit_bytes
 
     def add(self, index: MirrorIndex) -> None:
         self._indexes.append(index)
+
+    def release(self, index: MirrorIndex) -> None:
+        self._indexes = [held for held in self._indexes if held is not index]
 
 
 def index_for(mirror_index: MirrorIndex | None, table: Any, key_names: list[str], layout: pa.Schema, *,
@@ -302,4 +309,9 @@ def index_for(mirror_index: MirrorIndex | None, table: Any, key_names: list[str]
             budget.add(mirror_index)
         return mirror_index
     mirror_index.refresh(table, mirror_index.files)
+    if budget is not None and budget.exceeded():  # the mirror grew: this index makes way, its memory freed
+        held = budget.held_bytes()
+        budget.release(mirror_index)
+        raise Unindexable(f"the key indexes grew to {held >> 20:,} MB with their mirrors, past the "
+                          f"{(budget.limit_bytes or 0) >> 20:,} MB they may take (--index-memory-mb)")
     return mirror_index
