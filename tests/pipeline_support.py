@@ -352,6 +352,15 @@ def crash_loop(pg, spark, rounds: list[str | None], seed: int, *, aim_timeout: f
     # The last restart only catches up before the comparison: the session's Spark, not one more cold JVM.
     catch_up_in_process(config, spark)
     figures = assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
+    if config.destination.catalog_type is None:  # the session's local Hadoop-catalog warehouse
+        # a reader that is not pgcdc reads every mirror as Spark does (on S3: tests/objectstore, via the catalog)
+        from pgcdc.spark.mirror import MirrorCatalog
+        from pyiceberg_reader import assert_reads_alike, hadoop_table
+
+        mirrors = MirrorCatalog(spark, config.destination)
+        for schema_table in SHOP_TABLES:
+            identifier = mirrors.identifier_for(*schema_table.split("."))
+            assert_reads_alike(spark, identifier, hadoop_table(spark, identifier))
     print(f"kills survived: {sum(fired.values())} {fired}; workload transactions: {transactions}; {figures}")
     assert figures["rows_lost"] == 0 and figures["rows_extra"] == 0
     # kills, not distinct aims: the soak run repeats each aim (a repeated snapshot aim finds the copy done)
