@@ -215,6 +215,23 @@ ConsistentEvery = Annotated[float | None, typer.Option(
          "of the source) at most; 0: after every batch.")]
 NoConsistentTags = Annotated[bool, typer.Option(
     "--no-consistent-tags", envvar="PGCDC_NO_CONSISTENT_TAGS", help="Do not keep the consistent tags.")]
+SpillDir = Annotated[str | None, typer.Option(
+    "--spill-dir", envvar="PGCDC_SPILL_DIR",
+    help="Where transactions larger than --memory-limit spill (default: the system temporary directory).")]
+MemoryLimit = Annotated[int, typer.Option(
+    "--memory-limit", envvar="PGCDC_MEMORY_LIMIT_MB", min=1,
+    help="MB of changes held in memory per open transaction before it spills.")]
+ReceiveTimeout = Annotated[float, typer.Option(
+    "--receive-timeout", envvar="PGCDC_RECEIVE_TIMEOUT",
+    help="Seconds of silence from the server after which the connection counts as lost.")]
+OnConversionError = Annotated[str, typer.Option(
+    "--on-conversion-error", envvar="PGCDC_ON_CONVERSION_ERROR",
+    help="stop (default) at a value pgcdc cannot mirror, or quarantine: set the change aside, whole and raw, in "
+         "<table>__rejects and go on.")]
+OnIdentityChange = Annotated[str, typer.Option(
+    "--on-identity-change", envvar="PGCDC_ON_IDENTITY_CHANGE",
+    help="copy (default): a table whose replica identity changes is copied again, keyed on its new identity, "
+         "while the others stream; stop: pgcdc stops there (exit 1).")]
 IndexMemory = Annotated[int | None, typer.Option(
     "--index-memory-mb", envvar="PGCDC_INDEX_MEMORY_MB", show_envvar=True, min=1,
     help="Memory the mirrors' key indexes may take together (default: a quarter of the machine's); a mirror "
@@ -394,25 +411,11 @@ def run(
     consistent_every: ConsistentEvery = _CONFIG.consistent_seconds,
     no_consistent_tags: NoConsistentTags = False,
     snapshot_rows_per_task: SnapshotRowsPerTask = _CONFIG.snapshot_rows_per_task,
-    spill_dir: Annotated[str | None, typer.Option(
-        "--spill-dir", envvar="PGCDC_SPILL_DIR", help="Where transactions larger than --memory-limit spill "
-                                                      "(default: the system temporary directory).")] = None,
-    memory_limit: Annotated[int, typer.Option(
-        "--memory-limit", envvar="PGCDC_MEMORY_LIMIT_MB", min=1,
-        help="MB of changes held in memory per open transaction before it spills.")
-    ] = _CONFIG.memory_limit_bytes >> 20,
-    receive_timeout: Annotated[float, typer.Option(
-        "--receive-timeout", envvar="PGCDC_RECEIVE_TIMEOUT",
-        help="Seconds of silence from the server after which the connection counts as lost.")
-    ] = _CONFIG.receive_timeout_seconds,
-    on_conversion_error: Annotated[str, typer.Option(
-        "--on-conversion-error", envvar="PGCDC_ON_CONVERSION_ERROR",
-        help="stop (default) at a value pgcdc cannot mirror, or quarantine: set the change aside, whole and raw, "
-             "in <table>__rejects and go on.")] = "stop",
-    on_identity_change: Annotated[str, typer.Option(
-        "--on-identity-change", envvar="PGCDC_ON_IDENTITY_CHANGE",
-        help="copy (default): a table whose replica identity changes is copied again, keyed on its new identity, "
-             "while the others stream; stop: pgcdc stops there (exit 1).")] = "copy",
+    spill_dir: SpillDir = None,
+    memory_limit: MemoryLimit = _CONFIG.memory_limit_bytes >> 20,
+    receive_timeout: ReceiveTimeout = _CONFIG.receive_timeout_seconds,
+    on_conversion_error: OnConversionError = _CONFIG.on_conversion_error,
+    on_identity_change: OnIdentityChange = _CONFIG.on_identity_change,
     *,
     destination: Destination,
     policy: MaintenancePolicy,

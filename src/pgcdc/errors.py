@@ -76,3 +76,8 @@ class SpillCorruptError(PgcdcError):
 
 class PositionCorruptError(PgcdcError):
     """A mirror's stored position (``pgcdc.lsn``) that cannot be trusted; the message says the way out."""
+
+
+class Unindexable(PgcdcError):
+    """Why a mirror's key index cannot be had (its files out of this machine's reach, or past the memory the
+    indexes may take): that mirror deletes by equality instead, with a warning."""

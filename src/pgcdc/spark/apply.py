@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from pgcdc.errors import Unindexable
 from pgcdc.lsn import Lsn
 from pgcdc.positions import commit_properties
 from pgcdc.spark.changelog import append_changelog
 from pgcdc.spark.files import in_layout
 from pgcdc.spark.merge_writer import merge
 from pgcdc.spark.mirror import MirrorTable
-from pgcdc.spark.mirror_index import IndexBudget, MirrorIndex, Unindexable, index_for
+from pgcdc.spark.mirror_index import IndexBudget, MirrorIndex, index_for
 from pgcdc.spark.mirror_reads import completed, position_deletes, positioned
 from pgcdc.spark.reduce import KEYED, Reduction, after_position, ordered, reduce_changes
 from pgcdc.spark.row_delta import RowDeltaWriter

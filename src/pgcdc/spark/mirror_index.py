@@ -33,16 +33,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pgcdc.errors import Unindexable
 from pgcdc.spark.files import local_path, object_path
 from pgcdc.spark.key_index import KeyIndex, Located
 
 log = logging.getLogger("pgcdc.spark.mirror_index")
 
 POSITION_DELETE_PATH_ID, POSITION_DELETE_POS_ID = 2147483546, 2147483545  # Iceberg's reserved field ids
-
-
-class Unindexable(Exception):
-    """Why a mirror cannot be indexed (its files are out of this machine's reach): it keeps equality deletes."""
 
 
 class MirrorIndex:
