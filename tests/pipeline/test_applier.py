@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-
 from batches import ITEMS, OTHER, batcher, collected, row, transactions
+
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import Insert, Relation
 from pgcdc.pipeline.applier import Applier
