@@ -714,3 +714,16 @@ def test_the_index_never_imports_spark():
 
     code = "import sys, pgcdc.spark.key_index; sys.exit('pyspark' in sys.modules or 'py4j' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_a_compaction_adds_the_new_file_then_drops_the_old_ones():
+    index = KeyIndex(multiset=False)
+    index.add("a.parquet", ids([1, 2, 3]))
+    index.add("b.parquet", ids([4, 5]))
+    index.forget(index.find(ids([2])))  # deleted before the compaction, so not in its output
+    slots = len(index._main) + len(index._delta)
+    index.add("c.parquet", ids([5, 4, 3, 1]))
+    assert index.drop_file("a.parquet") == 0 and index.drop_file("b.parquet") == 0
+    assert located_entries(index, index.find(ids([1, 2, 3, 4, 5]))) == [
+        ("c.parquet", 3), None, ("c.parquet", 2), ("c.parquet", 1), ("c.parquet", 0)]
+    assert len(index._main) + len(index._delta) == slots  # every key moved within its slot

@@ -137,7 +137,7 @@ class KeyIndex:
 
     @property
     def rows(self) -> int:
-        """Live entries."""
+        """Live entries (queued rows are placed first: after a build, this is where the sort happens)."""
         self._flush()
         return self._live
 
@@ -191,7 +191,11 @@ class KeyIndex:
             self._queued[2].append((np.int64(file_id) << POSITION_BITS) | located_at)
 
     def drop_file(self, path: str) -> int:
-        """Forgets every entry of a data file (a compaction removed it); returns how many there were."""
+        """Forgets every entry of a data file (a compaction removed it); returns how many there were.
+
+        After a compaction, add the rewritten files first and drop the old ones after: a keyed index then
+        moves each key within its slot, and the old files have nothing left to drop.
+        """
         file_id = self._ids.get(path)
         if file_id is None:
             return 0
@@ -277,17 +281,19 @@ class KeyIndex:
         self._flush()
         if not rows:
             return self._located(np.empty(0, np.int64), np.empty(0, np.int64))
-        # Rows with equal keys draw from one pool: group them, look each group up once.
+        # Rows with equal keys draw from one pool: group them, look each group up once (groups are numbered
+        # in code order, so the lookup needs no sort of its own).
         group, first_rows = _groups(k1, k2)
         groups = len(first_rows)
         needed = np.bincount(group, weights=wanted, minlength=groups).astype(np.int64)
-        queries, slots = self._lookup(k1[first_rows], None if k2 is None else k2[first_rows])
+        queries, slots = self._lookup(k1[first_rows], None if k2 is None else k2[first_rows], presorted=True)
         locations = self._locations(slots)
         live = locations != DEAD
         queries, slots, locations = queries[live], slots[live], locations[live]
-        by_group = np.lexsort((slots, queries))
+        # main run's pairs, then the delta's, each by group: a stable sort by group keeps slots ascending
+        by_group = np.argsort(queries, kind="stable")
         queries, slots, locations = queries[by_group], slots[by_group], locations[by_group]
-        rank = np.arange(len(queries)) - np.searchsorted(queries, queries, "left")
+        rank = np.arange(len(queries)) - np.searchsorted(queries, np.arange(groups), "left")[queries]
         kept = rank < needed[queries]
         queries, slots, locations = queries[kept], slots[kept], locations[kept]
         found = np.bincount(queries, minlength=groups)
@@ -500,8 +506,8 @@ def _matches(run: _Run, k1: np.ndarray, k2: np.ndarray | None) -> tuple[np.ndarr
 
 
 def _groups(k1: np.ndarray, k2: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """For rows of codes: each row's group of equal codes (0..g-1), and the first row of each group."""
-    order = np.lexsort((np.arange(len(k1)), k1) if k2 is None else (np.arange(len(k1)), k2, k1))
+    """For rows of codes: each row's group of equal codes (0..g-1, in code order), and a row of each group."""
+    order = np.argsort(k1) if k2 is None else np.lexsort((k2, k1))
     sorted_k1 = k1[order]
     starts = np.ones(len(k1), bool)
     starts[1:] = sorted_k1[1:] != sorted_k1[:-1]
