@@ -43,8 +43,6 @@ except ImportError:
 # The code of NULL (the same constants are in _keyhash.c): a value hashes to it with probability 2**-128.
 NULL_CODE = (0x9E3779B97F4A7C15, 0xD1B54A32D192ED03)
 
-INTEGER = "integer"
-
 _C1, _C2 = np.uint64(0x87C37B91114253D5), np.uint64(0x4CF5AD432745937F)
 _M1, _M2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
 _ADD1, _ADD2, _FIVE = np.uint64(0x52DCE729), np.uint64(0x38495AB5), np.uint64(5)
@@ -70,7 +68,10 @@ class KeyCoder:
         if len(schema) == 0:
             raise ValueError("a key needs at least one column")
         kinds = tuple(column_kind(field.type) for field in schema)
-        return cls(kinds, integer_allowed and len(kinds) == 1 and _is_integer_kind(kinds[0]))
+        first = schema.field(0).type
+        if pa.types.is_dictionary(first):
+            first = first.value_type
+        return cls(kinds, integer_allowed and len(kinds) == 1 and _is_integer_like(first))
 
     def check(self, schema: pa.Schema) -> None:
         """Refuses key tables whose columns are not of the kinds this coder was made for."""
@@ -95,7 +96,7 @@ def column_kind(data_type: pa.DataType) -> str:
     if pa.types.is_boolean(data_type):
         return "boolean"
     if pa.types.is_integer(data_type):
-        return "uint64" if pa.types.is_uint64(data_type) else INTEGER
+        return "uint64" if pa.types.is_uint64(data_type) else "integer"
     if pa.types.is_timestamp(data_type):
         return f"timestamp[{data_type.unit}]"
     if pa.types.is_date(data_type) or pa.types.is_time(data_type) or pa.types.is_duration(data_type):
@@ -117,10 +118,6 @@ def _is_integer_like(data_type: pa.DataType) -> bool:
     """Integers and the temporal types Arrow stores as integers (not intervals: those are several fields)."""
     return (pa.types.is_integer(data_type) and not pa.types.is_uint64(data_type)) or pa.types.is_date(data_type) \
         or pa.types.is_time(data_type) or pa.types.is_timestamp(data_type) or pa.types.is_duration(data_type)
-
-
-def _is_integer_kind(kind: str) -> bool:
-    return kind == INTEGER or kind.startswith(("timestamp", "date", "time", "duration"))
 
 
 def _as_int64(array: pa.Array) -> pa.Array:
