@@ -4,7 +4,8 @@ A table of 10 columns gets a backlog of inserts in 1,000-row transactions, then 
 rows (full: 500,000 + 100,000 changes; --quick: 100,000 + 20,000). Slots created before the backlog hold the
 same changes: pg_recvlogical drains one into /dev/null (the slot's own rate, the peer); pgcdc drains one per
 apply writer into empty mirrors (``run --until-caught-up`` in this process, Spark already started: the
-delta writer runs first and pays the JVM's warm-up). Then pgcdc's start-up alone: a ``pgcdc run
+delta writer runs first and pays the JVM's warm-up), the row-delta writer both deleting by position (the
+default) and by equality. Then pgcdc's start-up alone: a ``pgcdc run
 --until-caught-up`` process with nothing to do. CPU per change is counted by program. Last line: JSON figures.
 """
 
@@ -31,7 +32,8 @@ from pgcdc.pipeline import Pipeline, PipelineConfig
 from pgcdc.spark.destination import Destination
 from pgcdc.spark.session import spark_session
 
-WRITERS = ("delta", "merge")
+# (name, apply writer, deletes): the default, the row-delta writer deleting by equality, and MERGE
+VARIANTS = (("delta", "delta", "position"), ("delta_equality", "delta", "equality"), ("merge", "merge", "position"))
 
 
 def cpu_seconds(roots: list[int]) -> Counter[str]:
@@ -75,9 +77,9 @@ def cpu_per_change(before: Counter[str], after: Counter[str], changes: int) -> d
             if seconds > 0}
 
 
-def config_for(server: EmbeddedPostgres, warehouse: str, writer: str) -> PipelineConfig:
-    return PipelineConfig(dsn=server.dsn, publication="pub", slot=f"catchup_{writer}", apply_writer=writer,
-                          destination=Destination(warehouse=warehouse, namespace=f"catchup_{writer}"))
+def config_for(server: EmbeddedPostgres, warehouse: str, name: str, writer: str, deletes: str) -> PipelineConfig:
+    return PipelineConfig(dsn=server.dsn, publication="pub", slot=f"catchup_{name}", apply_writer=writer,
+                          deletes=deletes, destination=Destination(warehouse=warehouse, namespace=f"catchup_{name}"))
 
 
 def startup_seconds(config: PipelineConfig) -> float:
@@ -104,7 +106,7 @@ def main() -> None:
         spark = spark_session(Destination(warehouse=warehouse))
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute(TABLE)
-        configs = {writer: config_for(server, warehouse, writer) for writer in WRITERS}
+        configs = {name: config_for(server, warehouse, name, writer, deletes) for name, writer, deletes in VARIANTS}
         for config in configs.values():  # each slot and its empty mirror, before the backlog
             Pipeline(config, spark=spark).snapshot()
         with psycopg.connect(server.dsn, autocommit=True) as conn:
@@ -123,7 +125,8 @@ def main() -> None:
         print(f"{'pg_recvlogical (to /dev/null)':<40} {theirs:>10,.0f}  1.00   CPU µs/change {recvlogical_cpu}",
               flush=True)
         figures["pg_recvlogical_changes_per_s"] = round(theirs)
-        for writer, config in configs.items():
+        rates: dict[str, float] = {}
+        for writer, config in configs.items():  # the variant's name
             cpu = cpu_seconds(roots)
             started = time.perf_counter()
             progress = Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
@@ -132,18 +135,23 @@ def main() -> None:
             assert progress.rows_applied == changes, (writer, progress.rows_applied, changes)
             count = spark.sql(f"SELECT count(*) AS n FROM pgcdc.catchup_{writer}.public.events").collect()[0].n
             assert count == inserts, (writer, count)
-            ours = changes / seconds
-            print(f"{'pgcdc into Iceberg, ' + writer + ' writer':<40} {ours:>10,.0f}  {ours / theirs:.2f}   "
+            ours = rates[writer] = changes / seconds
+            label = {"delta": "delta writer (default)", "delta_equality": "delta writer, equality deletes",
+                     "merge": "merge writer"}[writer]
+            print(f"{'pgcdc into Iceberg, ' + label:<40} {ours:>10,.0f}  {ours / theirs:.2f}   "
                   f"CPU µs/change {used}", flush=True)
             figures[f"{writer}_changes_per_s"] = round(ours)
             figures[f"{writer}_ratio_vs_pg_recvlogical"] = round(ours / theirs, 2)
             figures.update({f"{writer}_{program.replace(' ', '_')}_cpu_us_per_change": value
                             for program, value in used.items()})
+        print(f"deleting by position (the default) applies {rates['delta'] / rates['delta_equality']:.2f}x as fast as "
+              "by equality", flush=True)
         spark.stop()
         startup = startup_seconds(configs["delta"])
         print(f"pgcdc start-up (a run --until-caught-up with nothing to do): {startup:.1f}s")
         figures["startup_s"] = round(startup, 1)
     figures["ratio_vs_pg_recvlogical"] = figures["delta_ratio_vs_pg_recvlogical"]
+    figures["position_vs_equality_deletes"] = round(rates["delta"] / rates["delta_equality"], 2)
     print(json.dumps(figures))
 
 

@@ -6,9 +6,10 @@
    1,000,000-row table of the same shape (100,000 with --quick), so that neither pays the one-off
    start-up (JVM compilation, Python workers) in its figure; those first copies are printed too. Each
    copy also prints the CPU it took per row, by program (PostgreSQL, the JVM, Python workers).
-2. Apply, once per apply writer (``--apply delta,merge``), each on a fresh slot and its own mirror: a writer
-   commits transactions of 100 rows (inserts and updates) as fast as it can while the pipeline streams them
-   into Iceberg: rows/s from commit to Iceberg commit, and the CPU per applied row by program. Then the
+2. Apply, once per apply writer (``--apply delta,merge``; the delta writer deleting by position, pgcdc's
+   default, and by equality: ``--deletes``; the consistent tags moved every ``--consistent-every`` seconds),
+   each on a fresh slot and its own mirror: a writer commits transactions of 100 rows (inserts and updates) as
+   fast as it can while the pipeline streams them into Iceberg: rows/s from commit to Iceberg commit, and the CPU per applied row by program. Then the
    writer is paced at 50% and 90% of that rate and the lag from each source commit to the mirror commit
    holding it is measured (p50, p99).
 CPU counts only this bench's processes (itself, its PostgreSQL, Spark's JVM and Python workers, the S3 server:
@@ -159,9 +160,9 @@ class Phase:
 
 
 def streaming_phase(dsn: str, spark, store: dict, writer_kind: str, seconds: float, rate: float | None,
-                    first_id: int, *, consistent_seconds: float | None, label: str) -> Phase:
-    """Run the writer and the pipeline (with apply writer ``writer_kind``, moving the consistent tags every
-    ``consistent_seconds``, on the slot of ``label``) together."""
+                    first_id: int, *, deletes: str, consistent_seconds: float | None, label: str) -> Phase:
+    """Run the writer and the pipeline (with apply writer ``writer_kind`` removing rows by ``deletes``, moving the
+    consistent tags every ``consistent_seconds``, on the slot of ``label``) together."""
     applied: list[tuple[float, Lsn]] = []
 
     def on_progress(progress) -> None:
@@ -169,7 +170,8 @@ def streaming_phase(dsn: str, spark, store: dict, writer_kind: str, seconds: flo
             applied.append((time.monotonic(), progress.applied_lsn))
 
     config = PipelineConfig(dsn=dsn, publication="flow", slot=f"bench_flow_{label}", batch_max_seconds=1.0,
-                            snapshot=False, apply_writer=writer_kind, consistent_seconds=consistent_seconds,
+                            snapshot=False, apply_writer=writer_kind, deletes=deletes,
+                            consistent_seconds=consistent_seconds,
                             destination=Destination(namespace=f"bench_flow_{label}", **store))
     pipeline = Pipeline(config, spark=spark, on_progress=on_progress)
     failures: list[BaseException] = []
@@ -222,20 +224,20 @@ def drop_slot(dsn: str, slot: str) -> None:
             time.sleep(0.1)
 
 
-def label_text(writer_kind: str, consistent_seconds: float | None) -> str:
+def label_text(writer_kind: str, deletes: str, consistent_seconds: float | None) -> str:
     tags = "no consistent tags" if consistent_seconds is None else (
         "consistent tags after every batch" if consistent_seconds == 0 else
         f"consistent tags every {consistent_seconds:g}s")
-    return f"{writer_kind} writer, {tags}"
+    return f"{writer_kind} writer{f', {deletes} deletes' if writer_kind == 'delta' else ''}, {tags}"
 
 
 def apply_phases(server: EmbeddedPostgres, spark, store: dict, writer_kind: str, seconds: float, first_id: int,
-                 roots: list[int], figures: dict[str, object], *, consistent_seconds: float | None,
+                 roots: list[int], figures: dict[str, object], *, deletes: str, consistent_seconds: float | None,
                  label: str) -> int:
     """The unpaced phase, then 50% and 90% of its rate, for one apply writer (figures named by ``label``) on a
     fresh slot; returns the next free id."""
     slot = f"bench_flow_{label}"
-    phase = functools.partial(streaming_phase, consistent_seconds=consistent_seconds, label=label)
+    phase = functools.partial(streaming_phase, deletes=deletes, consistent_seconds=consistent_seconds, label=label)
     with psycopg.connect(server.dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     cpu = cpu_seconds(roots)
@@ -246,7 +248,7 @@ def apply_phases(server: EmbeddedPostgres, spark, store: dict, writer_kind: str,
     figures[f"written_rows_per_s_{label}"] = round(unpaced.written_per_s)
     figures.update({f"{DRIVER.get(program, program).replace(' ', '_')}_us_per_row_{label}": value
                     for program, value in used.items()})
-    print(f"{label_text(writer_kind, consistent_seconds)}: apply under an unpaced writer: {apply_rate:,.0f} rows/s from source commit to "
+    print(f"{label_text(writer_kind, deletes, consistent_seconds)}: apply under an unpaced writer: {apply_rate:,.0f} rows/s from source commit to "
           f"Iceberg commit (the writer committed {unpaced.written_per_s:,.0f} rows/s)", flush=True)
     print(f"  {cpu_text(used)} (pgcdc: this process, the writer and pgcdc's driver"
           f"{'; other: the S3 server' if 'other' in used else ''})", flush=True)
@@ -276,10 +278,16 @@ def main() -> None:
                                          "cluster); default local[*]")
     parser.add_argument("--executors", type=int, help="with a cluster --master: executors of one core to use")
     parser.add_argument("--rows-per-task", type=int, help="rows per snapshot task (default: pgcdc's)")
+    parser.add_argument("--deletes", default="position,equality",
+                        help="how the delta writer removes rows, comma-separated to measure each in the same run "
+                             "(default position,equality: pgcdc's default beside equality deletes)")
     parser.add_argument("--consistent-every", default=f"{PipelineConfig.consistent_seconds:g}",
                         help="seconds between moves of the consistent tags, or off; comma-separated to measure the "
                              "apply under each, one after the other (e.g. off,10,0; default pgcdc's)")
     args = parser.parse_args()
+    deletes_kinds = [d.strip() for d in args.deletes.split(",") if d.strip()]
+    if not deletes_kinds or any(d not in ("position", "equality") for d in deletes_kinds):
+        parser.error(f"--deletes takes position and/or equality, comma-separated; got {args.deletes!r}")
     try:
         tag_settings = [None if v.strip() == "off" else float(v) for v in args.consistent_every.split(",")]
     except ValueError:
@@ -364,18 +372,26 @@ def main() -> None:
         if args.only != "snapshot":
             next_id = 1
             for writer_kind in writers:
-                for tags in tag_settings:
-                    label = writer_kind if len(tag_settings) == 1 else \
-                        f"{writer_kind}_tags_{'off' if tags is None else f'{tags:g}s'}"
-                    next_id = apply_phases(server, spark, store, writer_kind, phase_seconds, next_id, roots,
-                                           figures, consistent_seconds=tags, label=label)
-                if len(tag_settings) > 1 and None in tag_settings:
-                    off = figures[f"apply_rows_per_s_{writer_kind}_tags_off"]
-                    for tags in (t for t in tag_settings if t is not None):
-                        key = f"{writer_kind}_tags_{tags:g}s"
-                        ratio = figures[f"apply_rows_per_s_{key}"] / off if off else None
-                        figures[f"apply_ratio_vs_no_tags_{key}"] = None if ratio is None else round(ratio, 2)
-                        print(f"{label_text(writer_kind, tags)}: apply rate {ratio:.2f}x of no tags", flush=True)
+                for deletes in deletes_kinds if writer_kind == "delta" else ["position"]:
+                    base = writer_kind if deletes == "position" else f"{writer_kind}_{deletes}"
+                    for tags in tag_settings:
+                        label = base if len(tag_settings) == 1 else \
+                            f"{base}_tags_{'off' if tags is None else f'{tags:g}s'}"
+                        next_id = apply_phases(server, spark, store, writer_kind, phase_seconds, next_id, roots,
+                                               figures, deletes=deletes, consistent_seconds=tags, label=label)
+                    if len(tag_settings) > 1 and None in tag_settings:
+                        off = figures[f"apply_rows_per_s_{base}_tags_off"]
+                        for tags in (t for t in tag_settings if t is not None):
+                            key = f"{base}_tags_{tags:g}s"
+                            ratio = figures[f"apply_rows_per_s_{key}"] / off if off else None
+                            figures[f"apply_ratio_vs_no_tags_{key}"] = None if ratio is None else round(ratio, 2)
+                            print(f"{label_text(writer_kind, deletes, tags)}: apply rate {ratio:.2f}x of no tags",
+                                  flush=True)
+            if "delta" in writers and len(deletes_kinds) == 2 and len(tag_settings) == 1:
+                ratio = figures["apply_rows_per_s_delta"] / figures["apply_rows_per_s_delta_equality"]
+                figures["apply_ratio_position_vs_equality"] = round(ratio, 2)
+                print(f"delta writer: deleting by position (the default) applies {ratio:.2f}x as fast as by equality",
+                      flush=True)
         spark.stop()
     shutil.rmtree(warehouse, ignore_errors=True)
     print(json.dumps({**figures, "notes": notes}))

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 
 from pgcdc.errors import Unindexable
 from pgcdc.spark.files import local_path, object_path
+from pgcdc.spark.key_codes import Codes, KeyCoder
 from pgcdc.spark.key_index import KeyIndex, Located
 
 log = logging.getLogger("pgcdc.spark.mirror_index")
@@ -108,12 +109,13 @@ class MirrorIndex:
         self.snapshot_id = current_id
 
     def _follow(self, snapshot: Any, io: Any, files: FileReader) -> None:
-        """One snapshot someone else committed, followed: the rows it removed and added."""
-        for data in _iterate(snapshot.removedDataFiles(io)):
-            self.keys.drop_file(str(data.location()))
+        """One snapshot someone else committed, followed: the rows it added and removed (added first: a keyed
+        entry then moves within its slot when a compaction rewrites its row)."""
         for data in _iterate(snapshot.addedDataFiles(io)):
             path = str(data.location())
             self.keys.add(path, files.read_columns(path, self.key_fields(), self.layout))
+        for data in _iterate(snapshot.removedDataFiles(io)):
+            self.keys.drop_file(str(data.location()))
         for delete in _iterate(snapshot.addedDeleteFiles(io)):
             if str(delete.content()) != "POSITION_DELETES":
                 raise _CannotFollow(f"snapshot {snapshot.snapshotId()} added equality deletes")
@@ -150,7 +152,7 @@ class _DeleteFiles:
         self._index = index
         self._files = files
         self._positions: dict[str, dict[str, np.ndarray]] = {}
-        self._equality: dict[str, KeyIndex] = {}
+        self._equality: dict[str, np.ndarray] = {}  # the codes of each equality delete file's rows
 
     def surviving(self, path: str, keys: pa.Table, deletes: list[Any]) -> np.ndarray | None:
         """A mask of the rows of the data file at ``path`` (its ``keys``) that ``deletes`` leave (None: all)."""
@@ -170,16 +172,25 @@ class _DeleteFiles:
         return keep
 
     def _equality_matches(self, delete: Any, keys: pa.Table) -> np.ndarray:
-        """Which rows of ``keys`` an equality delete file removes (its columns must be the index's key)."""
+        """Which rows of ``keys`` an equality delete file removes (its columns must be the index's key): equal on
+        every column, NULL matching NULL, as Iceberg applies them — by their 128-bit codes."""
         location = str(delete.location())
         ids = sorted(int(i) for i in delete.equalityFieldIds())
         if ids != sorted(_field_id(f) for f in self._index.key_fields()):
             raise Unindexable(f"an equality delete file on other columns than its key ({location})")
+        coder = KeyCoder.for_schema(keys.schema, integer_allowed=False)
         if location not in self._equality:
-            deleted = KeyIndex(multiset=False)
-            deleted.add(location, self._files.read_columns(location, self._index.key_fields(), self._index.layout))
-            self._equality[location] = deleted
-        return self._equality[location].find(keys).file_ids >= 0
+            deleted = self._files.read_columns(location, self._index.key_fields(), self._index.layout)
+            self._equality[location] = np.unique(_code_pairs(coder.codes(deleted)))
+        return np.isin(_code_pairs(coder.codes(keys)), self._equality[location])
+
+
+def _code_pairs(codes: Codes) -> np.ndarray:
+    """Hash-form codes as one array of (h1, h2) pairs, comparable as wholes."""
+    h1, h2 = codes
+    pairs = np.empty(len(h1), dtype=[("h1", np.uint64), ("h2", np.uint64)])
+    pairs["h1"], pairs["h2"] = h1, h2
+    return pairs
 
 
 def _field_id(field: pa.Field) -> int:

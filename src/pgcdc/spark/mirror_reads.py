@@ -144,7 +144,7 @@ def positioned(mirror: MirrorTable, reduction: Reduction, index: MirrorIndex, la
             return rows.select(names), None
         # every key the batch touches: the row under it is replaced or removed
         touched = in_layout(pa.concat_tables([reduction.removed, rows.select(keys)]), _fields(layout, keys))
-        return rows.select(names), _found(index.keys.find(touched))
+        return rows.select(names), index.keys.find(touched)
     if reduction.kind == KEYLESS and reduction.removed is not None and reduction.removed.num_rows:
         deleted = in_layout(reduction.removed.select(names), layout)
         return reduction.rows, index.keys.take(deleted, reduction.removed.column(COPIES_GONE).to_numpy())
@@ -155,20 +155,19 @@ def _fields(layout: pa.Schema, names: list[str]) -> pa.Schema:
     return pa.schema([layout.field(name) for name in names])
 
 
-def _found(located: Located) -> Located:
-    present = located.file_ids >= 0
-    return Located(located.file_ids[present], located.positions[present])
-
-
 def position_deletes(index: MirrorIndex, located: Located | None) -> PositionDeletes:
-    """The rows at ``located``, per data file of the index."""
+    """The rows at ``located`` (those found: a key the mirror did not hold has none), per data file of the index,
+    each once (a key a batch both removes and writes again is looked up twice)."""
     from pgcdc.spark.row_delta import PositionDeletes
 
-    if located is None or not len(located.file_ids):
+    if located is None:
         return PositionDeletes({})
+    present = located.file_ids >= 0
+    if not present.any():
+        return PositionDeletes({})
+    places = np.unique((located.file_ids[present].astype(np.int64) << 32) | located.positions[present])
+    ids, positions = places >> 32, places & 0xFFFFFFFF
     files: dict[str, np.ndarray] = {}
-    order = np.argsort(located.file_ids, kind="stable")
-    ids, positions = located.file_ids[order], located.positions[order]
     bounds = np.flatnonzero(np.diff(ids)) + 1
     for chunk_ids, chunk_positions in zip(np.split(ids, bounds), np.split(positions, bounds), strict=True):
         files[index.keys.path(int(chunk_ids[0]))] = chunk_positions

@@ -1,0 +1,311 @@
+"""Key index: what a mirror's key -> (data file, row position) index costs to build and to hold, and what a
+batch of 50,000 keys costs against it.
+
+The index is built the way a mirror builds it: each Parquet data file's key column read with pyarrow (the
+next files read ahead in two threads), its rows added at positions 0..n-1, then placed (sorted). Data:
+10,000,000 rows (--quick: 1,000,000) in files of 500,000 rows, with a bigint key in random order and a text
+key 'user-<uuid>' (41 bytes). Text keys are hashed by the C module and, for comparison, by its numpy
+fallback. Times are the median of several runs with their spread (the machine is shared); sizes are the
+index's own count (memory_bytes) and the process's RSS growth. Last line: one JSON object of the figures.
+The apply rate and lag with the index, beside the equality-delete writer in the same run: bench/pipeline.py
+and bench/catchup.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pgcdc.spark import key_codes
+from pgcdc.spark.key_index import KeyIndex, Located
+
+ROWS_PER_FILE = 500_000
+BATCH = 50_000
+MIRROR_ROWS = 1_000_000_000
+HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
+
+
+def user_uuids(rng: np.random.Generator, rows: int) -> pa.Array:
+    """'user-<uuid4>' strings built as one byte matrix (a Python uuid per row would take minutes)."""
+    digits = HEX[rng.integers(0, 16, (rows, 32), dtype=np.uint8)]
+    digits[:, 12] = ord("4")
+    digits[:, 16] = HEX[8 + rng.integers(0, 4, rows)]
+    text = np.empty((rows, 41), np.uint8)
+    text[:, :5] = np.frombuffer(b"user-", np.uint8)
+    for start, end, at in ((0, 8, 5), (8, 12, 14), (12, 16, 19), (16, 20, 24), (20, 32, 29)):
+        text[:, at:at + end - start] = digits[:, start:end]
+    text[:, [13, 18, 23, 28]] = ord("-")
+    offsets = np.arange(0, 41 * (rows + 1), 41, dtype=np.int32)
+    return pa.StringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(text.tobytes()))
+
+
+def write_files(directory: Path, rows: int) -> list[str]:
+    """Data files of a mirror: a unique bigint key in random order, a text key, and a payload column."""
+    rng = np.random.default_rng(5)
+    ids = rng.permutation(rows).astype(np.int64) * 7 + 1_000_000
+    paths = []
+    for number, start in enumerate(range(0, rows, ROWS_PER_FILE)):
+        end = min(rows, start + ROWS_PER_FILE)
+        table = pa.table({"id": ids[start:end], "key": user_uuids(rng, end - start),
+                          "amount": rng.integers(0, 10**6, end - start)})
+        path = directory / f"{number:05d}-0-data.parquet"
+        pq.write_table(table, path, compression="zstd")
+        paths.append(str(path))
+    return paths
+
+
+def rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def settled_rss() -> int:
+    """RSS once freed memory has gone back to the system: Arrow's pool and glibc's heap keep freed pages for
+    reuse, which would count read buffers and sort temporaries as the index's."""
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return rss()
+
+
+@contextlib.contextmanager
+def hashing_by(name: str) -> Iterator[None]:
+    saved = key_codes.accelerator
+    if name == "numpy":
+        key_codes.accelerator = None
+    try:
+        yield
+    finally:
+        key_codes.accelerator = saved
+
+
+def read_ahead(paths: list[str], column: str, depth: int = 2) -> Iterator[tuple[str, pa.Table]]:
+    """Each file's key column, the next ``depth`` files read in other threads meanwhile (pyarrow and the C
+    hash release the GIL)."""
+    with ThreadPoolExecutor(depth) as pool:
+        queued = [pool.submit(pq.read_table, path, columns=[column]) for path in paths[:depth]]
+        for number, path in enumerate(paths):
+            table = queued[number].result()
+            if number + depth < len(paths):
+                queued.append(pool.submit(pq.read_table, paths[number + depth], columns=[column]))
+            queued[number] = None  # type: ignore[call-overload]
+            yield path, table
+
+
+def build(paths: list[str], column: str) -> tuple[KeyIndex, dict[str, float]]:
+    """One index from the files, added in this thread, then placed."""
+    started = time.perf_counter()
+    adding = 0.0
+    index = KeyIndex(multiset=False)
+    for path, table in read_ahead(paths, column):
+        began = time.perf_counter()
+        index.add(path, table)
+        adding += time.perf_counter() - began
+    read_done = time.perf_counter()
+    index.rows  # noqa: B018 - placing the queued rows is part of the build
+    finished = time.perf_counter()
+    return index, {"total": finished - started, "read_and_hash": read_done - started, "codes": adding,
+                   "sort": finished - read_done}
+
+
+class PeakRss:
+    """The highest RSS of this process while the block runs, sampled every 20 ms in a thread."""
+
+    def __init__(self) -> None:
+        self.highest = 0
+        self._running = False
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        process = psutil.Process()
+        while self._running:
+            self.highest = max(self.highest, process.memory_info().rss)
+            time.sleep(0.02)
+
+    def __enter__(self) -> PeakRss:
+        self._running = True
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._running = False
+        self._thread.join()
+        self.highest = max(self.highest, rss())
+
+
+def spread(values: list[float], scale: float = 1.0) -> dict[str, float]:
+    return {"median": round(statistics.median(values) * scale, 3), "min": round(min(values) * scale, 3),
+            "max": round(max(values) * scale, 3)}
+
+
+def timed(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def measure(paths: list[str], column: str, rows: int, builds: int, batches: int) -> dict:
+    """Build ``builds`` times (figures of each), keep the last index, then time batches of 50,000 keys."""
+    times: dict[str, list[float]] = {"total": [], "read_and_hash": [], "codes": [], "sort": []}
+    index = None
+    growth = []
+    peak = 0
+    for _ in range(builds):
+        index = None
+        before = settled_rss()
+        with PeakRss() as watched:
+            index, figures = build(paths, column)
+        peak = max(peak, watched.highest - before)
+        growth.append(settled_rss() - before)
+        for name, seconds in figures.items():
+            times[name].append(seconds)
+    assert index is not None
+    held = index.rows
+    index_bytes = index.memory_bytes
+    # batches: keys of rows spread over every file, as a stream's changes are
+    rng = np.random.default_rng(11)
+    sample_files = [paths[i] for i in rng.choice(len(paths), min(len(paths), 4), replace=False)]
+    pool = pa.concat_tables([pq.read_table(p, columns=[column]) for p in sample_files]).combine_chunks()
+    find_s, forget_s, add_s, scan_s, new_s = [], [], [], [], []
+    for number in range(batches):
+        keys = pool.take(pa.array(rng.choice(pool.num_rows, BATCH, replace=False)))
+        started = time.perf_counter()
+        located = index.find(keys)
+        find_s.append(time.perf_counter() - started)
+        forget_s.append(timed(lambda located=located: index.forget(located)))
+        # the same keys written again as a new data file (their slots come back to life)
+        add_s.append(timed(lambda keys=keys, number=number: (index.add(f"update-{number}.parquet", keys),
+                                                              index.rows)))
+    for number in range(max(2, batches // 2)):  # forget from a Located whose entries moved: a scan
+        keys = pool.take(pa.array(rng.choice(pool.num_rows, BATCH, replace=False)))
+        located = index.find(keys)
+        stale = Located(located.file_ids, located.positions)  # no slots: as if entries had moved
+        scan_s.append(timed(lambda stale=stale: index.forget(stale)))
+        index.add(f"rescan-{number}.parquet", keys)
+    for number in range(3 * batches):  # new keys: the delta grows and is merged into the main run now and then
+        if column == "id":
+            fresh = pa.table({"id": pa.array(rng.integers(2**40, 2**62, BATCH), pa.int64())})
+        else:
+            fresh = pa.table({"key": user_uuids(rng, BATCH)})
+        new_s.append(timed(lambda fresh=fresh, number=number: (index.add(f"insert-{number}.parquet", fresh),
+                                                                index.rows)))
+    hashed = column != "id"
+    return {
+        "rows": held,
+        "build_s": spread(times["total"]),
+        "read_and_hash_s": spread(times["read_and_hash"]),
+        "codes_s": spread(times["codes"]),
+        "sort_s": spread(times["sort"]),
+        "bytes_per_row": round(index_bytes / held, 2) if held else None,
+        "rss_bytes_per_row": round(statistics.median(growth) / held, 2) if held else None,
+        "peak_rss_bytes_per_row": round(peak / held, 1) if held else None,
+        "find_ms": spread(find_s, 1e3),
+        "forget_ms": spread(forget_s, 1e3),
+        "add_ms": spread(add_s, 1e3),
+        "forget_scan_ms": spread(scan_s, 1e3),
+        "insert_new_ms": spread(new_s, 1e3),
+        "hashed": hashed,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="1,000,000 rows, fewer repeats (under 2 minutes)")
+    parser.add_argument("--rows", type=int, default=None)
+    parser.add_argument("--data", type=Path, default=None,
+                        help="a directory for the generated Parquet files (kept and reused); default: temporary")
+    args = parser.parse_args()
+    rows = args.rows or (1_000_000 if args.quick else 10_000_000)
+    builds, batches = (3, 5) if args.quick else (3, 10)
+    with contextlib.ExitStack() as stack:
+        directory = args.data or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pgcdc-index-")))
+        directory.mkdir(parents=True, exist_ok=True)
+        existing = sorted(str(p) for p in directory.glob("*-data.parquet"))
+        if existing and sum(pq.ParquetFile(p).metadata.num_rows for p in existing) == rows:
+            paths = existing
+        else:
+            for stale in existing:
+                Path(stale).unlink()
+            started = time.perf_counter()
+            paths = write_files(directory, rows)
+            print(f"wrote {rows:,} rows in {len(paths)} Parquet files in {time.perf_counter() - started:.1f} s")
+        runs = {"bigint": measure(paths, "id", rows, builds, batches)}
+        if key_codes.accelerator is not None:
+            runs["text_c"] = measure(paths, "key", rows, builds, batches)
+        else:
+            print("the C key hash (_keyhash) is not built here: text keys are hashed by numpy only")
+        with hashing_by("numpy"):
+            runs["text_numpy"] = measure(paths, "key", rows, builds if args.quick else 2, batches)
+
+    print(f"\nkey index of {rows:,} rows ({len(paths)} files of {ROWS_PER_FILE:,}); times: median [min-max] of "
+          f"{builds} builds, {batches} batches of {BATCH:,} keys")
+    print(f"{'key':<11} {'build s':>17} {'read+hash s':>12} {'codes s':>7} {'sort s':>7} {'B/row':>6} {'RSS B/row':>9} "
+          f"{'peak':>5} {'find ms':>15} {'forget ms':>15} {'add ms':>15} {'scan ms':>8} {'insert ms':>16}")
+
+    def cell(figure: dict, width: int) -> str:
+        return f"{figure['median']:.1f} [{figure['min']:.1f}-{figure['max']:.1f}]".rjust(width)
+
+    for name, run in runs.items():
+        print(f"{name:<11} {cell(run['build_s'], 17)} {run['read_and_hash_s']['median']:>12.2f} "
+              f"{run['codes_s']['median']:>7.2f} "
+              f"{run['sort_s']['median']:>7.2f} {run['bytes_per_row']:>6.1f} {run['rss_bytes_per_row']:>9.1f} "
+              f"{run['peak_rss_bytes_per_row']:>5.0f} {cell(run['find_ms'], 15)} {cell(run['forget_ms'], 15)} "
+              f"{cell(run['add_ms'], 15)} {run['forget_scan_ms']['median']:>8.0f} {cell(run['insert_new_ms'], 16)}")
+    print("  read+hash: until the last file is added (reads run ahead in 2 threads); codes: computing the key "
+          "codes (hash or integer) in add();\n"
+          "  add: the batch's keys written again as a new file, placed; scan: forget without slots (entries "
+          "moved), a pass over the index;\n"
+          "  insert: 50,000 new keys (the max is a merge of the delta into the main run); peak: highest RSS "
+          "growth during a build, bytes per row")
+    print(f"\na mirror of {MIRROR_ROWS:,} rows would hold (the peak as measured at {rows:,} rows: it includes the "
+          "read buffers of the files in flight, a smaller share the more rows):")
+    for name, run in runs.items():
+        print(f"  {name:<11} {run['bytes_per_row'] * MIRROR_ROWS / 2**30:6.1f} GiB in the index "
+              f"(about {run['peak_rss_bytes_per_row'] * MIRROR_ROWS / 2**30:.0f} GiB at the peak of a build)")
+
+    figures: dict[str, object] = {"rows": rows, "files": len(paths), "batch_keys": BATCH,
+                                  "c_hash_built": key_codes.accelerator is not None}
+    for name, run in runs.items():
+        figures[f"{name}_build_s"] = run["build_s"]["median"]
+        figures[f"{name}_build_s_min"] = run["build_s"]["min"]
+        figures[f"{name}_build_s_max"] = run["build_s"]["max"]
+        figures[f"{name}_read_and_hash_s"] = run["read_and_hash_s"]["median"]
+        figures[f"{name}_codes_s"] = run["codes_s"]["median"]
+        figures[f"{name}_sort_s"] = run["sort_s"]["median"]
+        figures[f"{name}_bytes_per_row"] = run["bytes_per_row"]
+        figures[f"{name}_rss_bytes_per_row"] = run["rss_bytes_per_row"]
+        figures[f"{name}_peak_rss_bytes_per_row"] = run["peak_rss_bytes_per_row"]
+        for batch in ("find_ms", "forget_ms", "add_ms", "forget_scan_ms", "insert_new_ms"):
+            figures[f"{name}_{batch}"] = run[batch]["median"]
+            figures[f"{name}_{batch}_max"] = run[batch]["max"]
+        figures[f"{name}_gib_at_1e9_rows"] = round(run["bytes_per_row"] * MIRROR_ROWS / 2**30, 1)
+    if "text_c" in runs:
+        figures["ratio_build_c_vs_numpy"] = round(runs["text_numpy"]["build_s"]["median"]
+                                                  / runs["text_c"]["build_s"]["median"], 2)
+        figures["ratio_codes_c_vs_numpy"] = round(runs["text_numpy"]["codes_s"]["median"]
+                                                 / runs["text_c"]["codes_s"]["median"], 2)
+        figures["ratio_find_c_vs_numpy"] = round(runs["text_numpy"]["find_ms"]["median"]
+                                                 / runs["text_c"]["find_ms"]["median"], 2)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
