@@ -433,3 +433,41 @@ def test_a_mirror_whose_index_does_not_fit_the_budget_deletes_by_equality_and_st
           budget=tight)
     assert full.deletes == "equality" and "would not fit" in caplog.text
     assert sorted(r.id for r in spark.table(full.identifier).collect()) == [1, 2, 3]
+
+
+def test_small_files_fold_into_tiers_as_batches_land_and_every_reader_reads_them(spark, mirrors):
+    """Each batch adds a data file and a position-delete file; once a tier holds FOLD_FILES of them, pgcdc folds
+    them (and every delete file it wrote since) into one, in a commit of the same rows carrying the position: the
+    mirror keeps a few files, not one per batch, and reads as the source."""
+    from pgcdc.spark.fold import FOLD_FILES
+
+    mirror = mirrors.ensure(TableSpec("public", "folded", FLAT, ("id",), "d"))
+    expected: dict[int, tuple] = {}
+    lsn = 0
+    for batch in range(3 * FOLD_FILES + 3):
+        lsn += 1
+        events = []
+        for i in range(5):  # new rows, and an update and a delete of older ones (rows of folded files too)
+            key = batch * 5 + i
+            events.append(("I", lsn, i, {"id": key, "name": f"v{batch}", "n": i}, None))
+            expected[key] = (key, f"v{batch}", i)
+        if batch:
+            updated, gone = (batch - 1) * 5, (batch - 1) * 5 + 1
+            events.append(("U", lsn, 5, {"id": updated, "name": f"u{batch}", "n": 9}, None))
+            events.append(("D", lsn, 6, {"id": gone}, None))
+            expected[updated] = (updated, f"u{batch}", 9)
+            expected.pop(gone)
+        apply(spark, mirror, flat_changes(("id",), *events), lsn=Lsn(lsn), writer="delta")
+        assert sorted(tuple(r) for r in spark.table(mirror.identifier).collect()) == sorted(expected.values())
+    health = spark.sql(f"SELECT count(*) AS n FROM {mirror.identifier}.files").collect()[0].n
+    assert health < 2 * FOLD_FILES, f"{health} live files after {3 * FOLD_FILES + 3} batches"
+    folds = spark.sql(f"SELECT summary FROM {mirror.identifier}.snapshots WHERE operation = 'replace'").collect()
+    assert len(folds) >= 3 and all(row.summary["pgcdc.lsn"] for row in folds)
+    assert assert_reads_alike(spark, mirror.identifier, hadoop_table(spark, mirror.identifier)) == len(expected)
+    # the index followed each fold: a batch now updates and deletes rows of the folded files by position
+    apply(spark, mirror, flat_changes(("id",), ("U", lsn + 1, 0, {"id": 2, "name": "last", "n": 0}, None),
+                                      ("D", lsn + 1, 1, {"id": 3}, None)), lsn=Lsn(lsn + 1), writer="delta")
+    expected[2], _ = (2, "last", 0), expected.pop(3)
+    assert last_summary(spark, mirror.identifier).get("added-equality-deletes") is None
+    assert sorted(tuple(r) for r in spark.table(mirror.identifier).collect()) == sorted(expected.values())
+    assert assert_reads_alike(spark, mirror.identifier, hadoop_table(spark, mirror.identifier)) == len(expected)

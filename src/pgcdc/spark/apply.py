@@ -30,6 +30,7 @@ from pgcdc.lsn import Lsn
 from pgcdc.positions import commit_properties
 from pgcdc.spark.changelog import append_changelog
 from pgcdc.spark.files import in_layout
+from pgcdc.spark.fold import fold
 from pgcdc.spark.merge_writer import merge
 from pgcdc.spark.mirror import MirrorTable
 from pgcdc.spark.mirror_index import IndexBudget, MirrorIndex, index_for
@@ -102,13 +103,25 @@ def _commit_by_position(mirror: MirrorTable, reduction: Reduction, lsn: Lsn, tar
     against the snapshot the index describes; the index follows the commit."""
     rows, located = positioned(mirror, reduction, index, target.schema)
     summary, properties = commit_properties(lsn)
-    committed = target.commit(rows, position_deletes(index, located), summary, table_properties=properties,
-                              replace_all=reduction.truncated, validate_from=index.snapshot_id)
+    deletes = position_deletes(index, located)
+    built_on = index.snapshot_id
+    committed = target.commit(rows, deletes, summary, table_properties=properties,
+                              replace_all=reduction.truncated, validate_from=built_on)
     keys = in_layout(rows.select(index.key_names), pa.schema([target.schema.field(n) for n in index.key_names]))
     if reduction.truncated:
         index.replaced(committed.snapshot_id, committed.data_path, keys)
     else:
         index.committed(committed.snapshot_id, located, committed.data_path, keys)
+    small = mirror.small_files
+    small.committed(committed, None if reduction.truncated else deletes.files,
+                    follows=None if reduction.truncated else built_on)
+    try:
+        fold(target, small, index.files, index, summary)
+    except Exception as exc:  # the batch is committed; its files are folded at a later batch, or compacted
+        log.warning("%s: folding its small files failed: %s", mirror.spec.source,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        small.forget()
+        mirror.index = None  # built again at the next batch, from what the table holds
 
 
 def _index(mirror: MirrorTable, target: RowDeltaWriter, budget: IndexBudget | None) -> MirrorIndex | None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pgcdc.errors import ConfigError, IdentityChangedError
 from pgcdc.lsn import Lsn
 from pgcdc.spark.destination import Destination
+from pgcdc.spark.fold import SmallFiles
 from pgcdc.spark.mirror_positions import MirrorPositions
 from pgcdc.spark.mirror_properties import (
     FILL_PROPERTY,
@@ -99,6 +100,7 @@ class MirrorTable:
     changelog_image: StructType | None = None  # the row image the change log was last written with
     index: MirrorIndex | None = None  # where each row is (deleting by position), built when first needed
     deletes: str | None = None  # "equality" when this mirror cannot delete by position (why was logged)
+    small_files: SmallFiles = field(default_factory=SmallFiles)  # the files folding knows (spark/fold.py)
 
 
 def stored_type(data_type: DataType) -> DataType:

@@ -271,7 +271,7 @@ class FileReader:
         return {path: np.concatenate(parts) for path, parts in grouped.items()}
 
 
-BYTES_PER_ROW = 32  # what an index is planned at per row before it is built (KeyIndex holds 17-25)
+BYTES_PER_ROW = 24  # what an index is planned at per row before it is built (KeyIndex holds 16-24)
 
 
 class IndexBudget:

@@ -64,10 +64,14 @@ class PositionDeletes:
 
 @dataclass(frozen=True)
 class Committed:
-    """A row delta that landed: its snapshot, and the data file it added (None: none)."""
+    """A commit that landed: its snapshot, the data file it added (None: none; its Iceberg ``DataFile`` and rows)
+    and the position-delete file (its ``DeleteFile``)."""
 
     snapshot_id: int
     data_path: str | None
+    data_file: Any = None
+    data_rows: int = 0
+    delete_file: Any = None
 
 
 class RowDeltaWriter:
@@ -159,7 +163,41 @@ class RowDeltaWriter:
                     update = update.set(str(key), str(value))
                 update.commit()
             transaction.commitTransaction()
-            return Committed(int(self.table.currentSnapshot().snapshotId()), data_path)
+            return Committed(int(self.table.currentSnapshot().snapshotId()), data_path, data,
+                             0 if rows is None else rows.num_rows,
+                             delete_file if isinstance(deletes, PositionDeletes) else None)
+        except Exception as exc:
+            if commit_outcome_unknown(exc):
+                log.error("the commit's outcome is unknown; its files are kept: %s", ", ".join(written))
+            else:
+                self._remove(written)
+            raise
+
+    def rewrite(self, data_files: list[Any], delete_files: list[Any], rows: pa.Table, deletes: dict[str, np.ndarray],
+                properties: Mapping[str, str], *, validate_from: int) -> Committed:
+        """One ``RewriteFiles`` commit (the same rows, operation ``replace``): ``data_files`` and ``delete_files``
+        replaced by ``rows`` in one new data file and ``deletes`` in one new position-delete file, ``properties``
+        in its snapshot summary. Iceberg validates it against every commit since ``validate_from``: a file it
+        replaces must still be live, with no delete added to it since."""
+        written: list[str] = []
+        try:
+            data = delete_file = data_path = None
+            if rows.num_rows:
+                data_path, size = self._write(rows, self.schema, written)
+                data = data_file(self.spark, self.table, data_path, size)
+            delete_file = self._delete_file(PositionDeletes(deletes), written)
+            injection_point("apply.fold-commit")
+            operation = self.table.newRewrite().validateFromSnapshot(validate_from)
+            for old in [*data_files, *delete_files]:
+                operation = operation.deleteFile(old)
+            for new in (data, delete_file):
+                if new is not None:
+                    operation = operation.addFile(new)
+            for key, value in properties.items():
+                operation = operation.set(str(key), str(value))
+            operation.commit()
+            return Committed(int(self.table.currentSnapshot().snapshotId()), data_path, data, rows.num_rows,
+                             delete_file)
         except Exception as exc:
             if commit_outcome_unknown(exc):
                 log.error("the commit's outcome is unknown; its files are kept: %s", ", ".join(written))
