@@ -57,6 +57,7 @@ class Applied:
     changes: int = 0
     rejected: int = 0
     commit_lsns: set[int] = field(default_factory=set)
+    step_seconds: dict[str, float] = field(default_factory=dict)  # per step of the mirrors' applies
 
 
 @dataclass
@@ -189,7 +190,17 @@ class Applier:
             return
         if self._maintaining is not None and not self._maintaining.done():
             return
-        self._maintaining = self._maintenance_executor.submit(self.maintainer.turn)
+        self._maintaining = self._maintenance_executor.submit(self._maintenance_turn)
+
+    def _maintenance_turn(self) -> object:
+        started = time.monotonic()
+        try:
+            result = self.maintainer.turn()
+        finally:
+            self.progress.maintenance_seconds += time.monotonic() - started
+        if result is not None:
+            self.progress.maintenance_turns += 1
+        return result
 
     def _maintained(self) -> list:
         mirrors = self.tables.mirrors
@@ -217,6 +228,8 @@ class Applier:
         progress.batches_applied += 1
         progress.applied_lsn = batch.last_end_lsn
         progress.last_batch_seconds = applied.seconds
+        for step, seconds in applied.step_seconds.items():
+            progress.apply_step_seconds[step] = progress.apply_step_seconds.get(step, 0.0) + seconds
         progress.applying_rows = 0
         self._rate_window.append((time.monotonic(), progress.rows_applied))
         self._rate_window = self._rate_window[-20:]
@@ -259,12 +272,16 @@ class Applier:
         targets = self._tag_targets()
 
         def move() -> None:
+            began = time.monotonic()
             try:
                 moved = move_tags(self._spark(), targets, lsn)
             except Exception as exc:  # the mirrors are right: only the tags lag, until the next move
                 log.warning("moving the consistent tags to %s failed: %s (they move again after the next batch)",
                             lsn, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
                 return
+            finally:
+                self.progress.tag_moves += 1
+                self.progress.tag_move_seconds += time.monotonic() - began
             if moved == len(targets):
                 self.progress.consistent_lsn = lsn
             log.debug("consistent tags of %d of %d mirrors moved to %s in %.2fs", moved, len(targets), lsn,
@@ -306,6 +323,8 @@ class Applier:
                     continue
                 injection_point("apply.mirror")
                 changes = target.apply(mirror, pa.concat_tables(segment.chunks), position)
+                for step, seconds in changes.seconds.items():
+                    outcome.step_seconds[step] = outcome.step_seconds.get(step, 0.0) + seconds
                 outcome.changes += changes.changes
                 outcome.commit_lsns |= changes.commit_lsns
                 applied += 1
@@ -386,6 +405,8 @@ class SparkMirrors:
             applied = apply_changes(self._spark(), mirror, changes, lsn=position, changelog=self._changelog,
                                     writer=self._writer, deletes=self._deletes, budget=self._budget,
                                     before_merge=recording.mark_pending)
+            if applied.recorded:
+                recording.written_by_commit()
             # the one place a mirror's positions move after an apply: before the recordings write them down
             if applied.changelog_position is not None:
                 mirror.changelog_position = applied.changelog_position

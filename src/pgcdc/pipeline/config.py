@@ -138,6 +138,17 @@ class Progress:
     # tables copied again while streaming: (schema.table, the kind of reason, the reason)
     copies_again: list[tuple[str, str, str]] = field(default_factory=list)
     consistent_lsn: Lsn | None = None  # where the mirrors' consistent tags stand (pgcdc.spark.consistent)
+    # what runs beside the batches, each a share of the lag: maintenance turns on the apply thread (turns that
+    # maintained a table; seconds of every turn, the looks at tables included), moves of the consistent tags, and
+    # the catalog read before each batch on the stream's thread (rewrites and publication changes)
+    maintenance_turns: int = 0
+    maintenance_seconds: float = 0.0
+    tag_moves: int = 0
+    tag_move_seconds: float = 0.0
+    catalog_checks: int = 0
+    catalog_check_seconds: float = 0.0
+    # where the applies' time went, summed over the run: wall seconds per step (pgcdc.spark.steps)
+    apply_step_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def lag_bytes(self) -> int | None:

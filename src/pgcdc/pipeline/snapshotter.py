@@ -9,6 +9,7 @@ publication, or a copy interrupted) is copied at a fresh consistent point of a t
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -108,7 +109,10 @@ class Snapshotter:
         already holds. Returns each table copied again with its reason."""
         if not versions:
             return {}
+        started = time.monotonic()
         storage = self.tables.storage_of(versions)
+        self.progress.catalog_checks += 1
+        self.progress.catalog_check_seconds += time.monotonic() - started
         reasons: dict[tuple[str, str], CopyReason] = {}
         for relation in versions:
             name = (relation.namespace, relation.name)

@@ -115,6 +115,7 @@ class StreamRun:
                 applier.stop_maintenance(timeout=0.0 if interrupted else STOP_BOUND_SECONDS)
                 applier.finish_tag_move(timeout=0.0 if interrupted else STOP_BOUND_SECONDS)
                 self.stream.close()
+                self.tables.close()
                 items.close()  # drops what the assembler held (spill files too): the server resends it
         self._report_acknowledged()
 

@@ -29,7 +29,7 @@ from pgcdc.pipeline.copy_reasons import (
     new_filled_partitions,
     refreshed_shape,
 )
-from pgcdc.replication import source_connection
+from pgcdc.replication import KeptConnection, source_connection
 from pgcdc.replication.published import (
     AddedColumn,
     TableStorage,
@@ -68,6 +68,7 @@ class SourceTables:
         self._mirrors: MirrorCatalog | None = None
         self._positioned: set[tuple[str, str]] = set()
         self._append_only_told: set[int] = set()  # tables whose append-only mirror was warned about
+        self._catalog = KeptConnection(config.dsn)  # the catalog read before every batch (storage_of)
 
     @property
     def mirrors(self) -> MirrorCatalog:
@@ -169,9 +170,15 @@ class SourceTables:
 
     def storage_of(self, relations: list[Relation]) -> dict[int, TableStorage]:
         """The catalog's word on the storage of these relations' tables (those that still exist). Read before
-        every batch: bounded as the stream's silence is, so a silent partition is noticed here as soon."""
-        with source_connection(self.config.dsn, self.config.receive_timeout_seconds) as conn:
-            return table_storage(conn, sorted({r.relation_id for r in relations}), self.config.publication)
+        every batch, on a connection kept for it (:meth:`close` ends it): bounded as the stream's silence is, so a
+        silent partition is noticed here as soon."""
+        relation_ids = sorted({r.relation_id for r in relations})
+        return self._catalog.run(lambda conn: table_storage(conn, relation_ids, self.config.publication),
+                                 self.config.receive_timeout_seconds)
+
+    def close(self) -> None:
+        """End the connection kept for the catalog reads (a later read opens another)."""
+        self._catalog.close()
 
     def copy_reason(self, relation: Relation, storage: TableStorage | None) -> CopyReason | None:
         """Why this relation version's mirror must be copied again before its changes reach it (None: it need

@@ -98,6 +98,7 @@ class MirrorTable:
     shape: SourceShape | None = None  # see SHAPE_PROPERTY
     changelog_image: StructType | None = None  # the row image the change log was last written with
     index: MirrorIndex | None = None  # where each row is (deleting by position), built when first needed
+    iceberg_table: Any = None  # its org.apache.iceberg.Table, kept between batches by the row-delta writer
     deletes: str | None = None  # "equality" when this mirror cannot delete by position (why was logged)
 
 
