@@ -26,7 +26,9 @@ class PipelineConfig:
     slot: str = "pgcdc"
     destination: Destination = field(default_factory=Destination)
     batch_max_rows: int = 200_000
-    batch_max_seconds: float = 5.0
+    # the batch clock: a batch goes to the apply thread this long after the one before it at the latest, the moment
+    # that one is applied (pgcdc.pipeline.streaming.hand_over_due); sub-second, for mirrors fresh within a second
+    batch_max_seconds: float = 0.5
     changelog: bool = False
     snapshot: bool = True
     binary: bool = False

@@ -174,8 +174,9 @@ class Pipeline:
         stream = LogicalReplicationStream(config.dsn, slot=config.slot, options=options,
                                           start_lsn=checkpoint.confirmed,
                                           receive_timeout=config.receive_timeout_seconds)
-        # short idle ticks: a batch that finished applying while the stream is quiet is confirmed soon
-        reader = TransactionReader(stream.events(idle_timeout=min(0.25, config.batch_max_seconds)),
+        # short idle ticks: a batch that finished applying while the stream is quiet is confirmed, and the next one
+        # handed over, within a fraction of the batch clock
+        reader = TransactionReader(stream.events(idle_timeout=min(0.25, config.batch_max_seconds / 4)),
                                    memory_limit_bytes=config.memory_limit_bytes, spill_dir=config.spill_dir,
                                    on_type=self._tables.observe_type)
         self._set_phase("streaming")

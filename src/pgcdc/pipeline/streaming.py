@@ -44,6 +44,18 @@ STOP_BOUND_SECONDS = 30.0
 _ACKNOWLEDGE_SECONDS = 5.0
 
 
+def hand_over_due(*, rows: int, age: float, applying: bool, config: PipelineConfig, caught_up: bool = False) -> bool:
+    """Whether a batch of ``rows`` changes, begun ``age`` seconds ago (when the one before it was handed over), goes
+    to the apply thread now. Never while a batch applies: the batch grows meanwhile, and goes the moment the apply
+    thread is free — under load, batches are as large as the apply's own time makes them, and no transaction waits
+    for a clock tick besides. With the apply thread free, a batch goes once it is full, once the batch clock
+    (``batch_max_seconds``) has run since the last hand-over — which bounds the commits a mirror takes per second
+    while its fixed cost is small beside the wait — or, running until caught up, once the stream has gone quiet."""
+    if applying:
+        return False
+    return rows >= config.batch_max_rows or age >= config.batch_max_seconds or caught_up
+
+
 class StreamRun:
     """The loop over one replication connection; :meth:`run` returns when stopped, caught up, or failed."""
 
@@ -131,10 +143,8 @@ class StreamRun:
         # compaction replaces) and a move of the consistent tags go first; the next batch waits behind them
         applier.maintain()  # when a mirror is due: compaction, expiry
         applier.move_tags()  # when the interval has passed since the last move
-        if not applier.busy and batch and (
-                batch.rows >= config.batch_max_rows
-                or time.monotonic() - batch.started >= config.batch_max_seconds
-                or (self.target is not None and idle)):
+        if batch and hand_over_due(rows=batch.rows, age=time.monotonic() - batch.started, applying=applier.busy,
+                                   config=config, caught_up=self.target is not None and idle):
             self._hand_off(applier, batch)
             handed = True
         if idle:
