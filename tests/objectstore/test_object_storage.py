@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from objectstore_support import jdbc_catalog, require_object_store, rest_catalog, s3_server
+from pgcdc.pipeline import Pipeline
 from pgcdc.spark.destination import Destination
 from pgcdc.spark.mirror import MirrorCatalog
 from pipeline_support import (
@@ -24,6 +25,7 @@ from pipeline_support import (
     pipeline_config,
 )
 from pyiceberg_reader import assert_reads_alike, jdbc_catalog_table
+from start_support import JavaStarts, assert_read_alike, run_until_caught_up
 
 pytestmark = pytest.mark.slow
 
@@ -134,6 +136,25 @@ def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) 
     for secret in secrets_of(store, s3):
         assert secret not in status.stdout + status.stderr + maintain.stdout + maintain.stderr + check.stdout + \
             check.stderr
+
+
+def test_a_run_with_nothing_to_do_reads_the_catalog_without_a_jvm(pg, spark, s3, store, tmp_path):
+    """Behind either catalog, on S3: a ``run --until-caught-up`` with the mirrors at the slot's position reads
+    their metadata itself (the JDBC catalog's table, or the REST catalog, then S3) and starts no JVM; what it reads
+    is what Spark reads."""
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
+    pg.execute("INSERT INTO items SELECT i, 'v' || i FROM generate_series(1, 20) i")
+    pg.execute("CREATE PUBLICATION items FOR TABLE items")
+    config = pipeline_config(pg, spark, publication="items", slot="lazy", namespace=f"lazy_{store.catalog_type}",
+                             **store.config_overrides())
+    Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+    java = JavaStarts(tmp_path)
+    result, started = run_until_caught_up(config, java)
+    assert result.returncode == 0 and "applied 0 changes" in result.stdout, result.stderr[-3000:]
+    assert started == [], (started, result.stderr[-3000:])
+    assert_read_alike(config, spark)
+    for secret in secrets_of(store, s3):
+        assert secret not in result.stdout + result.stderr
 
 
 @pytest.mark.soak  # a whole demo on S3 (~90 s on 2 cores): make soak

@@ -203,15 +203,14 @@ class Applier:
         return result
 
     def _maintained(self) -> list:
-        mirrors = self.tables.mirrors
         tables = []
-        for mirror in mirrors.known():
+        for mirror in self.tables.opened_mirrors():  # none before a copy or a batch: no Spark started for them
             tables.append((mirror.identifier, False))
             if self._changelog and mirror.changelog_position is not None:
                 tables.append((mirror.changelog_identifier, False))
             if mirror.rejects_position is not None:
                 tables.append((mirror.rejects_identifier, True))
-        return mirror_tables(mirrors, tables)
+        return mirror_tables(self.tables.mirrors, tables) if tables else []
 
     def collect(self, confirm: Callable[[Lsn], None]) -> None:
         """Wait for the batch applying (raising its error), then ``confirm`` what it made durable and count it."""
@@ -248,9 +247,18 @@ class Applier:
         there, and tags a stopped run left at different LSNs move together."""
         if self._consistent_seconds is None:
             return
-        from pgcdc.spark.consistent import settle_tags
+        from pgcdc.spark.consistent import settle_tags, settled_lsn
 
-        lsn = settle_tags(self._spark(), self._tag_targets(), start)
+        targets = self._tag_targets()
+        if not targets:
+            return
+        # tags at rest need no move, which a start reads without starting Spark (SourceTables.read_mirrors)
+        lsn = self.tables.read_mirrors(lambda mirrors: settled_lsn({identifier: mirrors.table(identifier)
+                                                                    for identifier in targets}, start))
+        if lsn is None:
+            log.info("moving the consistent tags before streaming (a mirror without a tag, tags apart, or a commit "
+                     "since they moved)")
+            lsn = settle_tags(self._spark(), targets, start)
         if lsn is not None:
             self.progress.consistent_lsn = lsn
 
@@ -291,13 +299,13 @@ class Applier:
 
     def _tag_targets(self) -> list[str]:
         """The mirrors streamed from this run's slot: those in the namespace at the start, and those made since."""
-        mirrors = self.tables.mirrors
         if self._tagged is None:
             from pgcdc.spark.mirror_status import mirrors_streaming_from
 
-            self._tagged = [identifier for identifier, _ in mirrors_streaming_from(mirrors,
-                                                                                  self.tables.config.slot)]
-        return sorted({*self._tagged, *(mirror.identifier for mirror in mirrors.known())})
+            slot = self.tables.config.slot
+            self._tagged = [identifier for identifier, _ in self.tables.read_mirrors(
+                lambda mirrors: mirrors_streaming_from(mirrors, slot))]
+        return sorted({*self._tagged, *(mirror.identifier for mirror in self.tables.opened_mirrors())})
 
     def _apply(self, batch: Batch) -> Applied:
         """Apply every segment of ``batch`` to its mirror (on the apply thread); returns what was applied."""

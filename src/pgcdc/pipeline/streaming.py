@@ -20,7 +20,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from pgcdc.checkpoint import Checkpoint
 from pgcdc.lsn import Lsn
@@ -28,12 +27,10 @@ from pgcdc.pipeline.applier import Applier
 from pgcdc.pipeline.batcher import Batch, Batcher
 from pgcdc.pipeline.config import PipelineConfig, Progress
 from pgcdc.pipeline.snapshotter import Snapshotter
+from pgcdc.pipeline.spark_on_demand import SparkOnDemand
 from pgcdc.pipeline.tables import SourceTables
 from pgcdc.replication import LogicalReplicationStream, SlotManager, SlotStatus, SourceWatch
 from pgcdc.transactions import Tick, Transaction, TransactionReader
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 log = logging.getLogger("pgcdc.pipeline")
 
@@ -61,7 +58,7 @@ class StreamRun:
 
     def __init__(self, config: PipelineConfig, *, stream: LogicalReplicationStream, reader: TransactionReader,
                  checkpoint: Checkpoint, target: Lsn | None, tables: SourceTables, batcher: Batcher,
-                 snapshotter: Snapshotter, spark: Callable[[], SparkSession], progress: Progress,
+                 snapshotter: Snapshotter, spark: SparkOnDemand, progress: Progress,
                  emit: Callable[[], None], stop: threading.Event) -> None:
         self.config = config
         self.stream = stream
@@ -94,6 +91,7 @@ class StreamRun:
             try:
                 for item in items:
                     if isinstance(item, Transaction):
+                        self._spark.start_soon()  # its batch needs Spark: it starts while the batch fills
                         self.batcher.add(batch, item)
                         self.progress.received_lsn = item.end_lsn
                         continue

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
 import pyarrow as pa
@@ -46,8 +46,12 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from pgcdc.spark.mirror import MirrorCatalog, MirrorTable, TableSpec
+    from pgcdc.spark.mirror_metadata import MirrorMetadata
+    from pgcdc.spark.mirror_status import MirrorReads
 
 log = logging.getLogger("pgcdc.pipeline")
+
+T = TypeVar("T")
 
 
 def schema_signature(relation: Relation) -> tuple:
@@ -59,13 +63,19 @@ def schema_signature(relation: Relation) -> tuple:
 class SourceTables:
     """Converters, keys and mirrors of the published tables, each made once and reused."""
 
-    def __init__(self, config: PipelineConfig, spark: Callable[[], SparkSession]) -> None:
+    def __init__(self, config: PipelineConfig, spark: Callable[[], SparkSession], *,
+                 session_ready: Callable[[], bool] | None = None) -> None:
+        """``spark``: the session, started when called. ``session_ready``: whether it is up; until it is, the start's
+        reads of the namespace's mirrors (:meth:`read_mirrors`) come from their metadata without a JVM (None: always
+        through Spark)."""
         self.config = config
         self.registry = TypeRegistry()
         self._spark = spark
+        self._session_ready = session_ready
         self._converters: dict[tuple, TableConverter] = {}
         self._keys: dict[tuple, tuple[str, ...]] = {}
         self._mirrors: MirrorCatalog | None = None
+        self._metadata: MirrorMetadata | None = None
         self._positioned: set[tuple[str, str]] = set()
         self._append_only_told: set[int] = set()  # tables whose append-only mirror was warned about
         self._catalog = KeptConnection(config.dsn)  # the catalog read before every batch (storage_of)
@@ -77,6 +87,45 @@ class SourceTables:
 
             self._mirrors = MirrorCatalog(self._spark(), self.config.destination, slot=self.config.slot)
         return self._mirrors
+
+    def opened_mirrors(self) -> list[MirrorTable]:
+        """The mirrors opened (or created) so far, without starting Spark when none was."""
+        return [] if self._mirrors is None else self._mirrors.known()
+
+    def read_mirrors(self, reading: Callable[[MirrorReads], T]) -> T:
+        """``reading`` of the namespace's mirrors (:func:`pgcdc.spark.mirror_status.namespace_positions`, ...): from
+        their metadata, read by this process, while Spark's session is not up and the catalog allows it
+        (:mod:`pgcdc.spark.mirror_metadata`); else, or when that meets anything it does not read by itself,
+        through Spark. The metadata is read once per start (:meth:`read_afresh`)."""
+        from pgcdc.spark.table_metadata import MetadataUnreadable
+
+        metadata = self._start_metadata()
+        if metadata is not None:
+            try:
+                return reading(metadata)
+            except MetadataUnreadable as exc:
+                log.info("reading the mirrors through Spark: %s", exc)
+                self._session_ready = None
+                self._metadata = None
+        return reading(self.mirrors)
+
+    def read_afresh(self) -> None:
+        """The next :meth:`read_mirrors` reads the mirrors' metadata again (a new start: the stream reconnects)."""
+        self._metadata = None
+
+    def _start_metadata(self) -> MirrorMetadata | None:
+        if self._session_ready is None or self._mirrors is not None or self._session_ready():
+            return None
+        if self._metadata is None:
+            from pgcdc.spark.mirror_metadata import MirrorMetadata
+            from pgcdc.spark.table_metadata import MetadataUnreadable
+
+            try:
+                self._metadata = MirrorMetadata.of(self.config.destination)
+            except MetadataUnreadable as exc:
+                log.info("reading the mirrors through Spark: %s", exc)
+                self._session_ready = None
+        return self._metadata
 
     def observe_type(self, message: Type) -> None:
         """A Type message of the stream: a type the registry does not know as named (created or renamed since

@@ -167,53 +167,18 @@ def local_data_directory(table: Any) -> str | None:
     return location if location is not None and location.startswith(("file:", "/")) else None
 
 
-# Hadoop's credential providers whose credentials pyarrow finds the same way: the keys in the settings, or
-# the AWS SDK's default chain (environment, profile, instance metadata)
-_PLAIN_PROVIDERS = ("SimpleAWSCredentialsProvider", "TemporaryAWSCredentialsProvider",
-                    "EnvironmentVariableCredentialsProvider", "IAMInstanceCredentialsProvider",
-                    "InstanceProfileCredentialsProvider", "DefaultAWSCredentialsProviderChain")
-
-
 def s3_options(table: Any, location: str) -> dict[str, Any] | None:
     """Keyword arguments of ``pyarrow.fs.S3FileSystem`` that reach ``location`` (``s3a://``, ``s3://``) as the
-    table's own FileIO does: read from the same Hadoop settings (``fs.s3a.*``, per-bucket
-    ``fs.s3a.bucket.<bucket>.*`` first). None when the table's files are not on S3 through Hadoop's FileIO, or
-    its credentials come from a provider pyarrow cannot stand in for (e.g. an assumed role)."""
-    from urllib.parse import urlparse
+    table's own FileIO does (:func:`pgcdc.spark.files.hadoop_s3_options` over its Hadoop settings). None when the
+    table's files are not on S3 through Hadoop's FileIO, or its credentials come from a provider pyarrow cannot
+    stand in for (e.g. an assumed role)."""
+    from pgcdc.spark.files import hadoop_s3_options
 
-    parsed = urlparse(location)
     io = table.io()
-    if parsed.scheme not in ("s3a", "s3", "s3n") or not str(io.getClass().getName()).endswith("HadoopFileIO"):
+    if not str(io.getClass().getName()).endswith("HadoopFileIO"):
         return None
     conf = io.conf()
-
-    def setting(name: str) -> str | None:
-        value = conf.getTrimmed(f"fs.s3a.bucket.{parsed.netloc}.{name}") or conf.getTrimmed(f"fs.s3a.{name}")
-        return str(value) if value else None
-
-    providers = setting("aws.credentials.provider") or ""
-    anonymous = "AnonymousAWSCredentialsProvider" in providers
-    if providers and not anonymous and not all(
-            p.strip().rsplit(".", 1)[-1] in _PLAIN_PROVIDERS for p in providers.split(",") if p.strip()):
-        return None
-    options: dict[str, Any] = {"anonymous": anonymous}
-    if not anonymous and setting("access.key") and setting("secret.key"):
-        options.update(access_key=setting("access.key"), secret_key=setting("secret.key"),
-                       session_token=setting("session.token"))
-    region = setting("endpoint.region") or setting("region")
-    if region:
-        options["region"] = region
-    endpoint = setting("endpoint")
-    ssl = (setting("connection.ssl.enabled") or "true").lower() != "false"
-    if endpoint:
-        if "://" in endpoint:
-            scheme, endpoint = endpoint.split("://", 1)
-            ssl = scheme == "https"
-        options["endpoint_override"] = endpoint.rstrip("/")
-        # pyarrow addresses buckets by path when it is given an endpoint, Hadoop only when told to
-        options["force_virtual_addressing"] = (setting("path.style.access") or "false").lower() != "true"
-    options["scheme"] = "https" if ssl else "http"
-    return options
+    return hadoop_s3_options(location, conf.getTrimmed)
 
 
 def parquet_layout(table: Any) -> list[tuple[str, FieldLayout]]:
