@@ -173,7 +173,7 @@ class Pipeline:
                                      binary=binary, messages=True, origin=config.origin)
         stream = LogicalReplicationStream(config.dsn, slot=config.slot, options=options,
                                           start_lsn=checkpoint.confirmed,
-                                          receive_timeout=config.receive_timeout_seconds)
+                                          receive_timeout=config.receive_timeout_seconds, raw_changes=True)
         # short idle ticks: a batch that finished applying while the stream is quiet is confirmed soon
         reader = TransactionReader(stream.events(idle_timeout=min(0.25, config.batch_max_seconds)),
                                    memory_limit_bytes=config.memory_limit_bytes, spill_dir=config.spill_dir,

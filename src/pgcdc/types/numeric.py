@@ -126,6 +126,7 @@ def _numeric_decoders(typmod: int, options: ConversionOptions) -> tuple[pa.DataT
         except (pa.ArrowInvalid, OverflowError) as exc:
             raise UnconvertibleValue(f"value out of range for {target}: {exc}") from None
 
+    @columnar
     def text(values: Values) -> pa.Array:
         strings = as_strings(values)
         if not _integer_digits_fit(strings, target):
