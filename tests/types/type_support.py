@@ -54,8 +54,11 @@ def copied(conn: psycopg.Connection, schema: str, table: str, converter: TableCo
     return result.sort_by("id")
 
 
+STREAMED_AT = Lsn(1)  # the commit LSN of the rows streamed_rows converts, unless told
+
+
 def streamed_rows(relation: Relation, tuples: list[TupleData], registry: TypeRegistry,
-                  options: ConversionOptions | None = None, lsn: Lsn = Lsn(1)) -> pa.Table:
+                  options: ConversionOptions | None = None, lsn: Lsn = STREAMED_AT) -> pa.Table:
     """Inserted rows as the pipeline converts them: each Insert kept as the bytes the server sends (a
     TupleStore), gathered column by column into a change table (its source columns returned). Checked against
     the rows converted directly (:meth:`TableConverter.convert`): the same values, or the same refusal (the

@@ -117,7 +117,7 @@ class GatheredColumn:
     Arrow binary array, gathered in C — or ``values``, one bytes object or None per row, gathered in Python."""
 
     kinds: bytes
-    values: list[bytes | None] | None = None
+    values: list[bytes | memoryview | None] | None = None
     buffers: tuple[bytes, int, bytes, bytes, int] | None = None
 
 

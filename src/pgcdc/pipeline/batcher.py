@@ -9,6 +9,7 @@ values column by column from the bytes the server sent.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -161,7 +162,7 @@ def _parts(item: ChangeRun | Change, room: int) -> list[ChangeRun | Change]:
     if not isinstance(item, ChangeRun) or len(item) <= max(room, 1):
         return [item]
     bounds = [0, *range(max(room, 1), len(item), _CHUNK_ROWS), len(item)]
-    return [item.part(start, stop) for start, stop in zip(bounds, bounds[1:], strict=False)]
+    return [item.part(start, stop) for start, stop in itertools.pairwise(bounds)]
 
 
 def _stop_error(error: ConversionError, changes: list[Pending], converter: TableConverter,

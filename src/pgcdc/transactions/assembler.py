@@ -177,6 +177,7 @@ class _Pieces:
                     raise DecodeError(f"{message.op} message could not be stored")
                 size = len(message.data)
             else:
+                assert isinstance(message, Insert | Update | Delete)
                 op = "I" if isinstance(message, Insert) else "U" if isinstance(message, Update) else "D"
                 run.store.add(op, getattr(message, "new", None), getattr(message, "old", None),
                               getattr(message, "key", None), self.count, _NONE if subxid is None else subxid)
@@ -387,8 +388,8 @@ class Transaction:
         for item in chunk.items:
             if isinstance(item, _Run):
                 keep = ~np.isin(np.frombuffer(item.store.subxids(), dtype=np.int64), rolled_back)
-                selection = np.flatnonzero(keep).astype(np.int64)
-                kept.append((item, selection, np.frombuffer(item.store.ordinals(), dtype=np.int64)[selection]))
+                chosen = np.flatnonzero(keep).astype(np.int64)
+                kept.append((item, chosen, np.frombuffer(item.store.ordinals(), dtype=np.int64)[chosen]))
             elif item[0] is None or item[0] not in aborted:
                 kept.append((item, None, np.array([item[3]], dtype=np.int64)))
         stored = np.concatenate([ordinals for _, _, ordinals in kept]) if kept else np.empty(0, np.int64)
@@ -411,6 +412,7 @@ class Transaction:
         if isinstance(message, Truncate):
             return Change(self.commit_lsn, ordinal, "T", None, truncate_relations=relation,
                           truncate_options=message.options)
+        assert isinstance(message, Message)
         return Change(self.commit_lsn, ordinal, "M", None, message=message)
 
     def close(self) -> None:
@@ -626,7 +628,7 @@ def _decode_any(data: bytes) -> AnyMessage:
     return decode(data[1:], proto_version=4, in_stream=data[:1] == b"\1")
 
 
-def _read_spill(file: IO[bytes], path: Path) -> Iterator[_Item]:
+def _read_spill(file: IO[bytes], path: Path) -> Iterator[tuple[int | None, AnyMessage, Any]]:
     """The items of a spill file, each frame's checksum and bytes verified before use."""
     def corrupt(offset: int, problem: str) -> SpillCorruptError:
         return SpillCorruptError(
