@@ -77,7 +77,7 @@ def batched_drain(dsn: str, slot: str, transactions: int, *, binary: bool) -> tu
     from pgcdc.pipeline.tables import SourceTables
     from pgcdc.replication import LogicalReplicationStream, ReplicationOptions
     from pgcdc.runtime import streaming_gc
-    from pgcdc.transactions import TransactionReader
+    from pgcdc.transactions import Transaction, TransactionReader
 
     config = PipelineConfig(dsn=dsn, publication="pub", slot=slot, binary=binary)
     batcher = Batcher(SourceTables(config, lambda: None))
@@ -87,7 +87,9 @@ def batched_drain(dsn: str, slot: str, transactions: int, *, binary: bool) -> tu
     batch = Batch()
     started, cpu = time.perf_counter(), time.process_time()
     with streaming_gc():
-        for txn in TransactionReader(stream.events(idle_timeout=5.0)).transactions():
+        for txn in TransactionReader(stream.events(idle_timeout=5.0)):  # with a tick per message, as the pipeline
+            if not isinstance(txn, Transaction):
+                continue
             batcher.add(batch, txn)
             done += 1
             if batch.rows >= config.batch_max_rows or done >= transactions:

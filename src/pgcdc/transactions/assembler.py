@@ -22,6 +22,7 @@ the server sends it again after a restart); it is never trusted, and never unpic
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import os
 import struct
@@ -196,23 +197,21 @@ class _Pieces:
         self.count += 1
 
     def changes(self) -> Iterator[tuple[int, int | None, AnyMessage, Any]]:
-        """(ordinal, subxid, message, relation version or truncated relations) of every change, in order."""
-        found: list[tuple[int, int | None, AnyMessage, Any]] = []
-        for item in self.items:
-            if isinstance(item, _Run):
-                store, relation = item.store, item.relation
-                relation_id = relation.relation_id
-                for index in range(len(store)):
-                    op, ordinal, subxid, new, old, key = store.change(index)
-                    message: AnyMessage = (Insert(subxid, relation_id, new) if op == "I" else
-                                           Update(subxid, relation_id, key, old, new) if op == "U" else
-                                           Delete(subxid, relation_id, key, old))
-                    found.append((ordinal, subxid, message, relation))
-            else:
-                subxid, message, relation, ordinal = item
-                found.append((ordinal, subxid, message, relation))
-        found.sort(key=lambda entry: entry[0])
-        return iter(found)
+        """(ordinal, subxid, message, relation version or truncated relations) of every change, in order, one at a
+        time (the runs of different tables interleave)."""
+        return heapq.merge(*(self._run_changes(item) if isinstance(item, _Run) else iter([(item[3], *item[:3])])
+                             for item in self.items), key=lambda entry: entry[0])
+
+    @staticmethod
+    def _run_changes(run: _Run) -> Iterator[tuple[int, int | None, AnyMessage, Any]]:
+        store, relation = run.store, run.relation
+        relation_id = relation.relation_id
+        for index in range(len(store)):
+            op, ordinal, subxid, new, old, key = store.change(index)
+            message: AnyMessage = (Insert(subxid, relation_id, new) if op == "I" else
+                                   Update(subxid, relation_id, key, old, new) if op == "U" else
+                                   Delete(subxid, relation_id, key, old))
+            yield ordinal, subxid, message, relation
 
 
 @dataclass
@@ -474,7 +473,7 @@ class TransactionAssembler:
         """Take one message; yield what it completes."""
         match message:
             case RawChange() | Insert() | Update() | Delete():
-                self._add_change(message)
+                self.add_change(message)
             case Begin():
                 self._begin(_Buffer(message.xid, start_lsn=message.final_lsn, commit_ts=message.commit_ts))
             case Commit():
@@ -597,7 +596,8 @@ class TransactionAssembler:
             return self._current
         raise ProtocolError(f"{type(message).__name__} outside a transaction")
 
-    def _add_change(self, message: RawChange | Insert | Update | Delete) -> None:
+    def add_change(self, message: RawChange | Insert | Update | Delete) -> None:
+        """:meth:`feed` for a row change, which completes nothing (no generator for the most common message)."""
         # inside a stream, data messages carry the subtransaction's xid (for Stream Abort of a savepoint)
         buffer = self._target(message)
         buffer.add_change(message.xid if self._stream_xid is not None else None, message,
