@@ -119,7 +119,8 @@ LARGE_TRANSACTION = textwrap.dedent("""
     sys.path.insert(0, {src!r})
     from pgcdc.replication import LogicalReplicationStream, ReplicationOptions
     from pgcdc.transactions import TransactionReader
-    stream = LogicalReplicationStream({dsn!r}, slot="large", options=ReplicationOptions(publication="pub"))
+    stream = LogicalReplicationStream({dsn!r}, slot="large", options=ReplicationOptions(publication="pub"),
+                                      raw_changes=True)
     for txn in TransactionReader(stream.events(idle_timeout=5.0), memory_limit_bytes=64 << 20).transactions():
         changes = sum(1 for _ in txn.changes())
         spilled = txn.spilled

@@ -130,7 +130,7 @@ def build_change_table(changes: Iterable[Pending], converter: TableConverter, ke
         pa.array(np.repeat(np.array([t.xid for t in transactions], np.int64), counts), pa.int64()),
         pa.array(np.repeat(np.array([t.commit_ts for t in transactions], np.int64), counts) + PG_EPOCH_UNIX_MICROS,
                  pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-        pa.nulls(rows, pa.string()) if not any(origins) else
+        pa.nulls(rows, pa.string()) if all(origin is None for origin in origins) else
         pa.array(origins, pa.string()).take(pa.array(np.repeat(np.arange(len(origins)), counts))),
         before_struct,
     ], schema=schema)
