@@ -4,6 +4,9 @@ example), one Spark per session.
 ``PGCDC_TEST_DSN`` points the suite at an external server instead of the embedded
 PostgreSQL 18 (e.g. ``host=/var/run/postgresql user=postgres dbname=postgres``);
 tests that need a newer server than that one skip with the reason.
+
+``PGCDC_TEST_PURE_PYTHON=1`` runs every test with pgcdc's optional C modules switched off (the pure-Python
+paths, as where they cannot be built); the ``accelerators`` fixture runs a test both ways.
 """
 
 from __future__ import annotations
@@ -181,6 +184,38 @@ def fresh_database(server: TestServer) -> Iterator[TestDatabase]:
         yield TestDatabase(server, name)
     finally:
         drop_database(server, name)
+
+
+def switch_off_accelerators(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pgcdc's optional C modules off for one test: the pure-Python paths run, as where they are not built."""
+    import sys
+
+    from pgcdc.pgoutput import tuple_store
+    from pgcdc.types import decoding
+
+    decoder = sys.modules["pgcdc.pgoutput.decode"]
+    monkeypatch.setattr(decoder, "_parse_change_c", None)
+    monkeypatch.setattr(decoder, "_parse_raw_c", None)
+    monkeypatch.setattr(tuple_store, "accelerator", None)
+    monkeypatch.setattr(decoding, "accelerator", None)
+
+
+@pytest.fixture(autouse=True)
+def _pure_python_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.environ.get("PGCDC_TEST_PURE_PYTHON") == "1":
+        switch_off_accelerators(monkeypatch)
+
+
+@pytest.fixture(params=["C", "python"])
+def accelerators(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with pgcdc's C modules (where built) and with the pure-Python paths."""
+    from pgcdc.pgoutput import tuple_store
+
+    if request.param == "python":
+        switch_off_accelerators(monkeypatch)
+    elif tuple_store.accelerator is None:
+        pytest.skip("the C modules are not built here")
+    return request.param
 
 
 @pytest.fixture

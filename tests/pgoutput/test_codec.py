@@ -51,6 +51,7 @@ def tuple_parser(request, monkeypatch):
     """Every codec test runs with the C tuple parser (where built) and with the pure-Python one."""
     if request.param == "python":
         monkeypatch.setattr(DECODER, "_parse_change_c", None)
+        monkeypatch.setattr(DECODER, "_parse_raw_c", None)
     elif DECODER._parse_change_c is None:
         pytest.skip("the C tuple parser is not built here")
     return request.param

@@ -178,7 +178,7 @@ class Pipeline:
                                      binary=binary, messages=True, origin=config.origin)
         stream = LogicalReplicationStream(config.dsn, slot=config.slot, options=options,
                                           start_lsn=checkpoint.confirmed,
-                                          receive_timeout=config.receive_timeout_seconds)
+                                          receive_timeout=config.receive_timeout_seconds, raw_changes=True)
         # short idle ticks: a batch that finished applying while the stream is quiet is confirmed, and the next one
         # handed over, within a fraction of the batch clock
         reader = TransactionReader(stream.events(idle_timeout=min(0.25, config.batch_max_seconds / 4)),

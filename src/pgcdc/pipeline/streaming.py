@@ -39,6 +39,9 @@ log = logging.getLogger("pgcdc.pipeline")
 STOP_BOUND_SECONDS = 30.0
 # how long the server may take to record the last confirmation once the stream is closed
 _ACKNOWLEDGE_SECONDS = 5.0
+# between two steps on received messages (an apply done, a batch old enough, maintenance, the slot's status): a
+# step per message would cost the stream thread more than decoding the message does
+_STEP_SECONDS = 0.005
 
 
 def hand_over_due(*, rows: int, age: float, applying: bool, config: PipelineConfig, caught_up: bool = False) -> bool:
@@ -79,6 +82,7 @@ class StreamRun:
         config = self.config
         batch = Batch()
         items = iter(self.reader)
+        stepped = 0.0
         # One batch applies on the apply thread while the next one is read, decoded and converted here: the
         # stream never waits for an apply unless a full batch is ready before the one before it is applied.
         with SourceWatch(config.dsn, config.slot) as watch, \
@@ -104,6 +108,11 @@ class StreamRun:
                         applier.move_tags(now=True)
                         stopped_in_order = True
                         break
+                    if item is Tick.RECEIVED and batch.rows < config.batch_max_rows:
+                        now = time.monotonic()
+                        if now - stepped < _STEP_SECONDS:
+                            continue
+                        stepped = now
                     if self._step(applier, batch, watch, idle=item is Tick.IDLE):
                         batch = Batch()
                     if self._caught_up(applier, batch, idle=item is Tick.IDLE):
