@@ -15,6 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from cli_support import run_pgcdc
 from conftest import TestDatabase
 from pgcdc.spark.destination import Destination
 
@@ -22,8 +23,7 @@ _names = itertools.count(1)
 
 
 def pgcdc(*args: str, timeout: float = 120, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pgcdc.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})}, cwd=cwd)
+    return run_pgcdc(*args, timeout=timeout, env={"COLUMNS": "200", **(env or {})}, cwd=cwd)
 
 
 def output(result: subprocess.CompletedProcess[str]) -> str:
