@@ -316,14 +316,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 class LongestFirst:
-    """Parallel runs hand out tests in collection order (make test: ``--dist loadgroup --no-loadscope-reorder``):
-    the tests that take minutes go first, so that none of them starts last and runs alone at the end, then
-    the other slow ones. A run in one process keeps pytest's order, which sets each module's fixtures up once."""
+    """Parallel runs hand out tests in collection order (make test: ``--dist loadgroup --no-loadscope-reorder``;
+    a group of tests goes where its first test is): the tests that take minutes go first, the longest of them
+    (``long(minutes)``) before the others, so that none of them starts last and runs alone at the end, then the
+    other slow ones. A run in one process keeps pytest's order, which sets each module's fixtures up once."""
+
+    @staticmethod
+    def minutes(item: pytest.Item) -> float:
+        long = item.get_closest_marker("long")
+        if long is not None:
+            return float(long.args[0]) if long.args else 1.0
+        return 0.5 if item.get_closest_marker("slow") else 0.0
 
     @pytest.hookimpl(trylast=True)  # after pytest has grouped the tests that share a module's fixtures
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        items.sort(key=lambda item: 0 if item.get_closest_marker("long") else 1 if item.get_closest_marker("slow")
-                   else 2)
+        items.sort(key=lambda item: -self.minutes(item))  # stable: collection order among equals
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -215,7 +215,7 @@ MAINTAIN_EAGERLY = ("--maintenance-interval", "0", "--compact-data-files", "2", 
                     "--snapshots-kept", "1", "--snapshot-retention-minutes", "0", "--changelog")
 
 
-@pytest.mark.long
+@pytest.mark.long(5)
 def test_killed_during_and_right_after_maintenance_steps_loses_and_duplicates_nothing(pg, spark):
     pg.server.require(15, "two-phase decoding")
     prepare_source(pg, rows=200)
@@ -240,7 +240,7 @@ def test_killed_during_and_right_after_maintenance_steps_loses_and_duplicates_no
     print(f"kills survived: {fired}; {figures}")
 
 
-@pytest.mark.long
+@pytest.mark.long(3)
 @pytest.mark.parametrize("deletes", ["equality", "position"])
 def test_maintenance_beside_or_between_the_row_delta_writers_applies(pg, spark, caplog, deletes):
     """Equality deletes name keys, which a compaction keeps reaching: batches commit while pgcdc's own

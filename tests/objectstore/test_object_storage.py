@@ -88,7 +88,7 @@ def test_mixed_workload_mirrors_equal_source_on_s3(pg, spark, s3, store):
 # catalog as every commit does. REST covers more: a catalog server of its own, over a JDBC catalog, with a token.
 # The JDBC catalog is killed under in make soak, and its commands run through the CLI in test_stop_on_s3.py and
 # tests/reliability/test_security.py.
-@pytest.mark.long
+@pytest.mark.long(6)  # with the REST catalog its group (s3-rest) starts first
 @pytest.mark.parametrize("store", ["rest"], indirect=True)
 def test_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store):
     crash_loop_on_s3(pg, spark, s3, store, CRASH_ROUNDS, "crash")

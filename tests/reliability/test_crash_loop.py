@@ -41,7 +41,7 @@ MERGE_ROUNDS = [
 ]
 
 
-@pytest.mark.long
+@pytest.mark.long(5)
 def test_killed_at_aimed_and_random_instants_loses_and_duplicates_nothing(pg, spark):
     crash_loop(pg, spark, ROUNDS, seed=20261122, aim_timeout=120)
 
