@@ -1,5 +1,6 @@
 # pgcdc — everything a fresh machine needs comes from here.
 #   make test    install into .venv, then run the whole suite (ends with its 15 slowest tests)
+#   make test-fast   the tests that need neither PostgreSQL nor Spark (under a minute)
 #   make demo    install into .venv, then mirror a live PostgreSQL into Iceberg
 #   make demo-object-store   the same with the mirrors on a local S3 server behind a JDBC catalog
 #   make bench   run the benchmarks (bench/*.py; QUICK=1 for the short versions)
@@ -13,7 +14,7 @@ STAMP  := $(VENV)/.pgcdc-installed
 TEST_STAMP := $(VENV)/.pgcdc-test-parts-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-jvm-archive soak demo demo-object-store bench lint clean
+.PHONY: install test test-fast test-jvm-archive soak demo demo-object-store bench lint clean
 
 install: $(STAMP)
 
@@ -66,6 +67,11 @@ test-jvm-archive: $(STAMP) $(TEST_STAMP)
 # --durations: the 15 slowest tests, printed at the end, so that a slow newcomer shows up in every run
 test: $(STAMP) $(TEST_STAMP) test-jvm-archive
 	$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
+
+# every test that starts neither PostgreSQL nor Spark (conftest.py marks tests by the fixtures they use; a test
+# that starts a server another way carries the mark itself): no class archive, no object storage parts needed
+test-fast: $(STAMP)
+	PGCDC_TEST_CLASS_ARCHIVE=0 $(PY) -m pytest -n auto -m "not spark and not postgres and not soak" --durations=5 $(PYTEST_ARGS)
 
 soak: $(STAMP) $(TEST_STAMP) test-jvm-archive
 	$(PY) -m pytest -m soak $(PYTEST_ARGS)

@@ -5,8 +5,20 @@ rows (full: 500,000 + 100,000 changes; --quick: 100,000 + 20,000). Slots created
 same changes: pg_recvlogical drains one into /dev/null (the slot's own rate, the peer); pgcdc drains one per
 apply writer into empty mirrors (``run --until-caught-up`` in this process, Spark already started: the
 delta writer runs first and pays the JVM's warm-up), the row-delta writer both deleting by position (the
-default) and by equality. Then pgcdc's start-up alone: a ``pgcdc run
---until-caught-up`` process with nothing to do. CPU per change is counted by program. Last line: JSON figures.
+default) and by equality. CPU per change is counted by program.
+
+Then pgcdc's start-up, each figure repeated (median, min, max):
+
+- a ``pgcdc run --until-caught-up`` process with nothing to do, which reads the mirrors' metadata itself and
+  starts no JVM; beside it the same run made to read them through Spark (``PYSPARK_SUBMIT_ARGS`` set: pgcdc
+  then leaves the catalog to Spark, as before it read metadata itself), and pg_recvlogical connecting to a twin
+  slot and finding nothing to read (``--endpos`` at the server's position);
+- the first batch of a fresh run: one transaction waits in the slot, a ``pgcdc run --until-caught-up`` process
+  starts, and the time until the slot confirms that transaction (its batch committed to Iceberg first; Spark
+  started for it), beside pg_recvlogical's time from its start to the first message of the same transaction on
+  a twin slot.
+
+Last line: JSON figures.
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -82,15 +95,108 @@ def config_for(server: EmbeddedPostgres, warehouse: str, name: str, writer: str,
                           deletes=deletes, destination=Destination(warehouse=warehouse, namespace=f"catchup_{name}"))
 
 
-def startup_seconds(config: PipelineConfig) -> float:
+def run_command(config: PipelineConfig) -> list[str]:
+    """``pgcdc run --until-caught-up`` of ``config``, as a user starts it."""
+    return [sys.executable, "-m", "pgcdc.cli", "run", "--dsn", config.dsn, "--publication", config.publication,
+            "--slot", config.slot, "--warehouse", str(config.destination.warehouse), "--namespace",
+            config.destination.namespace, "--apply", config.apply_writer, "--deletes", config.deletes,
+            "--until-caught-up"]
+
+
+def startup_seconds(config: PipelineConfig, env: dict[str, str] | None = None) -> float:
     """A whole ``pgcdc run --until-caught-up`` process on a slot with nothing to do."""
-    command = [sys.executable, "-m", "pgcdc.cli", "run", "--dsn", config.dsn, "--publication", config.publication,
-               "--slot", config.slot, "--warehouse", str(config.destination.warehouse), "--namespace", config.destination.namespace,
-               "--apply", config.apply_writer, "--until-caught-up"]
     started = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, timeout=600,
-                   env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING"})
+    subprocess.run(run_command(config), check=True, capture_output=True, timeout=600,
+                   env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
     return time.perf_counter() - started
+
+
+def confirmed(conn: psycopg.Connection, slot: str) -> Lsn:
+    row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                       (slot,)).fetchone()
+    return Lsn.parse(row[0])
+
+
+def first_batch_seconds(server: EmbeddedPostgres, config: PipelineConfig, first: int) -> float:
+    """One transaction (100 inserts from ``first``) waiting in the slot; a fresh ``pgcdc run --until-caught-up``
+    process: seconds from its start until the slot confirms the transaction, which it does once its batch is
+    committed to Iceberg."""
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(FILL, (first, first + 99))
+        written = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+        started = time.perf_counter()
+        process = subprocess.Popen(run_command(config), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING"})
+        try:
+            while confirmed(conn, config.slot) < written:
+                if process.poll() is not None:
+                    raise RuntimeError(f"pgcdc exited with {process.returncode} before confirming {written}")
+                time.sleep(0.05)
+            seconds = time.perf_counter() - started
+        finally:
+            process.wait(timeout=600)
+    return seconds
+
+
+def recvlogical_command(server: EmbeddedPostgres, slot: str, *extra: str) -> list[str]:
+    return [str(server.bin_dir / "pg_recvlogical"), "-d", server.dsn, "--slot", slot, "--start", "-o",
+            "proto_version=1", "-o", "publication_names=pub", "--no-loop", *extra]
+
+
+def recvlogical_nothing_seconds(server: EmbeddedPostgres, slot: str) -> float:
+    """pg_recvlogical connecting to ``slot`` and stopping at the server's position, with nothing to read."""
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (slot,))
+        end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+    started = time.perf_counter()
+    subprocess.run(recvlogical_command(server, slot, "-f", "/dev/null", "-E", end), check=True, capture_output=True,
+                   timeout=600)
+    return time.perf_counter() - started
+
+
+def recvlogical_first_message_seconds(server: EmbeddedPostgres, slot: str) -> float:
+    """pg_recvlogical's time from its start to the first message of a transaction waiting in ``slot``."""
+    started = time.perf_counter()
+    process = subprocess.Popen(recvlogical_command(server, slot, "-f", "-"), stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL)
+    try:
+        assert process.stdout is not None and process.stdout.read(1), "pg_recvlogical wrote nothing"
+        return time.perf_counter() - started
+    finally:
+        process.kill()
+        process.wait()
+
+
+def spread(label: str, seconds: list[float]) -> str:
+    return (f"{label:<64} {statistics.median(seconds):6.2f} s  (min {min(seconds):.2f}, max {max(seconds):.2f}, "
+            f"{len(seconds)} runs)")
+
+
+def startup_figures(server: EmbeddedPostgres, config: PipelineConfig, repeats: int) -> dict[str, float]:
+    """pgcdc's start-up with nothing to do and its first batch, each beside pg_recvlogical (see the module)."""
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot('twin_start', 'pgoutput')")
+    startup_seconds(config)  # a first run may have tags to settle after the catch-up's maintenance
+    nothing = [startup_seconds(config) for _ in range(repeats)]
+    through_spark = [startup_seconds(config, {"PYSPARK_SUBMIT_ARGS": "pyspark-shell"}) for _ in range(repeats)]
+    recvlogical_nothing = [recvlogical_nothing_seconds(server, "twin_start") for _ in range(repeats)]
+    first_batch, recvlogical_first = [], []
+    for repeat in range(repeats):
+        first_batch.append(first_batch_seconds(server, config, 10_000_000 + repeat * 100))
+        recvlogical_first.append(recvlogical_first_message_seconds(server, "twin_start"))
+    print(spread("pgcdc start-up, a run --until-caught-up with nothing to do", nothing))
+    print(spread("  the same, the mirrors read through Spark", through_spark))
+    print(spread("  pg_recvlogical connecting and finding nothing to read", recvlogical_nothing))
+    print(spread("pgcdc's first batch of a fresh run, committed and confirmed", first_batch))
+    print(spread("  pg_recvlogical from its start to the transaction's first message", recvlogical_first))
+    return {"startup_s": round(statistics.median(nothing), 2), "startup_min_s": round(min(nothing), 2),
+            "startup_max_s": round(max(nothing), 2),
+            "startup_through_spark_s": round(statistics.median(through_spark), 2),
+            "startup_ratio_vs_through_spark": round(statistics.median(nothing) / statistics.median(through_spark), 2),
+            "pg_recvlogical_nothing_s": round(statistics.median(recvlogical_nothing), 2),
+            "first_batch_s": round(statistics.median(first_batch), 2), "first_batch_min_s": round(min(first_batch), 2),
+            "first_batch_max_s": round(max(first_batch), 2),
+            "pg_recvlogical_first_message_s": round(statistics.median(recvlogical_first), 2)}
 
 
 def main() -> None:
@@ -147,9 +253,7 @@ def main() -> None:
         print(f"deleting by position (the default) applies {rates['delta'] / rates['delta_equality']:.2f}x as fast as "
               "by equality", flush=True)
         spark.stop()
-        startup = startup_seconds(configs["delta"])
-        print(f"pgcdc start-up (a run --until-caught-up with nothing to do): {startup:.1f}s")
-        figures["startup_s"] = round(startup, 1)
+        figures.update(startup_figures(server, configs["delta"], 3 if args.quick else 5))
     figures["ratio_vs_pg_recvlogical"] = figures["delta_ratio_vs_pg_recvlogical"]
     figures["position_vs_equality_deletes"] = round(rates["delta"] / rates["delta_equality"], 2)
     print(json.dumps(figures))

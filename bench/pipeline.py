@@ -6,12 +6,19 @@
    1,000,000-row table of the same shape (100,000 with --quick), so that neither pays the one-off
    start-up (JVM compilation, Python workers) in its figure; those first copies are printed too. Each
    copy also prints the CPU it took per row, by program (PostgreSQL, the JVM, Python workers).
-2. Apply, once per apply writer (``--apply delta,merge``; the delta writer deleting by position, pgcdc's
-   default, and by equality: ``--deletes``; the consistent tags moved every ``--consistent-every`` seconds),
-   each on a fresh slot and its own mirror: a writer commits transactions of 100 rows (inserts and updates) as
-   fast as it can while the pipeline streams them into Iceberg: rows/s from commit to Iceberg commit, and the CPU per applied row by program. Then the
-   writer is paced at 50% and 90% of that rate and the lag from each source commit to the mirror commit
-   holding it is measured (p50, p99).
+2. Commit cost: the fixed cost of a batch per mirror — a 1-row UPDATE applied to a mirror of 100,000 rows, as the
+   pipeline applies it, by each writer (the MERGE writer is the peer), after applies that warm the JVM up: wall
+   time, the CPU of the JVM's and Python's threads doing it, py4j round trips, and the time of each step.
+3. Apply, once per setting (``--apply delta,merge``, ``--deletes``, ``--maintenance``, ``--consistent-every``,
+   ``--batch-seconds``), each on a fresh slot and its own mirror, one pipeline through all of that setting's
+   phases, as a deployed pgcdc runs: a writer commits transactions of 100 rows (inserts and updates) while the
+   pipeline streams them into Iceberg. The first phase of a fresh pipeline (the JVM compiling the commit path,
+   the first batches) is the warm-up, reported apart. Then ``--repeat`` unpaced phases (rows/s from commit to
+   Iceberg commit, the CPU per applied row by program), and as many paced at 50% and 90% of their median rate
+   (lag from each source commit to the applied batch holding it: p50, p99), each printed as median (min-max).
+   Beside each: what ran beside the apply (maintenance turns, the catalog reads before each batch, consistent
+   tag moves: count and seconds), the garbage collectors' time in the JVM and in Python, the machine's load and
+   the CPU other processes took, and the apply thread's time per step (what bounds the figure).
 CPU counts only this bench's processes (itself, its PostgreSQL, Spark's JVM and Python workers, the S3 server:
 "other"), not the rest of the machine. ``--store s3-jdbc`` runs it all (pgcdc's snapshot, the JDBC reader's
 Iceberg table, the apply) with the warehouse on a local S3 server behind Iceberg's JDBC catalog
@@ -23,7 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
+import gc
 import json
 import os
 import shutil
@@ -33,19 +40,22 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import psycopg
+import pyarrow as pa
 from catchup import cpu_per_change, cpu_seconds  # CPU of this bench's process tree, by program
 
 from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline import Pipeline, PipelineConfig
-from pgcdc.spark.apply import WRITERS
+from pgcdc.spark.apply import DELETES, WRITERS
 from pgcdc.spark.destination import Destination
+from pgcdc.spark.maintenance import MaintenancePolicy
 from pgcdc.spark.session import iceberg_runtime_jar, spark_session
 
 TABLE = """
@@ -150,60 +160,147 @@ class Writer(threading.Thread):
                     time.sleep(max(0.0, due - time.monotonic()))
 
 
+class PythonGc:
+    """Seconds this process has spent collecting garbage (``gc.callbacks``), every thread's collections."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._began: float | None = None
+        gc.callbacks.append(self._on_collection)
+
+    def _on_collection(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif self._began is not None:
+            self.seconds += time.perf_counter() - self._began
+            self._began = None
+
+
+def jvm_gc_seconds(spark) -> float:
+    """Seconds Spark's JVM has spent collecting garbage, all collectors."""
+    beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+    return sum(int(bean.getCollectionTime()) for bean in beans) / 1000
+
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds the whole machine has been busy (every process, every core; /proc/stat)."""
+    with open("/proc/stat") as stat:
+        values = [int(v) for v in stat.readline().split()[1:9]]
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
+BESIDE = ("maintenance_turns", "maintenance_seconds", "tag_moves", "tag_move_seconds", "catalog_checks",
+          "catalog_check_seconds")
+
+
+@dataclass
+class Reading:
+    """What the pipeline, both processes' collectors and the machine had done at one moment."""
+
+    at: float
+    progress: dict[str, float]
+    steps: dict[str, float]
+    jvm_gc: float
+    python_gc: float
+    cpu: Counter
+    machine_cpu: float
+
+    @classmethod
+    def now(cls, pipeline: Pipeline, spark, python_gc: PythonGc, roots: list[int]) -> Reading:
+        progress = pipeline.progress
+        return cls(time.monotonic(), {name: getattr(progress, name) for name in (*BESIDE, "rows_applied",
+                                                                                 "batches_applied")},
+                   dict(progress.apply_step_seconds), jvm_gc_seconds(spark), python_gc.seconds, cpu_seconds(roots),
+                   machine_cpu_seconds())
+
+
 @dataclass
 class Phase:
     rows_per_s: float  # from the first commit to the mirror holding the last
-    lags: list[float]  # per source transaction: seconds from its commit to the Iceberg commit holding it
+    lags: list[float]  # per source transaction: seconds from its commit to the mirror commit holding it reported
     next_id: int
     rows: int
     written_per_s: float  # what the writer committed while it ran
+    batches: int
+    beside: dict[str, float]  # what ran beside the apply meanwhile (BESIDE), GC, the machine's load
+    steps: dict[str, float]  # the apply thread's seconds per step of the applies (pgcdc.spark.steps)
+    cpu: dict[str, float]  # µs per applied row, by program of this bench
+    first_applied_s: float  # from the writer's first commit to the first applied batch
+    seconds: float  # from the writer's start to the mirror holding its last commit
 
 
-def streaming_phase(dsn: str, spark, store: dict, writer_kind: str, seconds: float, rate: float | None,
-                    first_id: int, *, deletes: str, consistent_seconds: float | None, label: str) -> Phase:
-    """Run the writer and the pipeline (with apply writer ``writer_kind`` removing rows by ``deletes``, moving the
-    consistent tags every ``consistent_seconds``, on the slot of ``label``) together."""
-    applied: list[tuple[float, Lsn]] = []
+class RunningPipeline:
+    """One pipeline streaming ``flow`` from a fresh slot through every phase of one configuration, as a deployed
+    pgcdc runs: its JVM, key index and maintenance schedule carry over from phase to phase."""
 
-    def on_progress(progress) -> None:
-        if progress.applied_lsn is not None and (not applied or applied[-1][1] != progress.applied_lsn):
-            applied.append((time.monotonic(), progress.applied_lsn))
+    def __init__(self, server: EmbeddedPostgres, spark, store: dict, label: str, python_gc: PythonGc,
+                 roots: list[int], **settings) -> None:
+        self.spark, self.python_gc, self.roots = spark, python_gc, roots
+        self.slot = "bench_flow_" + "".join(c if c.isalnum() or c == "_" else "_" for c in label.lower())
+        self.dsn = server.dsn
+        self.applied: list[tuple[float, Lsn]] = []
+        # the pipeline makes its slot and copies the table (the rows earlier settings wrote) before it streams: the
+        # copy is behind it when the first phase starts
+        config = PipelineConfig(dsn=server.dsn, publication="flow", slot=self.slot,
+                                destination=Destination(namespace=self.slot, **store), **settings)
+        self.pipeline = Pipeline(config, spark=spark, on_progress=self._on_progress)
+        self.failures: list[BaseException] = []
+        self.runner = threading.Thread(target=self._run, daemon=True)
+        self.runner.start()
+        while self.pipeline.progress.phase != "streaming":
+            self._check_alive()
+            time.sleep(0.1)
+        time.sleep(1)  # the run's start (tags settled, watch thread) is behind it before the load starts
 
-    config = PipelineConfig(dsn=dsn, publication="flow", slot=f"bench_flow_{label}", batch_max_seconds=1.0,
-                            snapshot=False, apply_writer=writer_kind, deletes=deletes,
-                            consistent_seconds=consistent_seconds,
-                            destination=Destination(namespace=f"bench_flow_{label}", **store))
-    pipeline = Pipeline(config, spark=spark, on_progress=on_progress)
-    failures: list[BaseException] = []
+    def _on_progress(self, progress) -> None:
+        if progress.applied_lsn is not None and (not self.applied or self.applied[-1][1] != progress.applied_lsn):
+            self.applied.append((time.monotonic(), progress.applied_lsn))
 
-    def run() -> None:
+    def _run(self) -> None:
         try:
-            pipeline.run(handle_signals=False)
-        except BaseException as exc:  # reported by the waiting loop below
-            failures.append(exc)
+            self.pipeline.run(handle_signals=False)
+        except BaseException as exc:  # reported by the waiting loops
+            self.failures.append(exc)
 
-    runner = threading.Thread(target=run, daemon=True)
-    writer = Writer(dsn, seconds, rate, first_id)
-    runner.start()
-    time.sleep(3)  # the stream is up before the load starts
-    before = pipeline.progress.rows_applied
-    started = time.monotonic()
-    writer.start()
-    writer.join()
-    target = writer.commits[-1][1]
-    while not applied or applied[-1][1] < target:
-        if not runner.is_alive():
-            raise RuntimeError(f"the pipeline stopped before catching up: {failures[0] if failures else 'no error'}")
-        time.sleep(0.2)
-    elapsed = time.monotonic() - started
-    rows = pipeline.progress.rows_applied - before
-    pipeline.stop()
-    runner.join(timeout=120)
-    lags = []
-    for committed_at, lsn in writer.commits:
-        mirrored_at = next(t for t, applied_lsn in applied if applied_lsn >= lsn)
-        lags.append(max(0.0, mirrored_at - committed_at))
-    return Phase(rows / elapsed, lags, writer.next_id, rows, writer.rows / seconds)
+    def _check_alive(self) -> None:
+        if not self.runner.is_alive():
+            raise RuntimeError(f"the pipeline stopped: {self.failures[0] if self.failures else 'no error'}")
+
+    def phase(self, seconds: float, rate: float | None, first_id: int) -> Phase:
+        """The writer for ``seconds`` (paced at ``rate`` rows/s, or unpaced), until the mirror holds it all."""
+        before = Reading.now(self.pipeline, self.spark, self.python_gc, self.roots)
+        writer = Writer(self.dsn, seconds, rate, first_id)
+        started = time.monotonic()
+        writer.start()
+        writer.join()
+        target = writer.commits[-1][1]
+        while not self.applied or self.applied[-1][1] < target:
+            self._check_alive()
+            time.sleep(0.05)
+        elapsed = time.monotonic() - started
+        after = Reading.now(self.pipeline, self.spark, self.python_gc, self.roots)
+        rows = int(after.progress["rows_applied"] - before.progress["rows_applied"])
+        lags = []
+        for committed_at, lsn in writer.commits:
+            mirrored_at = next(t for t, applied_lsn in self.applied if applied_lsn >= lsn)
+            lags.append(max(0.0, mirrored_at - committed_at))
+        span = after.at - before.at
+        own = sum(after.cpu.values()) - sum(before.cpu.values())
+        beside = {name: after.progress[name] - before.progress[name] for name in BESIDE}
+        beside.update(jvm_gc_seconds=after.jvm_gc - before.jvm_gc, python_gc_seconds=after.python_gc - before.python_gc,
+                      load=os.getloadavg()[0],
+                      other_cores=max(0.0, (after.machine_cpu - before.machine_cpu - own) / span))
+        steps = {step: seconds - before.steps.get(step, 0.0) for step, seconds in after.steps.items()
+                 if seconds - before.steps.get(step, 0.0) > 0}
+        first = next((t for t, lsn in self.applied if t >= started), started) - writer.commits[0][0]
+        return Phase(rows / elapsed, lags, writer.next_id, rows, writer.rows / seconds,
+                     int(after.progress["batches_applied"] - before.progress["batches_applied"]), beside, steps,
+                     cpu_per_change(before.cpu, after.cpu, max(rows, 1)), first, elapsed)
+
+    def stop(self) -> None:
+        self.pipeline.stop()
+        self.runner.join(timeout=120)
+        drop_slot(self.dsn, self.slot)
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -224,95 +321,329 @@ def drop_slot(dsn: str, slot: str) -> None:
             time.sleep(0.1)
 
 
-def label_text(writer_kind: str, deletes: str, consistent_seconds: float | None) -> str:
-    tags = "no consistent tags" if consistent_seconds is None else (
-        "consistent tags after every batch" if consistent_seconds == 0 else
-        f"consistent tags every {consistent_seconds:g}s")
-    return f"{writer_kind} writer{f', {deletes} deletes' if writer_kind == 'delta' else ''}, {tags}"
+@dataclass(frozen=True)
+class ApplySetting:
+    """One configuration of the apply the bench measures (each its own slot, mirror and figures)."""
+
+    writer: str
+    deletes: str
+    maintenance: bool
+    consistent_seconds: float | None
+    batch_seconds: float
+
+    def text(self) -> str:
+        tags = "no consistent tags" if self.consistent_seconds is None else (
+            "consistent tags after every batch" if self.consistent_seconds == 0 else
+            f"consistent tags every {self.consistent_seconds:g}s")
+        deletes = f", {self.deletes} deletes" if self.writer == "delta" else ""
+        return (f"{self.writer} writer{deletes}, maintenance {'on' if self.maintenance else 'off'}, {tags}, "
+                f"batch clock {self.batch_seconds:g}s")
 
 
-def apply_phases(server: EmbeddedPostgres, spark, store: dict, writer_kind: str, seconds: float, first_id: int,
-                 roots: list[int], figures: dict[str, object], *, deletes: str, consistent_seconds: float | None,
-                 label: str) -> int:
-    """The unpaced phase, then 50% and 90% of its rate, for one apply writer (figures named by ``label``) on a
-    fresh slot; returns the next free id."""
-    slot = f"bench_flow_{label}"
-    phase = functools.partial(streaming_phase, deletes=deletes, consistent_seconds=consistent_seconds, label=label)
-    with psycopg.connect(server.dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-    cpu = cpu_seconds(roots)
-    unpaced = phase(server.dsn, spark, store, writer_kind, seconds, None, first_id)
-    used = cpu_per_change(cpu, cpu_seconds(roots), unpaced.rows)
-    apply_rate, next_id = unpaced.rows_per_s, unpaced.next_id
-    figures[f"apply_rows_per_s_{label}"] = round(apply_rate)
-    figures[f"written_rows_per_s_{label}"] = round(unpaced.written_per_s)
-    figures.update({f"{DRIVER.get(program, program).replace(' ', '_')}_us_per_row_{label}": value
-                    for program, value in used.items()})
-    print(f"{label_text(writer_kind, deletes, consistent_seconds)}: apply under an unpaced writer: {apply_rate:,.0f} rows/s from source commit to "
-          f"Iceberg commit (the writer committed {unpaced.written_per_s:,.0f} rows/s)", flush=True)
-    print(f"  {cpu_text(used)} (pgcdc: this process, the writer and pgcdc's driver"
-          f"{'; other: the S3 server' if 'other' in used else ''})", flush=True)
-    for share in (0.5, 0.9):
-        paced = phase(server.dsn, spark, store, writer_kind, seconds, apply_rate * share, next_id)
-        lags, next_id = paced.lags, paced.next_id
-        p50, p99 = percentile(lags, 0.5), percentile(lags, 0.99)
-        suffix = "" if share == 0.9 else "_at_50pct"
-        figures.update({f"lag_p50_s{suffix}_{label}": round(p50, 2),
-                        f"lag_p99_s{suffix}_{label}": round(p99, 2)})
-        print(f"  lag at {share:.0%} of that rate: p50 {p50:.1f}s, p99 {p99:.1f}s, "
-              f"mean {statistics.mean(lags):.1f}s", flush=True)
-    drop_slot(server.dsn, slot)
+def spread(values: list[float], unit: str = "", digits: int = 0) -> str:
+    """median (min-max)"""
+    fmt = f",.{digits}f"
+    return (f"{statistics.median(values):{fmt}}{unit} ({min(values):{fmt}}-{max(values):{fmt}}{unit})"
+            if len(values) > 1 else f"{values[0]:{fmt}}{unit}")
+
+
+def beside_text(phases: list[Phase]) -> str:
+    def median(name: str) -> float:
+        return statistics.median(phase.beside[name] for phase in phases)
+
+    return (f"maintenance turns {median('maintenance_turns'):g} ({median('maintenance_seconds'):.1f}s), "
+            f"catalog checks {median('catalog_checks'):g} ({median('catalog_check_seconds'):.2f}s), "
+            f"tag moves {median('tag_moves'):g} ({median('tag_move_seconds'):.2f}s), "
+            f"GC JVM {median('jvm_gc_seconds'):.2f}s, Python {median('python_gc_seconds'):.2f}s; "
+            f"machine load {median('load'):.1f}, other processes {median('other_cores'):.1f} cores")
+
+
+def steps_text(phases: list[Phase]) -> str:
+    """The apply thread's time per step over the phases, as µs per applied row, largest first."""
+    rows = sum(phase.rows for phase in phases) or 1
+    total: Counter = Counter()
+    for phase in phases:
+        total.update(phase.steps)
+    return ", ".join(f"{step} {seconds * 1e6 / rows:.1f}" for step, seconds in total.most_common())
+
+
+LAG_GOALS = (0.5, 1.0)  # p50, p99 seconds at 90% load (issue 29)
+
+
+def bound_text(phases: list[Phase], clock: float) -> str:
+    """What the lag of these phases is made of, per batch: the wait for the batch clock, the apply (its largest
+    step), what held the apply thread besides (maintenance, tag moves), and the machine's load."""
+    batches = sum(phase.batches for phase in phases) or 1
+    steps: Counter = Counter()
+    for phase in phases:
+        steps.update(phase.steps)
+    apply = sum(steps.values()) / batches
+    largest, largest_s = steps.most_common(1)[0] if steps else ("-", 0.0)
+    seconds = sum(phase.seconds for phase in phases)
+    busy = (sum(steps.values()) + sum(p.beside["maintenance_seconds"] + p.beside["tag_move_seconds"]
+                                      for p in phases)) / seconds
+    return (f"a batch waits up to {clock:g}s for the clock, then applies in {apply:.2f}s ({largest} "
+            f"{largest_s / batches:.2f}s); the apply thread busy {busy:.0%} of the time, maintenance "
+            f"{statistics.median(p.beside['maintenance_seconds'] for p in phases):.1f}s and tag moves "
+            f"{statistics.median(p.beside['tag_move_seconds'] for p in phases):.1f}s a phase; machine load "
+            f"{statistics.median(p.beside['load'] for p in phases):.1f} on {os.cpu_count()} cores")
+
+
+def lag_figures(label: str, share: float, phases: list[Phase], figures: dict[str, object]) -> str:
+    p50s = [percentile(phase.lags, 0.5) for phase in phases]
+    p99s = [percentile(phase.lags, 0.99) for phase in phases]
+    suffix = "" if share == 0.9 else f"_at_{share:.0%}".replace("%", "pct")
+    figures.update({f"lag_p50_s{suffix}_{label}": round(statistics.median(p50s), 2),
+                    f"lag_p99_s{suffix}_{label}": round(statistics.median(p99s), 2),
+                    f"lag_p99_s{suffix}_max_{label}": round(max(p99s), 2)})
+    return f"p50 {spread(p50s, 's', 2)}, p99 {spread(p99s, 's', 2)}"
+
+
+def apply_phases(server: EmbeddedPostgres, spark, store: dict, setting: ApplySetting, seconds: float, repeat: int,
+                 first_id: int, roots: list[int], python_gc: PythonGc, figures: dict[str, object], label: str) -> int:
+    """A warm-up phase of a fresh pipeline, reported apart; then ``repeat`` unpaced phases, and ``repeat`` phases
+    paced at 50% and 90% of their median rate; returns the next free id."""
+    running = RunningPipeline(server, spark, store, label, python_gc, roots, apply_writer=setting.writer,
+                              deletes=setting.deletes, consistent_seconds=setting.consistent_seconds,
+                              batch_max_seconds=setting.batch_seconds,
+                              maintenance=MaintenancePolicy(enabled=setting.maintenance))
+    print(f"{setting.text()}:", flush=True)
+    try:
+        warm = running.phase(seconds, None, first_id)
+        next_id = warm.next_id
+        figures[f"warmup_rows_per_s_{label}"] = round(warm.rows_per_s)
+        print(f"  warm-up (a fresh pipeline's first {seconds:g}s, unpaced): {warm.rows_per_s:,.0f} rows/s, first batch "
+              f"applied {warm.first_applied_s:.1f}s after the first commit, lag p50 {percentile(warm.lags, 0.5):.1f}s "
+              f"p99 {percentile(warm.lags, 0.99):.1f}s; {cpu_text(warm.cpu)}", flush=True)
+        unpaced = []
+        for _ in range(repeat):
+            unpaced.append(running.phase(seconds, None, next_id))
+            next_id = unpaced[-1].next_id
+        rates = [phase.rows_per_s for phase in unpaced]
+        rate = statistics.median(rates)
+        used = {program: round(statistics.median(phase.cpu.get(program, 0.0) for phase in unpaced), 2)
+                for program in unpaced[0].cpu}
+        figures.update({f"apply_rows_per_s_{label}": round(rate), f"apply_rows_per_s_min_{label}": round(min(rates)),
+                        f"apply_rows_per_s_max_{label}": round(max(rates)),
+                        f"written_rows_per_s_{label}": round(statistics.median(p.written_per_s for p in unpaced))})
+        figures.update({f"{DRIVER.get(program, program).replace(' ', '_')}_us_per_row_{label}": value
+                        for program, value in used.items()})
+        print(f"  steady state, {repeat} repeats of {seconds:g}s, median (min-max):", flush=True)
+        print(f"    apply under an unpaced writer: {spread(rates, ' rows/s')} from source commit to Iceberg commit "
+              f"(the writer committed {statistics.median(p.written_per_s for p in unpaced):,.0f} rows/s), "
+              f"{statistics.median(p.batches for p in unpaced):g} batches a phase", flush=True)
+        print(f"    {cpu_text(used)} (pgcdc: this process, the writer and pgcdc's driver"
+              f"{'; other: the S3 server' if 'other' in used else ''})", flush=True)
+        print(f"    beside it: {beside_text(unpaced)}", flush=True)
+        print(f"    apply thread, µs per applied row by step: {steps_text(unpaced)}", flush=True)
+        paced: dict[float, list[Phase]] = {0.5: [], 0.9: []}
+        for _ in range(repeat):
+            for share in paced:
+                paced[share].append(running.phase(seconds, rate * share, next_id))
+                next_id = paced[share][-1].next_id
+        for share, phases in paced.items():
+            print(f"    lag at {share:.0%} of that rate: {lag_figures(label, share, phases, figures)}; "
+                  f"{statistics.median(p.batches for p in phases):g} batches a phase", flush=True)
+            p50 = statistics.median(percentile(p.lags, 0.5) for p in phases)
+            p99 = statistics.median(percentile(p.lags, 0.99) for p in phases)
+            met = p50 <= LAG_GOALS[0] and p99 <= LAG_GOALS[1]
+            print(f"      {'within' if met else 'outside'} the goal (p50 <= {LAG_GOALS[0]:g}s, p99 <= "
+                  f"{LAG_GOALS[1]:g}s): {bound_text(phases, setting.batch_seconds)}", flush=True)
+            print(f"      beside it: {beside_text(phases)}", flush=True)
+            print(f"      apply thread, µs per applied row by step: {steps_text(phases)}", flush=True)
+    finally:
+        running.stop()
     return next_id
+
+
+COMMIT_SCHEMA = pa.schema([("id", pa.int64()), ("n", pa.int32()), ("note", pa.string()),
+                           ("at", pa.timestamp("us", tz="UTC"))])
+
+
+def one_row_batch(lsn: int, ids: list[int], op: str) -> pa.Table:
+    """A change table (pgcdc.change_table) of ``op`` on ``ids``, all in the transaction committed at ``lsn``."""
+    from pgcdc.change_table import ChangeColumns, change_schema
+
+    schema = change_schema(COMMIT_SCHEMA, ("id",))
+    count = len(ids)
+    given = {"id": pa.array(ids, pa.int64()), "n": pa.array([i % 7 for i in ids], pa.int32()),
+             "note": pa.array([f"row {i}" for i in ids]), ChangeColumns.OP: pa.array([op] * count),
+             ChangeColumns.LSN: pa.array([lsn] * count, pa.int64()),
+             ChangeColumns.ORDINAL: pa.array(range(count), pa.int64())}
+    return pa.Table.from_arrays([given.get(f.name, pa.nulls(count, f.type)) for f in schema], schema=schema)
+
+
+class RoundTrips:
+    """py4j round trips from this process to the JVM, counted while ``counting``."""
+
+    def __init__(self) -> None:
+        from py4j.clientserver import ClientServerConnection
+
+        self.count = 0
+        self.counting = False
+        send = ClientServerConnection.send_command
+        trips = self
+
+        def counted(connection, command):
+            if trips.counting:
+                trips.count += 1
+            return send(connection, command)
+
+        ClientServerConnection.send_command = counted
+
+
+def apply_as_pipeline(spark, mirrors, mirror, writer: str, lsn: int, changes: pa.Table) -> dict[str, float]:
+    """``changes`` applied to ``mirror`` and its position recorded, as the pipeline's apply thread does
+    (pgcdc.pipeline.applier.SparkMirrors); returns the seconds of each step."""
+    from pgcdc.spark.apply import apply_changes
+
+    with mirrors.positions.recording(mirror.identifier, before=mirror.position, upto=Lsn(lsn),
+                                     held=lambda: mirror.position, whole=False, deferred=True) as recording:
+        applied = apply_changes(spark, mirror, changes, lsn=Lsn(lsn), writer=writer,
+                                before_merge=recording.mark_pending)
+        if applied.recorded:
+            recording.written_by_commit()
+        mirror.position = applied.position
+        started = time.perf_counter()
+    return {**applied.seconds, "record": time.perf_counter() - started}
+
+
+def commit_cost(spark, store: dict, applies: int, figures: dict[str, object]) -> None:
+    """The fixed cost of a batch per mirror: a 1-row UPDATE applied, as the pipeline applies it, to a mirror of
+    100,000 rows, by each writer (the MERGE writer is the peer), after a few applies that warm the JVM up."""
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+
+    from pgcdc.spark.mirror import MirrorCatalog, TableSpec
+
+    trips = RoundTrips()
+    threads = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getThreadMXBean()
+    schema = StructType([StructField("id", LongType()), StructField("n", IntegerType()),
+                         StructField("note", StringType()), StructField("at", TimestampType())])
+    print(f"commit cost: a 1-row batch applied to a mirror of 100,000 rows, {applies} times after 10 warm-up applies "
+          f"(median; wall time on this machine, CPU of the apply's own threads)", flush=True)
+    per_writer: dict[str, float] = {}
+    for writer in WRITERS:
+        mirrors = MirrorCatalog(spark, Destination(namespace=f"bench_commit_{writer}", **store))
+        mirror = mirrors.ensure(TableSpec("public", "flow", schema, ("id",)))
+
+        apply_as_pipeline(spark, mirrors, mirror, writer, 10, one_row_batch(10, list(range(100_000)), "I"))
+        walls, jvm, python, counts = [], [], [], []
+        steps: dict[str, list[float]] = {}
+        for number in range(10 + applies):
+            lsn = 100 + number
+            changes = one_row_batch(lsn, [number * 997 % 100_000], "U")
+            jvm_before, python_before = int(threads.getCurrentThreadCpuTime()), time.thread_time()
+            trips.count, trips.counting = 0, True
+            started = time.perf_counter()
+            seconds = apply_as_pipeline(spark, mirrors, mirror, writer, lsn, changes)
+            wall = time.perf_counter() - started
+            trips.counting = False
+            jvm_used = (int(threads.getCurrentThreadCpuTime()) - jvm_before) / 1e9
+            if number < 10:
+                continue
+            walls.append(wall)
+            jvm.append(jvm_used)
+            python.append(time.thread_time() - python_before)
+            counts.append(trips.count)
+            for step, value in seconds.items():
+                steps.setdefault(step, []).append(value)
+        wall = statistics.median(walls)
+        per_writer[writer] = wall
+        figures.update({f"commit_s_{writer}": round(wall, 4), f"commit_jvm_cpu_s_{writer}": round(
+            statistics.median(jvm), 4), f"commit_python_cpu_s_{writer}": round(statistics.median(python), 4),
+            f"commit_round_trips_{writer}": statistics.median(counts)})
+        breakdown = ", ".join(f"{step} {statistics.median(values) * 1000:.1f}"
+                              for step, values in sorted(steps.items(), key=lambda kv: -statistics.median(kv[1])))
+        print(f"  {writer:5s} writer: {wall * 1000:,.0f} ms a batch ({spread([w * 1000 for w in walls], ' ms')}); "
+              f"CPU: JVM {statistics.median(jvm) * 1000:.0f} ms (the apply's py4j thread), Python "
+              f"{statistics.median(python) * 1000:.0f} ms; {statistics.median(counts):g} round trips to the JVM",
+              flush=True)
+        print(f"    ms by step: {breakdown}", flush=True)
+    if "merge" in per_writer and "delta" in per_writer:
+        figures["commit_ratio_vs_merge"] = round(per_writer["delta"] / per_writer["merge"], 2)
+        print(f"  row-delta writer: {per_writer['delta'] / per_writer['merge']:.2f}x the MERGE writer's time",
+              flush=True)
+
+
+def apply_label(setting: ApplySetting, settings: list[ApplySetting]) -> str:
+    """The figures' name of a setting: its writer, and whatever else varies among the settings measured."""
+    parts = [setting.writer]
+    if setting.writer == "delta" and setting.deletes != "position":  # pgcdc's default goes unnamed
+        parts.append(setting.deletes)
+    if len({s.maintenance for s in settings}) > 1:
+        parts.append("maintenance_" + ("on" if setting.maintenance else "off"))
+    if len({s.consistent_seconds for s in settings}) > 1:
+        parts.append("tags_" + ("off" if setting.consistent_seconds is None else f"{setting.consistent_seconds:g}s"))
+    if len({s.batch_seconds for s in settings}) > 1:
+        parts.append(f"clock_{setting.batch_seconds:g}s")
+    return "_".join(parts)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="300,000-row snapshot, 15-second load phases")
-    parser.add_argument("--only", choices=("snapshot", "apply"), help="measure one part only")
+    parser.add_argument("--quick", action="store_true", help="300,000-row snapshot, 10-second load phases, 20 "
+                                                               "commit-cost applies")
+    parser.add_argument("--only", help="the parts to measure, comma-separated among snapshot, commit-cost, apply "
+                                       "(default all)")
     parser.add_argument("--store", choices=("local", "s3-jdbc"), default="local",
                         help="where the Iceberg warehouse lives: a local directory (default), or a local S3 server "
                              "behind Iceberg's JDBC catalog on the bench's PostgreSQL")
     parser.add_argument("--apply", default=",".join(WRITERS),
                         help=f"the apply writers to measure, one after the other (default {','.join(WRITERS)})")
+    parser.add_argument("--deletes", default="position,equality",
+                        help="how the delta writer removes rows, comma-separated to measure each in the same run "
+                             "(default position,equality: pgcdc's default beside equality deletes)")
+    parser.add_argument("--maintenance", default="on", help="on, off, or on,off: maintenance while streaming")
+    parser.add_argument("--batch-seconds", default=f"{PipelineConfig.batch_max_seconds:g}",
+                        help="the batch clock, comma-separated to measure several "
+                             f"(default pgcdc's, {PipelineConfig.batch_max_seconds:g})")
+    parser.add_argument("--repeat", type=int, default=3, help="repeats of each apply phase (median and spread)")
+    parser.add_argument("--commit-applies", type=int, help="1-row applies the commit cost is the median of "
+                                                             "(default 60; 20 with --quick)")
     parser.add_argument("--master", help="a Spark master to run on (e.g. spark://127.0.0.1:7077 of a standalone "
                                          "cluster); default local[*]")
     parser.add_argument("--executors", type=int, help="with a cluster --master: executors of one core to use")
     parser.add_argument("--rows-per-task", type=int, help="rows per snapshot task (default: pgcdc's)")
-    parser.add_argument("--deletes", default="position,equality",
-                        help="how the delta writer removes rows, comma-separated to measure each in the same run "
-                             "(default position,equality: pgcdc's default beside equality deletes)")
     parser.add_argument("--consistent-every", default=f"{PipelineConfig.consistent_seconds:g}",
                         help="seconds between moves of the consistent tags, or off; comma-separated to measure the "
                              "apply under each, one after the other (e.g. off,10,0; default pgcdc's)")
     args = parser.parse_args()
-    deletes_kinds = [d.strip() for d in args.deletes.split(",") if d.strip()]
-    if not deletes_kinds or any(d not in ("position", "equality") for d in deletes_kinds):
-        parser.error(f"--deletes takes position and/or equality, comma-separated; got {args.deletes!r}")
+    parts = {"snapshot", "commit-cost", "apply"}
+    only = parts if args.only is None else {p.strip() for p in args.only.split(",") if p.strip()}
+    if not only or not only <= parts:
+        parser.error(f"--only takes parts among {', '.join(sorted(parts))}, comma-separated; got {args.only!r}")
     try:
         tag_settings = [None if v.strip() == "off" else float(v) for v in args.consistent_every.split(",")]
+        clocks = [float(v) for v in args.batch_seconds.split(",")]
     except ValueError:
-        parser.error(f"--consistent-every takes seconds or off, comma-separated; got {args.consistent_every!r}")
+        parser.error(f"--consistent-every takes seconds or off, --batch-seconds seconds, comma-separated; got "
+                     f"{args.consistent_every!r}, {args.batch_seconds!r}")
     writers = [w.strip() for w in args.apply.split(",") if w.strip()]
     if not writers or any(w not in WRITERS for w in writers):
         parser.error(f"--apply takes writers among {', '.join(WRITERS)}, comma-separated; got {args.apply!r}")
-    if args.store == "s3-jdbc":
-        from pgcdc.local_object_store import missing_parts
-
-        missing = missing_parts()
-        if missing:
-            sys.exit(f"--store s3-jdbc needs {'; '.join(missing)}: make test (or make demo-object-store) "
-                     "installs them")
+    deletes = [d.strip() for d in args.deletes.split(",") if d.strip()]
+    if not deletes or any(d not in DELETES for d in deletes):
+        parser.error(f"--deletes takes {', '.join(DELETES)}, comma-separated; got {args.deletes!r}")
+    maintenance = [m.strip() for m in args.maintenance.split(",") if m.strip()]
+    if not maintenance or any(m not in ("on", "off") for m in maintenance):
+        parser.error(f"--maintenance takes on, off or on,off; got {args.maintenance!r}")
+    if args.repeat < 1:
+        parser.error("--repeat takes 1 or more")
+    settings = [ApplySetting(writer, deleting, on == "on", tags, clock)
+                for writer in writers for deleting in (deletes if writer == "delta" else ["position"])
+                for on in maintenance for tags in tag_settings for clock in clocks]
     cluster_conf = {"spark.executor.cores": "1", "spark.cores.max": str(args.executors),
                     "spark.executor.memory": "768m"} if args.executors else {}
     rows = 300_000 if args.quick else 5_000_000
     warm_rows = 100_000 if args.quick else 1_000_000
-    phase_seconds = 15.0 if args.quick else 60.0
+    phase_seconds = 10.0 if args.quick else 60.0
+    commit_applies = args.commit_applies or (20 if args.quick else 60)
     notes: dict[str, str] = {}
     figures: dict[str, object] = {"store": args.store, "master": args.master or "local[*]",
                                   "executors": args.executors, "snapshot_rows": rows, "snapshot_rows_per_s": None,
                                   "copy_rows_per_s": None, "jdbc_rows_per_s": None, "snapshot_ratio_vs_copy": None,
                                   "snapshot_ratio_vs_jdbc": None}
-    jdbc_problem = ensure_jdbc_driver() if args.only != "apply" else None
+    jdbc_problem = ensure_jdbc_driver() if "snapshot" in only else None
     warehouse = tempfile.mkdtemp(prefix="pgcdc-bench-")
     jars = [str(iceberg_runtime_jar())] + ([str(JDBC_JAR)] if JDBC_JAR.exists() else [])
     with EmbeddedPostgres(settings={"max_wal_size": "8GB"}) as server, contextlib.ExitStack() as stack:
@@ -333,7 +664,7 @@ def main() -> None:
                                               conf={"spark.jars": ",".join(jars), **cluster_conf}))
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute(TABLE)
-        if args.only != "apply":
+        if "snapshot" in only:
             with psycopg.connect(server.dsn, autocommit=True) as conn:
                 for start in range(0, rows, 500_000):
                     conn.execute(FILL.format(table="big"), (start, min(rows, start + 500_000) - 1))
@@ -369,29 +700,31 @@ def main() -> None:
                 figures.update(jdbc_rows_per_s=round(jdbc), snapshot_ratio_vs_jdbc=round(snapshot_rate / jdbc, 2))
                 print(f"  Spark JDBC reader into Iceberg   {jdbc:>12,.0f} rows/s  "
                       f"(pgcdc is {snapshot_rate / jdbc:.1f}x)  {jdbc_cpu}", flush=True)
-        if args.only != "snapshot":
+        if "commit-cost" in only:
+            commit_cost(spark, store, commit_applies, figures)
+        if "apply" in only:
             next_id = 1
-            for writer_kind in writers:
-                for deletes in deletes_kinds if writer_kind == "delta" else ["position"]:
-                    base = writer_kind if deletes == "position" else f"{writer_kind}_{deletes}"
-                    for tags in tag_settings:
-                        label = base if len(tag_settings) == 1 else \
-                            f"{base}_tags_{'off' if tags is None else f'{tags:g}s'}"
-                        next_id = apply_phases(server, spark, store, writer_kind, phase_seconds, next_id, roots,
-                                               figures, deletes=deletes, consistent_seconds=tags, label=label)
-                    if len(tag_settings) > 1 and None in tag_settings:
-                        off = figures[f"apply_rows_per_s_{base}_tags_off"]
-                        for tags in (t for t in tag_settings if t is not None):
-                            key = f"{base}_tags_{tags:g}s"
-                            ratio = figures[f"apply_rows_per_s_{key}"] / off if off else None
-                            figures[f"apply_ratio_vs_no_tags_{key}"] = None if ratio is None else round(ratio, 2)
-                            print(f"{label_text(writer_kind, deletes, tags)}: apply rate {ratio:.2f}x of no tags",
-                                  flush=True)
-            if "delta" in writers and len(deletes_kinds) == 2 and len(tag_settings) == 1:
-                ratio = figures["apply_rows_per_s_delta"] / figures["apply_rows_per_s_delta_equality"]
-                figures["apply_ratio_position_vs_equality"] = round(ratio, 2)
-                print(f"delta writer: deleting by position (the default) applies {ratio:.2f}x as fast as by equality",
-                      flush=True)
+            python_gc = PythonGc()
+            print(f"machine at the start of the apply phases: load {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+                  "cores", flush=True)
+            for setting in settings:
+                label = apply_label(setting, settings)
+                next_id = apply_phases(server, spark, store, setting, phase_seconds, args.repeat, next_id, roots,
+                                       python_gc, figures, label)
+            by_writer = {s.writer: apply_label(s, settings) for s in settings if s.deletes == "position"}
+            equality = [s for s in settings if s.writer == "delta" and s.deletes == "equality"]
+            if "delta" in by_writer and len(equality) == 1 and len(settings) <= 3:
+                position_rate = figures.get(f"apply_rows_per_s_{by_writer['delta']}")
+                equality_rate = figures.get(f"apply_rows_per_s_{apply_label(equality[0], settings)}")
+                if position_rate and equality_rate:
+                    figures["apply_ratio_position_vs_equality"] = round(position_rate / equality_rate, 2)
+                    print(f"delta writer: deleting by position (the default) applies {position_rate / equality_rate:.2f}x "
+                          "as fast as by equality", flush=True)
+            if {"delta", "merge"} <= by_writer.keys():
+                delta, merge = (figures.get(f"apply_rows_per_s_{by_writer[w]}") for w in ("delta", "merge"))
+                if delta and merge:
+                    figures["apply_ratio_vs_merge"] = round(delta / merge, 2)
+                    print(f"row-delta writer: {delta / merge:.2f}x the MERGE writer's apply rate", flush=True)
         spark.stop()
     shutil.rmtree(warehouse, ignore_errors=True)
     print(json.dumps({**figures, "notes": notes}))

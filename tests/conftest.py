@@ -4,6 +4,9 @@ example), one Spark per session.
 ``PGCDC_TEST_DSN`` points the suite at an external server instead of the embedded
 PostgreSQL 18 (e.g. ``host=/var/run/postgresql user=postgres dbname=postgres``);
 tests that need a newer server than that one skip with the reason.
+
+``PGCDC_TEST_PURE_PYTHON=1`` runs every test with pgcdc's optional C modules switched off (the pure-Python
+paths, as where they cannot be built); the ``accelerators`` fixture runs a test both ways.
 """
 
 from __future__ import annotations
@@ -183,6 +186,38 @@ def fresh_database(server: TestServer) -> Iterator[TestDatabase]:
         drop_database(server, name)
 
 
+def switch_off_accelerators(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pgcdc's optional C modules off for one test: the pure-Python paths run, as where they are not built."""
+    import sys
+
+    from pgcdc.pgoutput import tuple_store
+    from pgcdc.types import decoding
+
+    decoder = sys.modules["pgcdc.pgoutput.decode"]
+    monkeypatch.setattr(decoder, "_parse_change_c", None)
+    monkeypatch.setattr(decoder, "_parse_raw_c", None)
+    monkeypatch.setattr(tuple_store, "accelerator", None)
+    monkeypatch.setattr(decoding, "accelerator", None)
+
+
+@pytest.fixture(autouse=True)
+def _pure_python_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.environ.get("PGCDC_TEST_PURE_PYTHON") == "1":
+        switch_off_accelerators(monkeypatch)
+
+
+@pytest.fixture(params=["C", "python"])
+def accelerators(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with pgcdc's C modules (where built) and with the pure-Python paths."""
+    from pgcdc.pgoutput import tuple_store
+
+    if request.param == "python":
+        switch_off_accelerators(monkeypatch)
+    elif tuple_store.accelerator is None:
+        pytest.skip("the C modules are not built here")
+    return request.param
+
+
 @pytest.fixture
 def pg(pg_server: TestServer) -> Iterator[TestDatabase]:
     """A fresh, empty database for one test, dropped afterwards with its slots."""
@@ -236,6 +271,38 @@ def iceberg_namespace(spark) -> str:
     return namespace
 
 
+# The object storage tests' servers (tests/objectstore/), each started once in a test process, when a test first
+# asks for it, and shared by every module that does: one local S3 server with one bucket, and each catalog on it
+# (JDBC; REST, whose server is a JVM). A parallel run keeps each catalog's tests in one worker (the xdist_group
+# s3-jdbc or s3-rest), so that each catalog starts once in the run.
+
+@pytest.fixture(scope="session")
+def s3():
+    from objectstore_support import BUCKET, s3_server
+
+    with s3_server() as server:
+        server.create_bucket(BUCKET)
+        yield server
+
+
+@pytest.fixture(scope="session")
+def jdbc_store(pg_server: TestServer, s3):
+    """Iceberg's JDBC catalog in a database of the server under test, its tables in ``s3a://pgcdc-mirrors/jdbc``."""
+    from objectstore_support import BUCKET, jdbc_catalog
+
+    with jdbc_catalog(pg_server, s3, BUCKET) as setup:
+        yield setup
+
+
+@pytest.fixture(scope="session")
+def rest_store(pg_server: TestServer, s3):
+    """A REST catalog (over a JDBC catalog of its own), its tables in ``s3a://pgcdc-mirrors/rest``."""
+    from objectstore_support import BUCKET, rest_catalog
+
+    with rest_catalog(pg_server, s3, BUCKET) as setup:
+        yield setup
+
+
 @pytest.fixture
 def warehouse_dir(tmp_path: Path) -> Path:
     path = tmp_path / "warehouse"
@@ -264,29 +331,41 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before -m selects by these marks, and before xdist reads the xdist_group ones
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        # Mark by the fixtures a test uses, so `-m "not spark"` selects the fast suite without bookkeeping.
+        # Mark by the fixtures a test uses, so that `-m "not spark and not postgres"` (make test-fast) selects the
+        # tests that start neither; a test that starts one another way (a `pgcdc` command that copies or streams,
+        # an EmbeddedPostgres of its own, a Spark in a subprocess) carries the mark itself.
         names = set(getattr(item, "fixturenames", ()))
         if names & {"spark", "iceberg_namespace"}:
             item.add_marker(pytest.mark.spark)
         if names & {"pg", "pg_module", "pg_server", "pg_factory"}:
             item.add_marker(pytest.mark.postgres)
-        # A module's XDIST_GROUP_BY names a module-scoped parametrized fixture that is costly to set up: the
-        # tests of each of its values run in one worker of a parallel run, so that it is set up once there.
-        grouped_by = getattr(getattr(item, "module", None), "XDIST_GROUP_BY", None)
+        # A module's XDIST_GROUP_BY names a parametrized fixture that is costly to set up: the tests of each of its
+        # values run in one worker of a parallel run, so that it is set up once there. The group is named
+        # XDIST_GROUP-value (the module's name by default): modules whose servers are the same name the same group.
+        module = getattr(item, "module", None)
+        grouped_by = getattr(module, "XDIST_GROUP_BY", None)
         callspec = getattr(item, "callspec", None)
         if grouped_by and callspec is not None and grouped_by in callspec.params:
-            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}-{callspec.params[grouped_by]}"))
+            group = getattr(module, "XDIST_GROUP", module.__name__)
+            item.add_marker(pytest.mark.xdist_group(f"{group}-{callspec.params[grouped_by]}"))
 
 
 class LongestFirst:
-    """Parallel runs hand out tests in collection order (make test: ``--dist loadgroup --no-loadscope-reorder``):
-    the tests that take minutes go first, so that none of them starts last and runs alone at the end, then
-    the other slow ones. A run in one process keeps pytest's order, which sets each module's fixtures up once."""
+    """Parallel runs hand out tests in collection order (make test: ``--dist loadgroup --no-loadscope-reorder``;
+    a group of tests goes where its first test is): the tests that take minutes go first, the longest of them
+    (``long(minutes)``) before the others, so that none of them starts last and runs alone at the end, then the
+    other slow ones. A run in one process keeps pytest's order, which sets each module's fixtures up once."""
+
+    @staticmethod
+    def minutes(item: pytest.Item) -> float:
+        long = item.get_closest_marker("long")
+        if long is not None:
+            return float(long.args[0]) if long.args else 1.0
+        return 0.5 if item.get_closest_marker("slow") else 0.0
 
     @pytest.hookimpl(trylast=True)  # after pytest has grouped the tests that share a module's fixtures
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        items.sort(key=lambda item: 0 if item.get_closest_marker("long") else 1 if item.get_closest_marker("slow")
-                   else 2)
+        items.sort(key=lambda item: -self.minutes(item))  # stable: collection order among equals
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -7,6 +7,7 @@ JDBC catalog. The Makefile's test path installs them all.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ from pgcdc.local_object_store import (
 )
 
 REST_SERVER_SOURCE = Path(__file__).with_name("objectstore") / "RestCatalogServer.java"
+BUCKET = "pgcdc-mirrors"  # the shared S3 server's bucket (conftest.py)
 
 
 def require_object_store() -> None:
@@ -50,6 +52,30 @@ def jdbc_catalog(server, s3: S3Server, bucket: str) -> contextlib.AbstractContex
     return local_object_store.jdbc_catalog(server.dsn, s3, bucket)
 
 
+def compiled_rest_server(javac: str, classpath: str) -> Path:
+    """``RestCatalogServer.java`` compiled against ``classpath``: once per source, JDK and jar set, kept beside the
+    suite's JVM class archive (a few seconds of CPU and ~15 s of a busy machine's time saved in each later run)."""
+    from jvm_class_archive import archive_directory
+
+    parts = [REST_SERVER_SOURCE.read_text(), os.path.realpath(javac), classpath]
+    for entry in classpath.split(os.pathsep):
+        for jar in sorted(Path(entry).parent.glob(Path(entry).name)) if "*" in entry else [Path(entry)]:
+            with contextlib.suppress(OSError):
+                parts.append(f"{jar}:{jar.stat().st_size}")
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+    classes = archive_directory() / f"rest-catalog-server-{digest}"
+    if not classes.is_dir():
+        classes.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f"{classes.name}.", dir=classes.parent))
+        subprocess.run([javac, "-nowarn", "-cp", classpath, "-d", str(work), str(REST_SERVER_SOURCE)], check=True,
+                       capture_output=True, timeout=300)
+        try:
+            work.rename(classes)  # whole or not at all; a worker that compiled it at the same time keeps its own
+        except OSError:
+            shutil.rmtree(work, ignore_errors=True)
+    return classes
+
+
 @contextlib.contextmanager
 def rest_catalog(server, s3: S3Server, bucket: str) -> Iterator[CatalogSetup]:
     """A REST catalog (``RestCatalogServer.java``) over a JDBC catalog in a database of the server under test,
@@ -66,18 +92,18 @@ def rest_catalog(server, s3: S3Server, bucket: str) -> Iterator[CatalogSetup]:
 
     classpath = os.pathsep.join([str(iceberg_runtime_jar()), str(Path(pyspark.__file__).parent / "jars" / "*"),
                                  *object_store_jars()])
+    classes = compiled_rest_server(javac, classpath)
     name = f"iceberg_rest_{os.getpid()}"
     uri = catalog_database(server.dsn, name)
     token = f"rest-token-{uuid.uuid4().hex}"
     with tempfile.TemporaryDirectory(prefix="pgcdc-rest-") as work:
-        subprocess.run([javac, "-nowarn", "-cp", classpath, "-d", work, str(REST_SERVER_SOURCE)], check=True,
-                       capture_output=True, timeout=300)
         properties = Path(work) / "catalog.properties"
         settings = {"uri": uri, "jdbc.user": dsn_user(server.dsn), "jdbc.schema-version": "V1",
                     "warehouse": f"s3a://{bucket}/rest", "io-impl": "org.apache.iceberg.hadoop.HadoopFileIO",
                     "required-token": token, **s3.hadoop_settings("hadoop.")}
         properties.write_text("".join(f"{k}={v}\n".replace(":", "\\:") for k, v in settings.items()))
-        process = subprocess.Popen([java, "-cp", os.pathsep.join([work, classpath]),
+        # a server of a few minutes' light work: the quick compiler only, as the suite's other JVMs (conftest.py)
+        process = subprocess.Popen([java, "-XX:TieredStopAtLevel=1", "-cp", os.pathsep.join([str(classes), classpath]),
                                     "org.apache.iceberg.rest.RestCatalogServer", str(properties)],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                    text=True)

@@ -25,6 +25,12 @@ from pgcdc.verify import compare_publication
 
 # small enough that the workload's larger transactions are streamed (protocol 2+) while in progress
 STREAMING_SETTINGS = "-c logical_decoding_work_mem=64kB"
+# What a fault test's workload rests between its transactions (Workload): 10 to 20 transactions a second keep
+# changes of every kind in flight at each kill and fault. A flood proves nothing more, and costs: every change is
+# decoded, applied (again after each restart) and compared at the end, and a slower machine, whose fault tests
+# take longer, wrote more of them. make soak floods.
+STEADY_PAUSE = 0.05
+FLOOD_PAUSE = 0.005
 
 
 def run_in_background(pipeline: Pipeline) -> tuple[threading.Thread, list[BaseException]]:
@@ -85,7 +91,7 @@ class Workload:
 
     dsn: str
     seed: int = 7
-    pause: float = 0.005
+    pause: float = STEADY_PAUSE
     survive_disconnects: bool = False
     errors: list[BaseException] = field(default_factory=list)
     transactions: int = 0
@@ -317,7 +323,7 @@ def mirror_mixed_workload(pg, spark, **overrides) -> Pipeline:
 
 
 def crash_loop(pg, spark, rounds: list[str | None], seed: int, *, aim_timeout: float = 60,
-               workload_pause: float = 0.005, copied_first: bool = False, **overrides) -> list[str]:
+               workload_pause: float = STEADY_PAUSE, copied_first: bool = False, **overrides) -> list[str]:
     """SIGKILL ``pgcdc run`` at each of ``rounds`` (an injection point spec, or None for a random instant) under
     a steady mixed workload, restart it each time, and prove that every mirror equals its source row for row;
     returns every run's output. An aimed kill not fired within ``aim_timeout`` seconds is sent at random; the

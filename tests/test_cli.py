@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import psycopg
 import pytest
 
+from cli_support import run_pgcdc
 from pgcdc.embedded import EmbeddedPostgres
 
 SECRET = "s3cret-Passw0rd"
 
 
 def pgcdc(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pgcdc.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})
+    return run_pgcdc(*args, timeout=timeout, env={"COLUMNS": "200", **(env or {})})
 
 
 def _output(result: subprocess.CompletedProcess[str]) -> str:
@@ -82,6 +80,7 @@ def test_check_reports_problems_with_fixes_and_exit_3(pg):
     assert "ready" in ok.stdout and "append-only" in ok.stdout
 
 
+@pytest.mark.postgres  # a server of its own
 def test_check_names_wal_level_on_a_server_without_logical_decoding():
     with EmbeddedPostgres(settings={"wal_level": "replica"}) as server:
         with psycopg.connect(server.dsn, autocommit=True) as conn:
@@ -143,6 +142,7 @@ def test_decode_file_of_hex_payloads(tmp_path):
     assert "Begin" in result.stderr and "offset" in result.stderr
 
 
+@pytest.mark.postgres  # `pgcdc embedded start` starts one
 def test_embedded_start_and_stop():
     started = pgcdc("embedded", "start")
     assert started.returncode == 0, _output(started)
@@ -170,6 +170,8 @@ def test_config_file_and_environment_feed_options(pg, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.spark  # `pgcdc demo` starts both
 def test_demo_reports_every_mirror_equal(tmp_path):
     result = pgcdc("demo", "--rows", "200", "--large-transaction-rows", "3000", timeout=900)
     assert result.returncode == 0, _output(result)[-4000:]

@@ -7,12 +7,12 @@ import os
 import shlex
 import stat
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from cli_support import run_pgcdc
 from pgcdc import ConfigError
 from pgcdc.secrets import holds_secret, is_secret_setting, redact, register_conf_secrets
 from pgcdc.spark.destination import Destination
@@ -99,12 +99,10 @@ def test_secret_settings_are_recognised_by_name_and_removed_from_any_text():
 def test_secrets_never_shown_through_the_command_line_even_with_debug(tmp_path):
     secret, password = "s3-secret-never-shown-1", "catalog-password-never-shown-2"
     # refused before Spark starts (no catalog address): the error and --debug's traceback hold no secret
-    result = subprocess.run(
-        [sys.executable, "-m", "pgcdc.cli", "--debug", "--log-level", "debug", "run", "--dsn", "dbname=x",
-         "-p", "pub", "--warehouse", "s3a://bucket/m", "--catalog-type", "jdbc",
-         "--conf", f"spark.hadoop.fs.s3a.secret.key={secret}",
-         "--conf", f"spark.sql.catalog.pgcdc.jdbc.password={password}"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    result = run_pgcdc(
+        "--debug", "--log-level", "debug", "run", "--dsn", "dbname=x", "-p", "pub", "--warehouse", "s3a://bucket/m",
+        "--catalog-type", "jdbc", "--conf", f"spark.hadoop.fs.s3a.secret.key={secret}",
+        "--conf", f"spark.sql.catalog.pgcdc.jdbc.password={password}", timeout=120, env={"COLUMNS": "200"})
     text = result.stdout + result.stderr
     assert result.returncode == 2 and "needs its address: --catalog-uri" in text, text
     assert secret not in text and password not in text
@@ -113,10 +111,8 @@ def test_secrets_never_shown_through_the_command_line_even_with_debug(tmp_path):
     config = tmp_path / "pgcdc.toml"
     config.write_text(f'warehouse = "s3a://bucket/m"\ncatalog_type = "rest"\n[spark]\n'
                       f'"spark.sql.catalog.pgcdc.token" = "{secret}"\n')
-    result = subprocess.run(
-        [sys.executable, "-m", "pgcdc.cli", "--debug", "--config", str(config), "snapshot", "--dsn", "dbname=x",
-         "-p", "pub"], capture_output=True, text=True, timeout=120,
-        env={**os.environ, "COLUMNS": "200", "PGCDC_CATALOG_URI": "jdbc:postgresql://h/iceberg"})
+    result = run_pgcdc("--debug", "--config", str(config), "snapshot", "--dsn", "dbname=x", "-p", "pub", timeout=120,
+                       env={"COLUMNS": "200", "PGCDC_CATALOG_URI": "jdbc:postgresql://h/iceberg"})
     text = result.stdout + result.stderr
     assert result.returncode == 2 and "is not the address of a rest catalog" in text, text
     assert secret not in text
@@ -211,10 +207,8 @@ def test_secrets_typed_as_flags_are_named_in_one_warning_and_flags_join_the_conf
     config.write_text('[spark]\n"spark.sql.catalog.pgcdc.type" = "rest"\n')
 
     def run(*flags: str) -> tuple[subprocess.CompletedProcess, str]:
-        result = subprocess.run(
-            [sys.executable, "-m", "pgcdc.cli", "--config", str(config), "run", "--dsn", "dbname=x", "-p", "pub",
-             "--warehouse", "s3a://bucket/m", *flags], capture_output=True, text=True, timeout=120,
-            env={**os.environ, "COLUMNS": "200"})
+        result = run_pgcdc("--config", str(config), "run", "--dsn", "dbname=x", "-p", "pub", "--warehouse",
+                           "s3a://bucket/m", *flags, timeout=120, env={"COLUMNS": "200"})
         return result, result.stdout + result.stderr
 
     result, text = run("--conf", f"spark.hadoop.fs.s3a.secret.key={secret}", "--conf", "spark.ui.enabled=false",

@@ -15,6 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from cli_support import run_pgcdc
 from conftest import TestDatabase
 from pgcdc.spark.destination import Destination
 
@@ -22,8 +23,7 @@ _names = itertools.count(1)
 
 
 def pgcdc(*args: str, timeout: float = 120, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pgcdc.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})}, cwd=cwd)
+    return run_pgcdc(*args, timeout=timeout, env={"COLUMNS": "200", **(env or {})}, cwd=cwd)
 
 
 def output(result: subprocess.CompletedProcess[str]) -> str:
@@ -120,16 +120,20 @@ def test_consume_refuses_the_slot_mirrors_stream_from_unless_forced(db, tmp_path
 
 
 @pytest.mark.long
-def test_consume_refuses_a_slot_a_warehouse_records_unless_forced(db, tmp_path):
+def test_consume_refuses_a_slot_a_warehouse_records_unless_forced(db, spark, tmp_path):
     """A slot of any name backs mirrors when a warehouse's mirrors record it: --consume checks the warehouse
     (--warehouse, else ./warehouse where pgcdc run keeps it by default) and names the mirrors that would lose."""
+    from pgcdc.pipeline import Pipeline, PipelineConfig
+
     table, publication = published_table(db)
     slot = fresh(db, "recorded")
     db.execute(f"INSERT INTO {table} VALUES (1, 'one')")
     try:
-        run = pgcdc("run", "--dsn", db.dsn, "-p", publication, "--slot", slot, "--warehouse",
-                    str(tmp_path / "warehouse"), "--until-caught-up", timeout=600)
-        assert run.returncode == 0, output(run)
+        # the mirrors that record the slot, in a warehouse of their own, made by this process's Spark: the command
+        # under test is decode
+        Pipeline(PipelineConfig(dsn=db.dsn, publication=publication, slot=slot, destination=Destination(
+            warehouse=str(tmp_path / "warehouse"), catalog="recorded")), spark=spark).run(
+            until_caught_up=True, handle_signals=False)
         db.execute(f"INSERT INTO {table} VALUES (2, 'two')")
         pending = peek_types(db, slot, publication)
         assert pending == ["Begin", "Relation", "Insert", "Commit"]
@@ -368,7 +372,6 @@ def every_command() -> list[list[str]]:
             ["decode", "--slot", "s", "-p", "pub"], ["run", "-p", "pub"], ["snapshot", "-p", "pub"]]
 
 
-@pytest.mark.long
 def test_passwords_never_shown_for_any_dsn_shape_through_any_command(tmp_path):
     import socket
 

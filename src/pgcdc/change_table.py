@@ -8,15 +8,17 @@ schema, and :func:`build_change_table` its one builder.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pgcdc.errors import ConversionError, ProtocolError
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import PG_EPOCH_UNIX_MICROS, TupleData
+from pgcdc.pgoutput.tuple_store import GatheredColumn, gather, new_store
+from pgcdc.transactions import ChangeRun
 
 if TYPE_CHECKING:
     from pgcdc.transactions import Change, Transaction
@@ -61,77 +63,113 @@ def change_schema(source: pa.Schema, key_columns: Iterable[str]) -> pa.Schema:
     ])
 
 
-def build_change_table(changes: Iterable[tuple[Transaction, Change]], converter: TableConverter,
-                       key_columns: tuple[str, ...]) -> pa.Table:
-    """Turn one table's changes into the change table :func:`pgcdc.spark.apply.apply_changes` takes."""
+Pending = tuple["Transaction", "Change | ChangeRun"]  # a change, or a run of them, with its transaction
+
+
+def build_change_table(changes: Iterable[Pending], converter: TableConverter, key_columns: tuple[str, ...]
+                       ) -> pa.Table:
+    """Turn one table's changes — single :class:`~pgcdc.transactions.Change` objects or runs of them
+    (:class:`~pgcdc.transactions.ChangeRun`), each with its transaction — into the change table
+    :func:`pgcdc.spark.apply.apply_changes` takes. Runs are gathered column by column from the bytes the server sent,
+    with no Python object per value."""
     relation = converter.relation
     width = len(relation.columns)
     names = [c.name for c in relation.columns]
     key_index = [names.index(k) for k in key_columns if k in names]
-    null_row = TupleData("n" * width, (None,) * width)
 
-    after: list[TupleData] = []
-    before: list[TupleData] = []
-    has_before: list[bool] = []
-    key_changed: list[bool] = []
-    ops: list[str] = []
-    lsns: list[int] = []
-    ordinals: list[int] = []
-    xids: list[int] = []
-    commit_ts: list[int] = []
-    origins: list[str | None] = []
-    for txn, change in changes:
-        op = change.op
-        old = change.old if change.old is not None else change.key
-        if op == "T":
-            new = null_row
-        elif op == "D":
-            new = _fit(old, width) if old is not None else null_row
-        else:
-            new = _fit(change.new, width)
-        after.append(new)
-        before.append(_fit(old, width) if old is not None else null_row)
-        has_before.append(old is not None and op in ("U", "D"))
-        key_changed.append(op == "U" and old is not None and bool(key_index) and any(
-            old.kinds[i] != "u" and (old.kinds[i], old.values[i]) != (new.kinds[i], new.values[i])
-            for i in key_index))
-        ops.append(op)
-        lsns.append(int(txn.commit_lsn))
-        ordinals.append(change.ordinal)
-        xids.append(txn.xid)
-        commit_ts.append(txn.commit_ts)
-        origins.append(txn.origin)
+    pieces: list[tuple[object, np.ndarray | None]] = []
+    ordinals: list[np.ndarray | list[int]] = []
+    transactions: list[Transaction] = []
+    counts: list[int] = []
+    packed = packed_txn = None  # single changes in a row of one transaction share a store
+    for txn, item in changes:
+        if isinstance(item, ChangeRun):
+            if len(item) == 0:
+                continue
+            packed = None
+            pieces.append((item.store, item.selection))
+            ordinals.append(item.ordinal_array())
+            transactions.append(txn)
+            counts.append(len(item))
+            continue
+        if packed is None or packed_txn is not txn:
+            packed, packed_txn = new_store(width), txn
+            pieces.append((packed, None))
+            ordinals.append([])
+            transactions.append(txn)
+            counts.append(0)
+        _pack(packed, item, width)
+        ordinals[-1].append(item.ordinal)  # type: ignore[union-attr]
+        counts[-1] += 1
+    gathered = gather(pieces, width, key_index)
+    rows = len(gathered.ops)
 
-    lsn_for_errors = Lsn(max(lsns)) if lsns else None
-    after_rows = converter.convert(after, lsn=lsn_for_errors)
-    before_rows = converter.convert(before, lsn=lsn_for_errors)
-    unchanged_lists: list[list[str]] = [[] for _ in after]
-    for column, mask in after_rows.unchanged.items():
-        for row, flag in enumerate(mask.to_pylist()):
-            if flag:
-                unchanged_lists[row].append(column)
+    lsns = np.repeat(np.array([int(t.commit_lsn) for t in transactions], np.int64), counts)
+    lsn_for_errors = Lsn(int(lsns.max())) if rows else None
+    after_rows = converter.convert_split(*_columns(gathered.after, rows), lsn=lsn_for_errors)
+    before_rows = converter.convert_split(*_columns(gathered.before, rows), lsn=lsn_for_errors)
 
     source = converter.arrow_schema
     schema = change_schema(source, key_columns)
-    no_before = pa.array([not flag for flag in has_before], pa.bool_())
+    no_before = pa.array(np.frombuffer(gathered.has_before, np.bool_) == 0, pa.bool_())
     before_struct = pa.StructArray.from_arrays(before_rows.batch.columns, fields=list(source), mask=no_before)
     old_key_type = schema.field(C.OLD_KEY).type
     old_key = pa.StructArray.from_arrays(
         [before_rows.batch.column(source.get_field_index(f.name)) for f in old_key_type], fields=list(old_key_type),
-        mask=pa.array([not flag for flag in key_changed], pa.bool_())) if old_key_type.num_fields else (
-        pa.nulls(len(after), old_key_type))
+        mask=pa.array(np.frombuffer(gathered.key_changed, np.bool_) == 0, pa.bool_())) if old_key_type.num_fields \
+        else pa.nulls(rows, old_key_type)
+    origins = [t.origin for t in transactions]
     return pa.Table.from_arrays([
         *after_rows.batch.columns,
-        pa.array(ops, pa.string()),
+        pa.Array.from_buffers(pa.binary(1), rows, [None, pa.py_buffer(gathered.ops)]).cast(pa.string()),
         pa.array(lsns, pa.int64()),
-        pa.array(ordinals, pa.int64()),
-        pa.array(unchanged_lists, pa.list_(pa.string())),
+        pa.array(np.concatenate([np.asarray(o, np.int64) for o in ordinals]) if ordinals else np.empty(0, np.int64),
+                 pa.int64()),
+        _unchanged_lists(after_rows.unchanged, rows),
         old_key,
-        pa.array(xids, pa.int64()),
-        pc.add(pa.array(commit_ts, pa.int64()), PG_EPOCH_UNIX_MICROS).cast(pa.timestamp("us", tz="UTC")),
-        pa.array(origins, pa.string()),
+        pa.array(np.repeat(np.array([t.xid for t in transactions], np.int64), counts), pa.int64()),
+        pa.array(np.repeat(np.array([t.commit_ts for t in transactions], np.int64), counts) + PG_EPOCH_UNIX_MICROS,
+                 pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        pa.nulls(rows, pa.string()) if all(origin is None for origin in origins) else
+        pa.array(origins, pa.string()).take(pa.array(np.repeat(np.arange(len(origins)), counts))),
         before_struct,
     ], schema=schema)
+
+
+def _pack(store: object, change: Change, width: int) -> None:
+    """A single change into a store, as a run of one."""
+    if change.op == "T":
+        store.add("T", None, None, None, change.ordinal, -1)  # type: ignore[attr-defined]
+        return
+    for image in (change.new, change.old, change.key):
+        _fit(image, width)
+    store.add(change.op, change.new, change.old, change.key, change.ordinal, -1)  # type: ignore[attr-defined]
+
+
+def _columns(gathered: list[GatheredColumn], rows: int) -> tuple[list, list[bytes]]:
+    """Gathered columns as the converter takes them: Arrow binary arrays (gathered in C) or lists, and kinds."""
+    values: list = []
+    for column in gathered:
+        if column.buffers is None:
+            values.append(column.values)
+            continue
+        offsets, offset_width, data, validity, nulls = column.buffers
+        values.append(pa.Array.from_buffers(pa.large_binary() if offset_width == 8 else pa.binary(), rows,
+                                            [pa.py_buffer(validity) if nulls else None, pa.py_buffer(offsets),
+                                             pa.py_buffer(data)], null_count=nulls))
+    return values, [column.kinds for column in gathered]
+
+
+def _unchanged_lists(unchanged: dict[str, pa.BooleanArray], rows: int) -> pa.Array:
+    """Per row, the names of its columns holding an unchanged TOAST value (in column order)."""
+    names = list(unchanged)
+    if not names:
+        return pa.ListArray.from_arrays(pa.array(np.zeros(rows + 1, np.int32)), pa.array([], pa.string()))
+    flags = np.stack([unchanged[name].to_numpy(zero_copy_only=False) for name in names], axis=1)
+    row, column = np.nonzero(flags)
+    offsets = np.zeros(rows + 1, np.int32)
+    np.cumsum(np.bincount(row, minlength=rows), out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(names, pa.string()).take(pa.array(column)))
 
 
 def _fit(tuple_data: TupleData | None, width: int) -> TupleData:
@@ -173,7 +211,7 @@ def copied_rejects(rows: list[tuple[str, tuple[tuple[str, str | None], ...]]], c
         schema=REJECTS_SCHEMA)
 
 
-def build_change_table_setting_aside(changes: list[tuple[Transaction, Change]], converter: TableConverter,
+def build_change_table_setting_aside(changes: list[Pending], converter: TableConverter,
                                      key_columns: tuple[str, ...]) -> tuple[list[pa.Table], pa.Table | None]:
     """:func:`build_change_table`, with the changes whose values cannot be converted set aside whole and raw:
     returns the change tables of the others and one table of the rejected (:data:`REJECTS_SCHEMA`), or None.
@@ -181,14 +219,44 @@ def build_change_table_setting_aside(changes: list[tuple[Transaction, Change]], 
     try:
         return [build_change_table(changes, converter, key_columns)], None
     except ConversionError as exc:
-        if len(changes) == 1:
-            txn, change = changes[0]
+        if _count(changes) == 1:
+            txn, change = next(expanded(changes))
             return _removal(txn, change, converter, key_columns), rejected_changes([(txn, change, str(exc))], converter)
-        middle = len(changes) // 2
-        first, first_rejected = build_change_table_setting_aside(changes[:middle], converter, key_columns)
-        second, second_rejected = build_change_table_setting_aside(changes[middle:], converter, key_columns)
+        first_half, second_half = _halves(changes)
+        first, first_rejected = build_change_table_setting_aside(first_half, converter, key_columns)
+        second, second_rejected = build_change_table_setting_aside(second_half, converter, key_columns)
         rejected = [t for t in (first_rejected, second_rejected) if t is not None]
         return first + second, pa.concat_tables(rejected) if rejected else None
+
+
+def _count(changes: list[Pending]) -> int:
+    return sum(len(item) if isinstance(item, ChangeRun) else 1 for _, item in changes)
+
+
+def _halves(changes: list[Pending]) -> tuple[list[Pending], list[Pending]]:
+    """Two halves of the changes: of the list, or of its one run."""
+    changes = [(txn, item) for txn, item in changes if not isinstance(item, ChangeRun) or len(item)]
+    if len(changes) > 1:
+        middle = len(changes) // 2
+        return changes[:middle], changes[middle:]
+    [(txn, run)] = changes
+    assert isinstance(run, ChangeRun)
+    middle = len(run) // 2
+    return [(txn, run.part(0, middle))], [(txn, run.part(middle, len(run)))]
+
+
+def expanded(changes: Iterable[Pending]) -> Iterator[tuple[Transaction, Change]]:
+    """Each change as a :class:`~pgcdc.transactions.Change` object (runs taken apart), with its transaction."""
+    from pgcdc.transactions import Change
+
+    for txn, item in changes:
+        if not isinstance(item, ChangeRun):
+            yield txn, item
+            continue
+        selection = range(len(item.store)) if item.selection is None else item.selection.tolist()
+        for index, ordinal in zip(selection, item.ordinal_array().tolist(), strict=True):
+            op, _, _, new, old, key = item.store.change(index)
+            yield txn, Change(txn.commit_lsn, ordinal, op, item.relation, new=new, old=old, key=key)
 
 
 def _removal(txn: Transaction, change: Change, converter: TableConverter, key_columns: tuple[str, ...]
@@ -218,14 +286,14 @@ def _removal(txn: Transaction, change: Change, converter: TableConverter, key_co
         return []
 
 
-def first_unconvertible(changes: list[tuple[Transaction, Change]], converter: TableConverter,
+def first_unconvertible(changes: list[Pending], converter: TableConverter,
                         key_columns: tuple[str, ...]) -> tuple[Transaction, Change, ConversionError] | None:
     """The first change of ``changes`` whose values cannot be converted, with its error (None: every one can)."""
     _, rejected = build_change_table_setting_aside(changes, converter, key_columns)
     if rejected is None:
         return None
     lsn, ordinal = rejected.column("commit_lsn_value")[0].as_py(), rejected.column("ordinal")[0].as_py()
-    for txn, change in changes:
+    for txn, change in expanded(changes):
         if int(txn.commit_lsn) == lsn and change.ordinal == ordinal:
             return txn, change, ConversionError(rejected.column("error")[0].as_py())
     return None

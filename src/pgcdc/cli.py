@@ -383,7 +383,8 @@ def run(
     batch_rows: Annotated[int, typer.Option("--batch-rows", envvar="PGCDC_BATCH_ROWS",
                                             help="Apply a batch at this many changes.")] = _CONFIG.batch_max_rows,
     batch_seconds: Annotated[float, typer.Option("--batch-seconds", envvar="PGCDC_BATCH_SECONDS",
-                                                 help="... or when its oldest change is this old.")
+                                                 help="... or this many seconds after the batch before it, "
+                                                      "once that one is applied (the batch clock).")
                      ] = _CONFIG.batch_max_seconds,
     changelog: Annotated[bool, typer.Option("--changelog", envvar="PGCDC_CHANGELOG",
                                             help="Also append every change to <table>__changes.")] = False,

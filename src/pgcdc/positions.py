@@ -196,6 +196,7 @@ class PositionRecording:
         self._store, self._identifier = store, identifier
         self._before, self._upto, self._held, self._whole = before, upto, held, whole
         self._deferred = deferred
+        self._written = False
 
     def __enter__(self) -> PositionRecording:
         if not self._deferred:
@@ -208,8 +209,13 @@ class PositionRecording:
                 and self._store.exists(self._identifier):
             self._store.record(self._identifier, self._before, pending=self._upto)
 
+    def written_by_commit(self) -> None:
+        """The commit set the property itself, in its own metadata commit (:func:`commit_properties`): exact, and
+        nothing is left to write — reading the table back to find that out would cost a batch two table loads."""
+        self._written = True
+
     def __exit__(self, exc_type: object, *rest: object) -> None:
-        if exc_type is not None:
+        if exc_type is not None or self._written:
             return  # a pending mark stays: whether the commit landed is read from the table on the next try
         held = self._held()
         if held is not None and self._store.exists(self._identifier):

@@ -215,7 +215,7 @@ MAINTAIN_EAGERLY = ("--maintenance-interval", "0", "--compact-data-files", "2", 
                     "--snapshots-kept", "1", "--snapshot-retention-minutes", "0", "--changelog")
 
 
-@pytest.mark.long
+@pytest.mark.long(5)
 def test_killed_during_and_right_after_maintenance_steps_loses_and_duplicates_nothing(pg, spark):
     pg.server.require(15, "two-phase decoding")
     prepare_source(pg, rows=200)
@@ -240,7 +240,7 @@ def test_killed_during_and_right_after_maintenance_steps_loses_and_duplicates_no
     print(f"kills survived: {fired}; {figures}")
 
 
-@pytest.mark.long
+@pytest.mark.long(3)
 @pytest.mark.parametrize("deletes", ["equality", "position"])
 def test_maintenance_beside_or_between_the_row_delta_writers_applies(pg, spark, caplog, deletes):
     """Equality deletes name keys, which a compaction keeps reaching: batches commit while pgcdc's own
@@ -275,7 +275,7 @@ def test_maintenance_beside_or_between_the_row_delta_writers_applies(pg, spark, 
             return bool(applied_during_maintenance())
         return len(maintenances()) >= 4
 
-    with caplog.at_level(logging.INFO, logger="pgcdc.spark.maintenance"), Workload(pg.dsn, seed=5, pause=0.01):
+    with caplog.at_level(logging.INFO, logger="pgcdc.spark.maintenance"), Workload(pg.dsn, seed=5):
         runner, failures = run_in_background(pipeline)
         try:
             wait_for(lambda: bool(failures) or done(), 400,
@@ -314,7 +314,7 @@ def test_a_concurrent_compaction_job_conflicts_are_retried(pg, spark, caplog):
                 rewrites["failed"] += 1
             stop.wait(0.5)  # a job that runs again and again, leaving Spark's scheduler to the stream between
 
-    with caplog.at_level(logging.WARNING, logger="pgcdc.pipeline"), Workload(pg.dsn, seed=3, pause=0.01):
+    with caplog.at_level(logging.WARNING, logger="pgcdc.pipeline"), Workload(pg.dsn, seed=3):
         runner, failures = run_in_background(pipeline)
         compactor = threading.Thread(target=compact, daemon=True)
         compactor.start()

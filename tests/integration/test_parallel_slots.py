@@ -15,6 +15,7 @@ from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline import Pipeline
 from pipeline_support import (
+    FLOOD_PAUSE,
     Workload,
     assert_mirrors_equal,
     pipeline_config,
@@ -88,7 +89,7 @@ def test_two_slots_stream_one_warehouse_at_once_and_one_crashes(pg, spark):
     runs = {"first": start_streaming(first, *options, timeout=300)}
     try:
         runs["second"] = start_streaming(second, *options, timeout=300)
-        with Workload(pg.dsn, seed=5) as workload:
+        with Workload(pg.dsn, seed=5, pause=FLOOD_PAUSE) as workload:
             wait_for_transactions(workload, 40)
             with psycopg.connect(pg.dsn, autocommit=True) as conn:
                 mark = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])

@@ -82,7 +82,7 @@ def unreferenced_files(spark, pipeline: Pipeline) -> list[Path]:
     return found
 
 
-@pytest.mark.long
+@pytest.mark.long(3)
 def test_copy_and_stream_on_a_standalone_cluster_survive_lost_executors(pg, spark, cluster):
     """``pgcdc run --master spark://…``: every executor is killed while the copy's tasks write their data files,
     and again while a batch is applied; Spark runs the lost tasks again on the executors the workers start in

@@ -1,19 +1,22 @@
 """Mirrors on object storage behind real Iceberg catalogs: S3 (a local S3 server, Hadoop's s3a client) with
-Iceberg's JDBC catalog and with a REST catalog. The mixed workload and a crash loop run against each, every
-mirror compared row for row; the initial copy's tasks write their Parquet files to S3 themselves; no secret
-(the S3 secret key, the catalog's password or token) shows in any output."""
+Iceberg's JDBC catalog and with a REST catalog. The mixed workload runs against each, a crash loop against the
+REST catalog (the JDBC catalog's: make soak), every mirror compared row for row; the initial copy's tasks write
+their Parquet files to S3 themselves; no secret (the S3 secret key, the catalog's password or token) shows in
+any output. The servers are shared with the other object storage tests (conftest.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from objectstore_support import jdbc_catalog, require_object_store, rest_catalog, s3_server
+from cli_support import run_pgcdc
+from objectstore_support import BUCKET, require_object_store
+from pgcdc.pipeline import Pipeline
 from pgcdc.spark.destination import Destination
+from pgcdc.spark.maintenance import MaintenancePolicy, maintain_table
 from pgcdc.spark.mirror import MirrorCatalog
 from pipeline_support import (
     SHOP_TABLES,
@@ -24,30 +27,30 @@ from pipeline_support import (
     pipeline_config,
 )
 from pyiceberg_reader import assert_reads_alike, jdbc_catalog_table
+from start_support import JavaStarts, assert_read_alike, run_until_caught_up
 
 pytestmark = pytest.mark.slow
 
-BUCKET = "pgcdc-mirrors"
-XDIST_GROUP_BY = "store"  # each catalog's tests in one worker of a parallel run (conftest.py)
+# each catalog's tests in one worker of a parallel run, with the other modules' on the same catalog: the groups
+# s3-jdbc and s3-rest (conftest.py)
+XDIST_GROUP_BY, XDIST_GROUP = "store", "s3"
 # a lean crash loop: the local-directory suite aims at every window; here each kill restarts a JVM on S3:
 # in the middle of the copy's task writes to S3, and with a batch's files on S3 but not committed
 CRASH_ROUNDS = ["snapshot.copy:2:0.3", "apply.delta-commit:2"]
 SOAK_CRASH_ROUNDS = [*CRASH_ROUNDS, "apply.between-mirrors:1", "apply.before-confirm:1", None]
 
 
-@pytest.fixture(scope="module")
-def s3():
-    with s3_server() as server:
-        server.create_bucket(BUCKET)
-        yield server
-
-
 @pytest.fixture(scope="module", params=["jdbc", "rest"])
-def store(request, pg_server, s3):
-    """One catalog per parameter, on the module's S3 server; both hold their tables in its bucket."""
-    make = jdbc_catalog if request.param == "jdbc" else rest_catalog
-    with make(pg_server, s3, BUCKET) as setup:
-        yield setup
+def store(request):
+    """One catalog per parameter, on the shared S3 server; both hold their tables in its bucket."""
+    return request.getfixturevalue(f"{request.param}_store")
+
+
+def assert_pyiceberg_reads_alike(spark, mirrors: MirrorCatalog, store, s3) -> None:
+    """A reader that is not pgcdc, through the JDBC catalog: PyIceberg reads every mirror as Spark does."""
+    for schema_table in SHOP_TABLES:
+        identifier = mirrors.identifier_for(*schema_table.split("."))
+        assert assert_reads_alike(spark, identifier, jdbc_catalog_table(store, s3, identifier)) > 0
 
 
 def secrets_of(setup, s3) -> list[str]:
@@ -71,9 +74,24 @@ def test_mixed_workload_mirrors_equal_source_on_s3(pg, spark, s3, store):
     created_by = {pq.ParquetFile(f.file_path.split("://", 1)[1], filesystem=filesystem).metadata.created_by
                   for f in files}
     assert all("parquet-cpp-arrow" in c for c in created_by), created_by
+    if store.catalog_type == "jdbc":  # (the REST catalog's: after its crash loop, by `pgcdc maintain`)
+        # maintained through the same catalog, every snapshot but the newest expired: the position and rows stay
+        position = pipeline.mirrors.positions.read(customers)
+        maintained = maintain_table(spark, customers, pipeline.mirrors.positions.carried(customers),
+                                    MaintenancePolicy(snapshots_kept=1, snapshot_max_age_seconds=0))
+        assert maintained.after is not None and maintained.after.snapshots == 1, maintained
+        assert MirrorCatalog(spark, pipeline.config.destination).positions.read(customers) == position
+        assert_mirrors_equal(pipeline.config, spark, pg.dsn, SHOP_TABLES)
+        assert_pyiceberg_reads_alike(spark, pipeline.mirrors, store, s3)
 
 
-@pytest.mark.long
+# One catalog's crash loop is enough for make test: the kills land before the catalog is asked to commit (in the
+# copy's writes to S3, and between a batch's files and its commit), and what follows a restart goes through the
+# catalog as every commit does. REST covers more: a catalog server of its own, over a JDBC catalog, with a token.
+# The JDBC catalog is killed under in make soak, and its commands run through the CLI in test_stop_on_s3.py and
+# tests/reliability/test_security.py.
+@pytest.mark.long(6)  # with the REST catalog its group (s3-rest) starts first
+@pytest.mark.parametrize("store", ["rest"], indirect=True)
 def test_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store):
     crash_loop_on_s3(pg, spark, s3, store, CRASH_ROUNDS, "crash")
 
@@ -86,28 +104,42 @@ def test_soak_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store
 
 def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) -> None:
     # a run reaches its aim later than on a local directory (a JVM start, then S3 round trips for every commit):
-    # a longer wait for it, and a calmer workload, whose changes are all compared at the end
+    # a longer wait for it
     namespace = f"{name}_{store.catalog_type}"
-    outputs = crash_loop(pg, spark, rounds, seed=20261125, aim_timeout=240, workload_pause=0.05,
-                         namespace=namespace, **store.config_overrides())
+    outputs = crash_loop(pg, spark, rounds, seed=20261125, aim_timeout=240, namespace=namespace,
+                         **store.config_overrides())
     for secret in secrets_of(store, s3):
         assert all(secret not in output for output in outputs)
 
-    # status reads the mirrors back through the same catalog; with --debug nothing secret shows either
+    # status reads the mirrors back through the same catalog; with --debug nothing secret shows either. Beside it
+    # (each starts a JVM: at once, as the machine has the cores), check finds the source ready and the destination
+    # wanting: a bucket that does not exist
     config = pipeline_config(pg, spark, namespace=namespace, **store.config_overrides())
-    status = subprocess.run([sys.executable, "-m", "pgcdc.cli", "--debug", "status", "--dsn", config.dsn,
-                             *catalog_arguments(config), "--namespace", config.destination.namespace, "--json"],
-                            capture_output=True, text=True, timeout=600)
+    arguments = catalog_arguments(config)
+    arguments[arguments.index("--warehouse") + 1] = "s3a://no-such-bucket/mirrors"
+    checking = subprocess.Popen([sys.executable, "-m", "pgcdc.cli", "--debug", "check", "--dsn", config.dsn, "-p",
+                                 config.publication, "--slot", config.slot, *arguments], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        status = run_pgcdc("--debug", "status", "--dsn", config.dsn, *catalog_arguments(config), "--namespace",
+                           config.destination.namespace, "--json", timeout=600)
+        check_out, check_err = checking.communicate(timeout=600)
+    finally:
+        if checking.poll() is None:
+            checking.kill()
+            checking.wait()
     assert status.returncode == 0, status.stderr[-3000:]
     assert '"shop.customers"' in status.stdout
     positions = {m["mirror"]: (m["lsn"], m["rows"]) for m in json.loads(status.stdout)["mirrors"]}
+    assert checking.returncode == 3, check_out + check_err[-3000:]
+    said = " ".join(check_out.split())  # as one line, however the terminal wrapped it
+    assert "the bucket 'no-such-bucket' of --warehouse s3a://no-such-bucket/mirrors does not exist" in said, said
 
     # maintain one mirror through the same catalog (every mirror: tests/integration/test_maintenance.py),
     # expiring every snapshot but the newest: positions and rows stay
-    maintain = subprocess.run([sys.executable, "-m", "pgcdc.cli", "--debug", "maintain", *catalog_arguments(config),
-                               "--namespace", config.destination.namespace, "--table", "shop.customers", "--snapshots-kept", "1",
-                               "--snapshot-retention-minutes", "0", "--json"],
-                              capture_output=True, text=True, timeout=600)
+    maintain = run_pgcdc("--debug", "maintain", *catalog_arguments(config), "--namespace",
+                         config.destination.namespace, "--table", "shop.customers", "--snapshots-kept", "1",
+                         "--snapshot-retention-minutes", "0", "--json", timeout=600)
     assert maintain.returncode == 0, maintain.stderr[-3000:]
     maintained = json.loads(maintain.stdout)
     mirrors = MirrorCatalog(spark, config.destination)
@@ -117,31 +149,38 @@ def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) 
     for identifier, (lsn, _) in positions.items():
         assert str(mirrors.positions.read(identifier)) == lsn, identifier
     assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
-    if store.catalog_type == "jdbc":  # a reader that is not pgcdc, through the catalog: PyIceberg reads alike
-        for schema_table in SHOP_TABLES:
-            identifier = mirrors.identifier_for(*schema_table.split("."))
-            assert assert_reads_alike(spark, identifier, jdbc_catalog_table(store, s3, identifier)) > 0
-
-    # check finds the source ready and the destination wanting: a bucket that does not exist
-    arguments = catalog_arguments(config)
-    arguments[arguments.index("--warehouse") + 1] = "s3a://no-such-bucket/mirrors"
-    check = subprocess.run([sys.executable, "-m", "pgcdc.cli", "--debug", "check", "--dsn", config.dsn, "-p",
-                            config.publication, "--slot", config.slot, *arguments], capture_output=True, text=True,
-                           timeout=600)
-    assert check.returncode == 3, check.stdout + check.stderr[-3000:]
-    said = " ".join(check.stdout.split())  # as one line, however the terminal wrapped it
-    assert "the bucket 'no-such-bucket' of --warehouse s3a://no-such-bucket/mirrors does not exist" in said, said
+    if store.catalog_type == "jdbc":
+        assert_pyiceberg_reads_alike(spark, mirrors, store, s3)
     for secret in secrets_of(store, s3):
-        assert secret not in status.stdout + status.stderr + maintain.stdout + maintain.stderr + check.stdout + \
-            check.stderr
+        assert secret not in status.stdout + status.stderr + maintain.stdout + maintain.stderr + check_out + check_err
+
+
+def test_a_run_with_nothing_to_do_reads_the_catalog_without_a_jvm(pg, spark, s3, store, tmp_path):
+    """Behind either catalog, on S3: a ``run --until-caught-up`` with the mirrors at the slot's position reads
+    their metadata itself (the JDBC catalog's table, or the REST catalog, then S3) and starts no JVM; what it reads
+    is what Spark reads."""
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
+    pg.execute("INSERT INTO items SELECT i, 'v' || i FROM generate_series(1, 20) i")
+    pg.execute("CREATE PUBLICATION items FOR TABLE items")
+    config = pipeline_config(pg, spark, publication="items", slot="lazy", namespace=f"lazy_{store.catalog_type}",
+                             **store.config_overrides())
+    Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+    java = JavaStarts(tmp_path)
+    result, started = run_until_caught_up(config, java)
+    assert result.returncode == 0 and "applied 0 changes" in result.stdout, result.stderr[-3000:]
+    assert started == [], (started, result.stderr[-3000:])
+    assert_read_alike(config, spark)
+    for secret in secrets_of(store, s3):
+        assert secret not in result.stdout + result.stderr
 
 
 @pytest.mark.soak  # a whole demo on S3 (~90 s on 2 cores): make soak
+@pytest.mark.postgres
+@pytest.mark.spark
 def test_object_store_demo_reports_every_mirror_equal_and_no_secret():
     require_object_store()
-    result = subprocess.run([sys.executable, "-m", "pgcdc.cli", "demo", "--object-store", "--rows", "200",
-                             "--large-transaction-rows", "3000"], capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "COLUMNS": "200"})
+    result = run_pgcdc("demo", "--object-store", "--rows", "200", "--large-transaction-rows", "3000", timeout=900,
+                       env={"COLUMNS": "200"})
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "every mirror equals its source" in result.stdout

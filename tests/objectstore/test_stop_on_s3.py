@@ -9,7 +9,6 @@ import signal
 import psycopg
 import pytest
 
-from objectstore_support import jdbc_catalog, s3_server
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline import Pipeline
 from pipeline_support import (
@@ -23,9 +22,9 @@ from pipeline_support import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+# the S3 server and JDBC catalog of the object storage tests (conftest.py): in the worker of the other JDBC tests
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3-jdbc")]
 
-BUCKET = "pgcdc-stops"
 PAUSE_SECONDS = 10
 
 
@@ -35,42 +34,39 @@ def _confirmed(conn: psycopg.Connection, slot: str) -> Lsn:
     return Lsn.parse(row[0])
 
 
-def test_ctrl_c_on_s3_finishes_the_batch_in_flight_and_nothing_more(pg, pg_server, spark):
-    with s3_server() as s3:
-        s3.create_bucket(BUCKET)
-        with jdbc_catalog(pg_server, s3, BUCKET) as store:
-            prepare_source(pg, rows=20)
-            config = pipeline_config(pg, spark, **store.config_overrides())
-            Pipeline(config, spark=spark)  # the session reads the catalog too
-            # the first batch's commit is slow: it lands, then its apply holds 10 s before returning
-            run = start_streaming(config, "--batch-seconds", "1",
-                                  env={"PGCDC_INJECT": f"apply.before-confirm:1:{PAUSE_SECONDS}:PAUSE"})
-            process = run.process
-            try:
-                with psycopg.connect(config.dsn, autocommit=True) as conn:
-                    first_end = insert_customers(conn, 1_000_001, 100, "first")
-                    mirror = f"`{config.destination.catalog}`.`{config.destination.namespace}`.`shop`.`customers`"
-                    wait_for(lambda: spark.catalog.clearCache() or spark.table(mirror).where(
-                        "name = 'first'").count() == 100, 180, "the first batch's commit")
-                    # a second batch collected while the first one applies, then Ctrl-C
-                    second_end = insert_customers(conn, 2_000_001, 100, "second")
-                    process.send_signal(signal.SIGINT)
-                    # the batch in flight still has most of its pause to go; what follows it is bounded
-                    process.wait(timeout=PAUSE_SECONDS + 60)
-                    run.reader.join(timeout=10)
-                    output = run.output
-                    assert process.returncode == 130, output[-3000:]
-                    assert "applied 100 changes in 1 transactions" in output, output[-3000:]
-                    # the batch collected meanwhile was not applied, and the slot is confirmed to the first only
-                    spark.catalog.clearCache()
-                    assert spark.table(mirror).where("name = 'second'").count() == 0
-                    confirmed = _confirmed(conn, config.slot)
-                    assert first_end <= confirmed < second_end, (first_end, confirmed, second_end)
-                    assert f"confirmed {confirmed}" in output, output[-3000:]
-            finally:
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
-            # the next start applies the second batch: nothing was lost
-            catch_up_in_process(config, spark)
-            assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
+def test_ctrl_c_on_s3_finishes_the_batch_in_flight_and_nothing_more(pg, spark, jdbc_store):
+    prepare_source(pg, rows=20)
+    config = pipeline_config(pg, spark, **jdbc_store.config_overrides())
+    Pipeline(config, spark=spark)  # the session reads the catalog too
+    # the first batch's commit is slow: it lands, then its apply holds 10 s before returning
+    run = start_streaming(config, "--batch-seconds", "1",
+                          env={"PGCDC_INJECT": f"apply.before-confirm:1:{PAUSE_SECONDS}:PAUSE"})
+    process = run.process
+    try:
+        with psycopg.connect(config.dsn, autocommit=True) as conn:
+            first_end = insert_customers(conn, 1_000_001, 100, "first")
+            mirror = f"`{config.destination.catalog}`.`{config.destination.namespace}`.`shop`.`customers`"
+            wait_for(lambda: spark.catalog.clearCache() or spark.table(mirror).where(
+                "name = 'first'").count() == 100, 180, "the first batch's commit")
+            # a second batch collected while the first one applies, then Ctrl-C
+            second_end = insert_customers(conn, 2_000_001, 100, "second")
+            process.send_signal(signal.SIGINT)
+            # the batch in flight still has most of its pause to go; what follows it is bounded
+            process.wait(timeout=PAUSE_SECONDS + 60)
+            run.reader.join(timeout=10)
+            output = run.output
+            assert process.returncode == 130, output[-3000:]
+            assert "applied 100 changes in 1 transactions" in output, output[-3000:]
+            # the batch collected meanwhile was not applied, and the slot is confirmed to the first only
+            spark.catalog.clearCache()
+            assert spark.table(mirror).where("name = 'second'").count() == 0
+            confirmed = _confirmed(conn, config.slot)
+            assert first_end <= confirmed < second_end, (first_end, confirmed, second_end)
+            assert f"confirmed {confirmed}" in output, output[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    # the next start applies the second batch: nothing was lost
+    catch_up_in_process(config, spark)
+    assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)

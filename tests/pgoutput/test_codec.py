@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections import Counter
@@ -51,6 +52,7 @@ def tuple_parser(request, monkeypatch):
     """Every codec test runs with the C tuple parser (where built) and with the pure-Python one."""
     if request.param == "python":
         monkeypatch.setattr(DECODER, "_parse_change_c", None)
+        monkeypatch.setattr(DECODER, "_parse_raw_c", None)
     elif DECODER._parse_change_c is None:
         pytest.skip("the C tuple parser is not built here")
     return request.param
@@ -194,6 +196,7 @@ tuples = st.lists(st.one_of(st.tuples(st.just("n"), st.none()), st.tuples(st.jus
 columns = st.builds(Column, st.integers(0, 1), names, st.integers(0, 2**32 - 1), st.integers(-(2**31), 2**31 - 1))
 
 
+@functools.cache  # built once per state: building it for each example cost more than drawing from it
 def messages_for(proto: int, in_stream: bool) -> st.SearchStrategy:
     xid = xids if in_stream else st.none()
     data = [

@@ -18,6 +18,8 @@ from pgcdc.pipeline.config import Progress
 from pgcdc.spark.apply import AppliedChanges
 from pgcdc.spark.rejects import SetAside
 
+pytestmark = pytest.mark.usefixtures("accelerators")  # with the C modules and without
+
 
 @dataclass
 class Mirror:

@@ -10,6 +10,8 @@ from pgcdc.errors import ConversionError
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import Delete, Insert, Update
 
+pytestmark = pytest.mark.usefixtures("accelerators")  # with the C modules and without
+
 
 def test_changes_are_collected_per_table_and_schema_version():
     txns = transactions(

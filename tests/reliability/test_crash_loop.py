@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pipeline_support import crash_loop
+from pipeline_support import FLOOD_PAUSE, crash_loop
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ MERGE_ROUNDS = [
 ]
 
 
-@pytest.mark.long
+@pytest.mark.long(5)
 def test_killed_at_aimed_and_random_instants_loses_and_duplicates_nothing(pg, spark):
     crash_loop(pg, spark, ROUNDS, seed=20261122, aim_timeout=120)
 
@@ -50,10 +50,11 @@ def test_killed_at_aimed_and_random_instants_loses_and_duplicates_nothing(pg, sp
 @pytest.mark.soak
 def test_killed_inside_the_merge_writer_loses_and_duplicates_nothing(pg, spark):
     # the copy made first: every kill lands in the applies
-    crash_loop(pg, spark, MERGE_ROUNDS, seed=20261125, aim_timeout=150, copied_first=True, apply_writer="merge")
+    crash_loop(pg, spark, MERGE_ROUNDS, seed=20261125, aim_timeout=150, copied_first=True, apply_writer="merge",
+               workload_pause=FLOOD_PAUSE)
 
 
 @pytest.mark.soak
 @pytest.mark.timeout(3600)  # 27 restarts, each starting a JVM: longer than the suite's per-test limit
 def test_soak_crash_loop_of_many_kills(pg, spark):
-    crash_loop(pg, spark, ROUNDS * 3 + MERGE_ROUNDS, seed=int(time.time()))
+    crash_loop(pg, spark, ROUNDS * 3 + MERGE_ROUNDS, seed=int(time.time()), workload_pause=FLOOD_PAUSE)

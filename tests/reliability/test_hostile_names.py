@@ -12,6 +12,7 @@ import pytest
 from pgcdc.pipeline import Pipeline, PipelineConfig
 from pgcdc.spark.destination import Destination
 from pipeline_support import assert_mirrors_equal
+from start_support import assert_read_alike
 
 pytestmark = pytest.mark.slow
 
@@ -62,3 +63,5 @@ def test_hostile_identifiers_are_mirrored_correctly(pg, spark):
     Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
     assert_mirrors_equal(config, spark, pg.dsn,
                          {f"{SCHEMA}.select", f"{SCHEMA}.Mixed Case.Table", "public.UPPER"})
+    # a start reads these mirrors without a JVM as Spark reads them: the same names, positions, slots and tags
+    assert_read_alike(config, spark)

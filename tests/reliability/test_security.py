@@ -25,11 +25,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from cli_support import run_pgcdc
 from pgcdc.embedded import EmbeddedPostgres, free_port
 from pgcdc.local_object_store import postgres_jdbc_jar
 from pgcdc.pipeline import Pipeline, PipelineConfig
 from pgcdc.spark.destination import Destination
 from pipeline_support import (
+    FLOOD_PAUSE,
     SHOP_TABLES,
     Workload,
     assert_mirrors_equal,
@@ -38,7 +40,7 @@ from pipeline_support import (
 )
 from tls_proxy import TlsTerminatingProxy
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]  # the module's own server (tls_server)
 
 PASSWORD = "S3cr3t-Pa55-do-not-leak"
 # the exact grants pgcdc needs (README: "Security"); the publication is made by the tables' owner
@@ -143,7 +145,7 @@ def test_least_privilege_role_over_verified_tls_mirrors_everything(tls_server, s
     pipeline = Pipeline(config, spark=spark)
     pipeline.check()  # no problem reported for the least-privilege role
     pipeline.snapshot()
-    with Workload(admin, seed=5) as workload:
+    with Workload(admin, seed=5, pause=FLOOD_PAUSE) as workload:
         wait_for_transactions(workload, 75)  # what four seconds wrote here, as a count that a slow machine also reaches
     pipeline.run(until_caught_up=True, handle_signals=False)
     assert_mirrors_equal(config, spark, admin, SHOP_TABLES)
@@ -161,8 +163,7 @@ def test_a_wrong_certificate_authority_fails_clearly(tls_server):
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pgcdc.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return run_pgcdc(*args, timeout=timeout, env=env)
 
 
 @pytest.mark.long
@@ -271,6 +272,7 @@ class CommandLineScan:
 
 
 @pytest.mark.long
+@pytest.mark.spark  # the commands' own JVMs
 def test_no_command_line_holds_a_secret_while_commands_run(tls_server, tmp_path):
     """The DSN's password, a JDBC catalog's password and an S3 secret key in the config file: while ``run``,
     ``status``, ``check --warehouse`` and ``maintain`` run, no process's command line holds any of them: not

@@ -24,6 +24,7 @@ from pgcdc.lsn import Lsn
 from pgcdc.spark.apply import apply_changes
 from pgcdc.spark.arrow import plain_type
 from pgcdc.spark.destination import Destination
+from pgcdc.spark.iceberg import load_table
 from pgcdc.spark.mirror import MirrorCatalog, TableSpec
 from pgcdc.spark.mirror_status import namespace_positions
 from pyiceberg_reader import assert_reads_alike, hadoop_table
@@ -364,7 +365,7 @@ def test_position_deletes_resolved_before_a_compaction_fail_validation_and_are_r
         apply(spark, mirror, flat_changes(("id",), ("I", lsn, 0, {"id": lsn, "name": "old", "n": 0}, None)),
               lsn=Lsn(lsn), writer="delta")
     batch = flat_changes(("id",), ("U", 3, 0, {"id": 1, "name": "new", "n": 5}, None))
-    target = RowDeltaWriter(spark, mirror.identifier)
+    target = RowDeltaWriter(spark, load_table(spark, mirror.identifier))
     index = _index(mirror, target, None)
     reduction = reduce_changes(ordered(batch), list(FLAT.names), ("id",), append_only=False, position=mirror.position)
     rows, located = positioned(mirror, reduction, index, target.schema)
@@ -381,6 +382,43 @@ def test_position_deletes_resolved_before_a_compaction_fail_validation_and_are_r
     assert assert_reads_alike(spark, mirror.identifier, hadoop_table(spark, mirror.identifier)) == 2
 
 
+def test_a_batch_landing_on_top_of_a_compaction_of_other_files_leaves_the_index_following_both(spark, mirrors):
+    """A compaction of files a batch's deletes do not name commits between the moment the batch resolved its
+    positions and its commit: Iceberg commits the batch on top of it (nothing it names is gone), and the key index
+    follows the compaction as well as the batch — a later update of a row the compaction moved finds it in its new
+    file, leaving no second copy."""
+    from pgcdc.positions import commit_properties
+    from pgcdc.spark.apply import _follow_commit, _index
+    from pgcdc.spark.mirror_reads import position_deletes, positioned
+    from pgcdc.spark.reduce import ordered, reduce_changes
+    from pgcdc.spark.row_delta import RowDeltaWriter
+
+    mirror = mirrors.ensure(TableSpec("public", "raced_others", FLAT, ("id",)))
+    for lsn in (1, 2, 3):  # a data file each
+        apply(spark, mirror, flat_changes(("id",), ("I", lsn, 0, {"id": lsn, "name": "old", "n": 0}, None)),
+              lsn=Lsn(lsn), writer="delta")
+    batch = flat_changes(("id",), ("U", 4, 0, {"id": 3, "name": "new", "n": 5}, None))
+    target = RowDeltaWriter(spark, load_table(spark, mirror.identifier))
+    index = _index(mirror, target, None)
+    indexed = index.snapshot_id
+    reduction = reduce_changes(ordered(batch), list(FLAT.names), ("id",), append_only=False, position=mirror.position)
+    rows, located = positioned(mirror, reduction, index, target.schema)
+    spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{mirror.identifier}', where => 'id <= 2', "
+              "options => map('rewrite-all', 'true'))").collect()
+    summary, properties = commit_properties(Lsn(4))
+    committed = target.commit(rows, position_deletes(index, located), summary, table_properties=properties,
+                              validate_from=indexed)
+    assert committed.parent_id != indexed  # Iceberg retried it on top of the compaction
+    _follow_commit(index, indexed, committed, located, rows, target, truncated=False)
+    assert index.snapshot_id == committed.snapshot_id
+    mirror.position = Lsn(4)
+    apply(spark, mirror, flat_changes(("id",), ("U", 5, 0, {"id": 1, "name": "moved", "n": 7}, None)),
+          lsn=Lsn(5), writer="delta")
+    assert sorted(tuple(r) for r in spark.table(mirror.identifier).collect()) == [
+        (1, "moved", 7), (2, "old", 0), (3, "new", 5)]
+    assert assert_reads_alike(spark, mirror.identifier, hadoop_table(spark, mirror.identifier)) == 3
+
+
 def test_an_equality_delta_racing_a_compaction_is_retried_and_lands_once(spark, mirrors):
     """Deleting by equality, a compaction commits between the moment the batch read the mirror and its commit:
     the row delta is retried on the compacted table with the same files, its equality deletes reach the rewritten
@@ -391,7 +429,7 @@ def test_an_equality_delta_racing_a_compaction_is_retried_and_lands_once(spark, 
     for lsn in (1, 2):  # two data files, for the compaction to rewrite into one
         apply(spark, mirror, flat_changes(("id",), ("I", lsn, 0, {"id": lsn, "name": "old", "n": 0}, None)),
               lsn=Lsn(lsn), writer="delta", deletes="equality")
-    target = RowDeltaWriter(spark, mirror.identifier)
+    target = RowDeltaWriter(spark, load_table(spark, mirror.identifier))
     spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{mirror.identifier}', "
               "options => map('rewrite-all', 'true'))").collect()
     assert last_summary(spark, mirror.identifier).get("pgcdc.lsn") is None  # the compaction's own commit

@@ -1,5 +1,7 @@
 """The pinned Iceberg runtime jar really works: create, MERGE, and a property in the same commit."""
 
+import pytest
+
 from pgcdc.spark.iceberg import with_commit_properties
 
 
@@ -95,6 +97,8 @@ def test_a_zip_changed_on_disk_is_read_again_when_import_caches_are_invalidated(
 
 FIRST_COMMITS_FROM_THREADS = """
 import json, logging, sys, threading, time
+import pytest
+
 from pgcdc.spark.iceberg import with_commit_properties
 from pgcdc.spark.destination import Destination
 from pgcdc.spark.session import spark_session
@@ -141,6 +145,7 @@ print(json.dumps({"failures": failures, "landed": landed}))
 """
 
 
+@pytest.mark.spark  # a Spark of its own, in a fresh process
 def test_a_processs_first_commits_made_from_many_threads_at_once_all_land_with_their_properties(tmp_path):
     """A process's first commit starts py4j's callback server (Iceberg calls back into Python to run the
     statement). The row-delta writers commit from several threads: when the first commits come from several

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import (
     Begin,
@@ -18,6 +20,8 @@ from pgcdc.pgoutput.messages import (
 )
 from pgcdc.replication import ReplicationEvent
 from pgcdc.transactions import Tick, Transaction, TransactionReader
+
+pytestmark = pytest.mark.usefixtures("accelerators")  # with the C modules and without
 
 ITEMS = Relation(None, 16400, "public", "items", "d", (Column(1, "id", 23, -1),))
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from type_support import copied, slot_inserts
+from type_support import copied, slot_inserts, streamed_rows
 
 from pgcdc.errors import ConversionError
 from pgcdc.pgoutput import Relation
@@ -52,7 +52,7 @@ def captured(pg, ddl: str, inserts: list[tuple], *, binary: bool | str, options:
         else:
             relation, tuples = slot_inserts(conn, pg.name, "pub", registry, binary=slot_binary)
             converter = TableConverter(relation, registry, options)
-            batch = converter.convert(tuples).batch
+            batch = streamed_rows(relation, tuples, registry, options)  # as the pipeline converts them
     with pg.connect() as conn:  # psycopg's own loaders, default session: the server's view of the values
         server = conn.execute("SELECT * FROM t ORDER BY id").fetchall() if read_back else []
     return batch, server, converter
@@ -182,10 +182,12 @@ def test_malformed_value_names_table_column_type_and_lsn(pg):
 @pytest.fixture(params=["C", "python"])
 def accelerator(request, monkeypatch):
     """Run a test with the C column paths (where built) and with the pure-Python ones."""
+    from pgcdc.pgoutput import tuple_store
     from pgcdc.types import decoding
 
     if request.param == "python":
         monkeypatch.setattr(decoding, "accelerator", None)
+        monkeypatch.setattr(tuple_store, "accelerator", None)
     elif decoding.accelerator is None:
         pytest.skip("the C column paths are not built here")
     return request.param

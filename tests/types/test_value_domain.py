@@ -23,11 +23,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg import sql
-from type_support import copied, slot_inserts
+from type_support import copied, slot_inserts, streamed_column
 
 from pgcdc.errors import ConversionError
 from pgcdc.lsn import Lsn
-from pgcdc.pgoutput import Relation
+from pgcdc.pgoutput import Relation, tuple_store
 from pgcdc.replication.published import published_tables
 from pgcdc.types import SESSION_SETTINGS, ConversionOptions, TableConverter, TypeRegistry, decoding
 
@@ -73,15 +73,17 @@ class Stored:
 
     def convert(self, conn: psycopg.Connection, path: str, accelerated: bool,
                 options: ConversionOptions | None = None) -> pa.Array:
-        """Column v as ``path`` converts it, with the C column module or without."""
+        """Column v as ``path`` converts it, with the C modules or without (the stream's rows as the pipeline
+        converts them: gathered from the bytes sent, checked against their direct conversion)."""
         with pytest.MonkeyPatch.context() as patch:
             if not accelerated:
                 patch.setattr(decoding, "accelerator", None)
+                patch.setattr(tuple_store, "accelerator", None)
             if path == "copy":
                 converter = TableConverter(self.published, self.registry, options)
                 return copied(conn, self.schema, "t", converter).column("v").combine_chunks()
             relation, tuples = self.stream[path]
-            return TableConverter(relation, self.registry, options).convert(tuples, lsn=STREAM_LSN).batch.column("v")
+            return streamed_column(relation, tuples, self.registry, options, STREAM_LSN)
 
 
 def store(conn: psycopg.Connection, type_sql: str, literals: list[str | None]) -> Stored:

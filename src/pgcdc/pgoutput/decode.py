@@ -30,6 +30,7 @@ from pgcdc.pgoutput.messages import (
     Message,
     Origin,
     Prepare,
+    RawChange,
     Relation,
     RollbackPrepared,
     StreamAbort,
@@ -413,12 +414,31 @@ def _accelerated(decoder):
 try:
     from pgcdc.pgoutput import _tuple as _accelerator  # type: ignore[attr-defined]
 except ImportError:  # the C accelerator is optional: the Python decoders do the same, slower
-    _parse_change_c = None
+    _parse_change_c = _parse_raw_c = None
 else:
     _accelerator.configure(
         TupleData, (TupleData.__dict__["kinds"], TupleData.__dict__["values"]),
         tuple((cls, *(getattr(cls, f.name) for f in dataclasses.fields(cls))) for cls in (Insert, Update, Delete)))
+    _accelerator.configure_raw(RawChange, tuple(RawChange.__dict__[f.name] for f in dataclasses.fields(RawChange)))
     _parse_change_c = _accelerator.parse_change
+    _parse_raw_c = _accelerator.parse_raw
+
+_CHANGE_KINDS = frozenset(b"IUD")
+_RAW_SETTERS = _setters(RawChange)
+
+
+def decode_raw(data: bytes, *, in_stream: bool) -> RawChange:
+    """An Insert, Update or Delete checked whole (a DecodeError as :func:`decode` raises it when malformed) and
+    kept as its bytes: a :class:`RawChange`."""
+    parse = _parse_raw_c
+    if parse is not None and type(data) is bytes:
+        raw = parse(data, in_stream)
+        if raw is not None:
+            return raw
+    message = decode(data, proto_version=2 if in_stream else 1, in_stream=in_stream)
+    if not isinstance(message, Insert | Update | Delete):
+        raise DecodeError(f"{type(message).__name__} is not an Insert, Update or Delete", field="type", offset=0)
+    return _build(RawChange, _RAW_SETTERS, chr(data[0]), message.xid, message.relation_id, bytes(data))
 
 
 def _cold(decoder):
@@ -494,13 +514,18 @@ class MessageDecoder:
     True
     """
 
-    __slots__ = ("in_stream", "proto_version")
+    __slots__ = ("in_stream", "proto_version", "raw_changes")
 
-    def __init__(self, proto_version: int) -> None:
+    def __init__(self, proto_version: int, *, raw_changes: bool = False) -> None:
+        """``raw_changes``: Inserts, Updates and Deletes come as :class:`RawChange` (checked, their tuple data left
+        as bytes), for a consumer that stores them column by column."""
         self.proto_version = proto_version
         self.in_stream = False
+        self.raw_changes = raw_changes
 
     def decode(self, data: bytes | bytearray | memoryview) -> AnyMessage:
+        if self.raw_changes and data and data[0] in _CHANGE_KINDS and type(data) is bytes:
+            return decode_raw(data, in_stream=self.in_stream)
         message = decode(data, proto_version=self.proto_version, in_stream=self.in_stream)
         kind = type(message)
         if kind is StreamStart:

@@ -223,6 +223,26 @@ class Delete(PgoutputMessage):
     old: TupleData | None
 
 
+@dataclass(frozen=True, slots=True)
+class RawChange(PgoutputMessage):
+    """An Insert, Update or Delete checked whole but with its tuple data left as the bytes the server sent
+    (``data``, the message itself): what a columnar consumer appends to a
+    :class:`~pgcdc.pgoutput.tuple_store.TupleStore` without an object per value. ``op`` is 'I', 'U' or 'D';
+    :meth:`message` decodes it to the :class:`Insert`, :class:`Update` or :class:`Delete` it is."""
+
+    op: str
+    xid: int | None
+    relation_id: int
+    data: bytes
+
+    def message(self) -> Insert | Update | Delete:
+        from pgcdc.pgoutput.decode import decode
+
+        message = decode(self.data, proto_version=2 if self.xid is not None else 1, in_stream=self.xid is not None)
+        assert isinstance(message, Insert | Update | Delete)
+        return message
+
+
 TRUNCATE_CASCADE = 1
 TRUNCATE_RESTART_IDENTITY = 2
 
@@ -332,7 +352,7 @@ class StreamPrepare(PgoutputMessage):
 
 
 AnyMessage = (
-    Begin | Message | Commit | Origin | Relation | Type | Insert | Update | Delete | Truncate
+    Begin | Message | Commit | Origin | Relation | Type | Insert | Update | Delete | RawChange | Truncate
     | StreamStart | StreamStop | StreamCommit | StreamAbort
     | BeginPrepare | Prepare | CommitPrepared | RollbackPrepared | StreamPrepare
 )

@@ -57,6 +57,7 @@ class Applied:
     changes: int = 0
     rejected: int = 0
     commit_lsns: set[int] = field(default_factory=set)
+    step_seconds: dict[str, float] = field(default_factory=dict)  # per step of the mirrors' applies
 
 
 @dataclass
@@ -189,18 +190,27 @@ class Applier:
             return
         if self._maintaining is not None and not self._maintaining.done():
             return
-        self._maintaining = self._maintenance_executor.submit(self.maintainer.turn)
+        self._maintaining = self._maintenance_executor.submit(self._maintenance_turn)
+
+    def _maintenance_turn(self) -> object:
+        started = time.monotonic()
+        try:
+            result = self.maintainer.turn()
+        finally:
+            self.progress.maintenance_seconds += time.monotonic() - started
+        if result is not None:
+            self.progress.maintenance_turns += 1
+        return result
 
     def _maintained(self) -> list:
-        mirrors = self.tables.mirrors
         tables = []
-        for mirror in mirrors.known():
+        for mirror in self.tables.opened_mirrors():  # none before a copy or a batch: no Spark started for them
             tables.append((mirror.identifier, False))
             if self._changelog and mirror.changelog_position is not None:
                 tables.append((mirror.changelog_identifier, False))
             if mirror.rejects_position is not None:
                 tables.append((mirror.rejects_identifier, True))
-        return mirror_tables(mirrors, tables)
+        return mirror_tables(self.tables.mirrors, tables) if tables else []
 
     def collect(self, confirm: Callable[[Lsn], None]) -> None:
         """Wait for the batch applying (raising its error), then ``confirm`` what it made durable and count it."""
@@ -217,6 +227,8 @@ class Applier:
         progress.batches_applied += 1
         progress.applied_lsn = batch.last_end_lsn
         progress.last_batch_seconds = applied.seconds
+        for step, seconds in applied.step_seconds.items():
+            progress.apply_step_seconds[step] = progress.apply_step_seconds.get(step, 0.0) + seconds
         progress.applying_rows = 0
         self._rate_window.append((time.monotonic(), progress.rows_applied))
         self._rate_window = self._rate_window[-20:]
@@ -235,9 +247,18 @@ class Applier:
         there, and tags a stopped run left at different LSNs move together."""
         if self._consistent_seconds is None:
             return
-        from pgcdc.spark.consistent import settle_tags
+        from pgcdc.spark.consistent import settle_tags, settled_lsn
 
-        lsn = settle_tags(self._spark(), self._tag_targets(), start)
+        targets = self._tag_targets()
+        if not targets:
+            return
+        # tags at rest need no move, which a start reads without starting Spark (SourceTables.read_mirrors)
+        lsn = self.tables.read_mirrors(lambda mirrors: settled_lsn({identifier: mirrors.table(identifier)
+                                                                    for identifier in targets}, start))
+        if lsn is None:
+            log.info("moving the consistent tags before streaming (a mirror without a tag, tags apart, or a commit "
+                     "since they moved)")
+            lsn = settle_tags(self._spark(), targets, start)
         if lsn is not None:
             self.progress.consistent_lsn = lsn
 
@@ -259,12 +280,16 @@ class Applier:
         targets = self._tag_targets()
 
         def move() -> None:
+            began = time.monotonic()
             try:
                 moved = move_tags(self._spark(), targets, lsn)
             except Exception as exc:  # the mirrors are right: only the tags lag, until the next move
                 log.warning("moving the consistent tags to %s failed: %s (they move again after the next batch)",
                             lsn, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
                 return
+            finally:
+                self.progress.tag_moves += 1
+                self.progress.tag_move_seconds += time.monotonic() - began
             if moved == len(targets):
                 self.progress.consistent_lsn = lsn
             log.debug("consistent tags of %d of %d mirrors moved to %s in %.2fs", moved, len(targets), lsn,
@@ -274,13 +299,13 @@ class Applier:
 
     def _tag_targets(self) -> list[str]:
         """The mirrors streamed from this run's slot: those in the namespace at the start, and those made since."""
-        mirrors = self.tables.mirrors
         if self._tagged is None:
             from pgcdc.spark.mirror_status import mirrors_streaming_from
 
-            self._tagged = [identifier for identifier, _ in mirrors_streaming_from(mirrors,
-                                                                                  self.tables.config.slot)]
-        return sorted({*self._tagged, *(mirror.identifier for mirror in mirrors.known())})
+            slot = self.tables.config.slot
+            self._tagged = [identifier for identifier, _ in self.tables.read_mirrors(
+                lambda mirrors: mirrors_streaming_from(mirrors, slot))]
+        return sorted({*self._tagged, *(mirror.identifier for mirror in self.tables.opened_mirrors())})
 
     def _apply(self, batch: Batch) -> Applied:
         """Apply every segment of ``batch`` to its mirror (on the apply thread); returns what was applied."""
@@ -306,6 +331,8 @@ class Applier:
                     continue
                 injection_point("apply.mirror")
                 changes = target.apply(mirror, pa.concat_tables(segment.chunks), position)
+                for step, seconds in changes.seconds.items():
+                    outcome.step_seconds[step] = outcome.step_seconds.get(step, 0.0) + seconds
                 outcome.changes += changes.changes
                 outcome.commit_lsns |= changes.commit_lsns
                 applied += 1
@@ -386,6 +413,8 @@ class SparkMirrors:
             applied = apply_changes(self._spark(), mirror, changes, lsn=position, changelog=self._changelog,
                                     writer=self._writer, deletes=self._deletes, budget=self._budget,
                                     before_merge=recording.mark_pending)
+            if applied.recorded:
+                recording.written_by_commit()
             # the one place a mirror's positions move after an apply: before the recordings write them down
             if applied.changelog_position is not None:
                 mirror.changelog_position = applied.changelog_position

@@ -2,11 +2,14 @@
 
 A batch holds, per table, runs of changes under one schema version (segments). A segment is converted
 to Arrow chunk by chunk while the batch fills, so a batch holding a million-row transaction costs its
-Arrow size, not a million Python objects.
+Arrow size, not a million Python objects. A transaction's changes to a table come as runs
+(:class:`~pgcdc.transactions.ChangeRun`): a segment takes a run whole, and its conversion gathers the runs'
+values column by column from the bytes the server sent.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from pgcdc.change_table import (
+    Pending,
     build_change_table,
     build_change_table_setting_aside,
     describe_row,
@@ -25,7 +29,7 @@ from pgcdc.errors import ConversionError, TextValuesRequired
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import Relation
 from pgcdc.pipeline.tables import SourceTables, schema_signature
-from pgcdc.transactions import Change, Transaction
+from pgcdc.transactions import Change, ChangeRun, Transaction
 from pgcdc.types import TableConverter
 
 log = logging.getLogger("pgcdc.pipeline")
@@ -38,7 +42,8 @@ class Segment:
     """A run of one table's changes under one schema version: changes waiting for conversion, and chunks."""
 
     relation: Relation
-    pending: list[tuple[Transaction, Change]] = field(default_factory=list)
+    pending: list[Pending] = field(default_factory=list)
+    pending_rows: int = 0
     chunks: list[pa.Table] = field(default_factory=list)
     span: Span = field(default_factory=Span)
     rejects: list[pa.Table] = field(default_factory=list)  # changes set aside (REJECTS_SCHEMA)
@@ -80,32 +85,39 @@ class Batcher:
         self._without_columns: set[int] = set()
 
     def add(self, batch: Batch, txn: Transaction) -> None:
-        for change in txn.changes():
-            targets: tuple[Relation, ...]
-            if change.op == "T":
-                targets = change.truncate_relations
-            elif change.op in ("I", "U", "D") and change.relation is not None:
-                targets = (change.relation,)
-            else:  # transactional logical messages are not table data
-                continue
-            targets = tuple(r for r in targets if r.columns or not self._warn_without_columns(r))
-            if change.op == "I" and change.new is not None and "u" in change.new.kinds and change.relation:
-                batch.incomplete_inserts.add((change.relation.namespace, change.relation.name))
-            for relation in targets:
-                segments = batch.tables.setdefault(relation.relation_id, [])
-                if not segments or schema_signature(segments[-1].relation) != schema_signature(relation):
-                    if segments:
-                        self._convert_pending(segments[-1])
-                    segments.append(Segment(relation))
-                segment = segments[-1]
-                segment.pending.append((txn, change))
-                segment.span.note(txn.commit_lsn)
-                if len(segment.pending) >= _CHUNK_ROWS:
-                    self._convert_pending(segment)
-            batch.rows += 1
+        for item in txn.runs():
+            if isinstance(item, ChangeRun):
+                relation = item.relation
+                if relation.columns or not self._warn_without_columns(relation):
+                    if item.store.unchanged_insert:
+                        batch.incomplete_inserts.add((relation.namespace, relation.name))
+                    self._pend(batch, txn, relation, item)
+                batch.rows += len(item)
+            elif item.op == "T":
+                for relation in item.truncate_relations:
+                    if relation.columns or not self._warn_without_columns(relation):
+                        self._pend(batch, txn, relation, item)
+                batch.rows += 1
+            # transactional logical messages are not table data
         batch.transactions += 1
         batch.last_commit_lsn = txn.commit_lsn
         batch.last_end_lsn = txn.end_lsn
+
+    def _pend(self, batch: Batch, txn: Transaction, relation: Relation, item: ChangeRun | Change) -> None:
+        """A run (or a Truncate) into the table's segment of its schema version, converted every _CHUNK_ROWS."""
+        segments = batch.tables.setdefault(relation.relation_id, [])
+        if not segments or (segments[-1].relation is not relation
+                            and schema_signature(segments[-1].relation) != schema_signature(relation)):
+            if segments:
+                self._convert_pending(segments[-1])
+            segments.append(Segment(relation))
+        segment = segments[-1]
+        segment.span.note(txn.commit_lsn)
+        for part in _parts(item, _CHUNK_ROWS - segment.pending_rows):
+            segment.pending.append((txn, part))
+            segment.pending_rows += len(part) if isinstance(part, ChangeRun) else 1
+            if segment.pending_rows >= _CHUNK_ROWS:
+                self._convert_pending(segment)
 
     def finish(self, batch: Batch) -> None:
         """Convert what is left, before the batch is applied."""
@@ -142,9 +154,18 @@ class Batcher:
                             relation.qualified_name, rejected.num_rows, rejected.column("error")[0].as_py(),
                             rejected.column("commit_lsn")[0].as_py())
         segment.pending = []
+        segment.pending_rows = 0
 
 
-def _stop_error(error: ConversionError, changes: list[tuple[Transaction, Change]], converter: TableConverter,
+def _parts(item: ChangeRun | Change, room: int) -> list[ChangeRun | Change]:
+    """A run cut so that the first part fills the ``room`` left in a chunk and the others a chunk each."""
+    if not isinstance(item, ChangeRun) or len(item) <= max(room, 1):
+        return [item]
+    bounds = [0, *range(max(room, 1), len(item), _CHUNK_ROWS), len(item)]
+    return [item.part(start, stop) for start, stop in itertools.pairwise(bounds)]
+
+
+def _stop_error(error: ConversionError, changes: list[Pending], converter: TableConverter,
                 key: tuple[str, ...]) -> ConversionError:
     """The error that stops pgcdc at a value it cannot mirror: which row, which change, and the way past."""
     found = first_unconvertible(changes, converter, key)

@@ -26,7 +26,9 @@ class PipelineConfig:
     slot: str = "pgcdc"
     destination: Destination = field(default_factory=Destination)
     batch_max_rows: int = 200_000
-    batch_max_seconds: float = 5.0
+    # the batch clock: a batch goes to the apply thread this long after the one before it at the latest, the moment
+    # that one is applied (pgcdc.pipeline.streaming.hand_over_due); sub-second, for mirrors fresh within a second
+    batch_max_seconds: float = 0.5
     changelog: bool = False
     snapshot: bool = True
     binary: bool = False
@@ -138,6 +140,17 @@ class Progress:
     # tables copied again while streaming: (schema.table, the kind of reason, the reason)
     copies_again: list[tuple[str, str, str]] = field(default_factory=list)
     consistent_lsn: Lsn | None = None  # where the mirrors' consistent tags stand (pgcdc.spark.consistent)
+    # what runs beside the batches, each a share of the lag: maintenance turns on the apply thread (turns that
+    # maintained a table; seconds of every turn, the looks at tables included), moves of the consistent tags, and
+    # the catalog read before each batch on the stream's thread (rewrites and publication changes)
+    maintenance_turns: int = 0
+    maintenance_seconds: float = 0.0
+    tag_moves: int = 0
+    tag_move_seconds: float = 0.0
+    catalog_checks: int = 0
+    catalog_check_seconds: float = 0.0
+    # where the applies' time went, summed over the run: wall seconds per step (pgcdc.spark.steps)
+    apply_step_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def lag_bytes(self) -> int | None:

@@ -27,6 +27,7 @@ from pgcdc.pipeline.batcher import Batcher
 from pgcdc.pipeline.config import PipelineConfig, Progress
 from pgcdc.pipeline.signals import stop_on_signals
 from pgcdc.pipeline.snapshotter import Snapshotter
+from pgcdc.pipeline.spark_on_demand import SparkOnDemand
 from pgcdc.pipeline.streaming import StreamRun
 from pgcdc.pipeline.tables import SourceTables
 from pgcdc.replication import (
@@ -65,24 +66,22 @@ class Pipeline:
             from pgcdc.spark.session import attach_catalog
 
             attach_catalog(spark, config.destination)
-        self._spark = spark
+        # Spark starts when a copy, a batch or a maintenance needs it; until then the mirrors are read from their
+        # metadata, unless the caller's session (which may see the catalog otherwise) is there to read them
+        self._spark = SparkOnDemand(config.destination, spark)
         self._on_progress = on_progress
         self.progress = Progress()
         self._stop = threading.Event()
-        self._tables = SourceTables(config, lambda: self.spark)
-        self._snapshotter = Snapshotter(config, self._tables, lambda: self.spark, self.progress,
-                                        self._set_phase, self._emit)
+        self._tables = SourceTables(config, self._spark, session_ready=None if spark is not None else self._spark.ready)
+        self._snapshotter = Snapshotter(config, self._tables, self._spark, self.progress, self._set_phase, self._emit)
         self._batcher = Batcher(self._tables)
         self._text_values_only = False  # set once a column that binary values cannot carry reached the stream
         self._whole_transactions_only = False  # set once the server failed to decode a transaction in progress
 
     @property
     def spark(self) -> SparkSession:
-        if self._spark is None:
-            from pgcdc.spark.session import spark_session
-
-            self._spark = spark_session(self.config.destination)
-        return self._spark
+        """The pipeline's Spark session (started now if it is not yet)."""
+        return self._spark()
 
     @property
     def mirrors(self) -> MirrorCatalog:
@@ -160,8 +159,14 @@ class Pipeline:
     # -- streaming ----------------------------------------------------------------
     def _stream(self, *, until_caught_up: bool) -> Progress:
         """One replication connection's run (:class:`.streaming.StreamRun`), from the slot's confirmed position."""
+        try:
+            checkpoint = Checkpoint(resume_from=self._resume_position())
+            return self._stream_from(checkpoint, until_caught_up=until_caught_up)
+        finally:
+            self._tables.read_afresh()  # a next connection's start reads the mirrors as they are then
+
+    def _stream_from(self, checkpoint: Checkpoint, *, until_caught_up: bool) -> Progress:
         config = self.config
-        checkpoint = Checkpoint(resume_from=self._resume_position())
         with source_connection(config.dsn, 120.0) as conn:
             self._tables.registry.load_from_server(conn)
             binary = self._tables.binary_possible(conn, config.publication,
@@ -173,14 +178,15 @@ class Pipeline:
                                      binary=binary, messages=True, origin=config.origin)
         stream = LogicalReplicationStream(config.dsn, slot=config.slot, options=options,
                                           start_lsn=checkpoint.confirmed,
-                                          receive_timeout=config.receive_timeout_seconds)
-        # short idle ticks: a batch that finished applying while the stream is quiet is confirmed soon
-        reader = TransactionReader(stream.events(idle_timeout=min(0.25, config.batch_max_seconds)),
+                                          receive_timeout=config.receive_timeout_seconds, raw_changes=True)
+        # short idle ticks: a batch that finished applying while the stream is quiet is confirmed, and the next one
+        # handed over, within a fraction of the batch clock
+        reader = TransactionReader(stream.events(idle_timeout=min(0.25, config.batch_max_seconds / 4)),
                                    memory_limit_bytes=config.memory_limit_bytes, spill_dir=config.spill_dir,
                                    on_type=self._tables.observe_type)
         self._set_phase("streaming")
         StreamRun(config, stream=stream, reader=reader, checkpoint=checkpoint, target=target, tables=self._tables,
-                  batcher=self._batcher, snapshotter=self._snapshotter, spark=lambda: self.spark,
+                  batcher=self._batcher, snapshotter=self._snapshotter, spark=self._spark,
                   progress=self.progress, emit=self._emit, stop=self._stop).run()
         self._set_phase("stopped")
         return self.progress

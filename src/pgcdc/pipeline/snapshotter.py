@@ -9,8 +9,8 @@ publication, or a copy interrupted) is copied at a fresh consistent point of a t
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from pgcdc.checkpoint import refuse_lost_slot, refuse_positions_ahead
 from pgcdc.errors import ConversionError
@@ -19,20 +19,18 @@ from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import Relation
 from pgcdc.pipeline.config import PipelineConfig, Progress
 from pgcdc.pipeline.copy_reasons import CopyReason
+from pgcdc.pipeline.spark_on_demand import SparkOnDemand
 from pgcdc.pipeline.tables import SourceTables
 from pgcdc.replication import SlotManager, source_connection
 from pgcdc.replication.published import PublishedTable, published_tables, server_lsn, two_phase_by_default
 from pgcdc.spark.mirror_status import namespace_positions
 from pgcdc.types import SESSION_SETTINGS
 
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
 log = logging.getLogger("pgcdc.pipeline")
 
 
 class Snapshotter:
-    def __init__(self, config: PipelineConfig, tables: SourceTables, spark: Callable[[], SparkSession],
+    def __init__(self, config: PipelineConfig, tables: SourceTables, spark: SparkOnDemand,
                  progress: Progress, set_phase: Callable[[str], None], emit: Callable[[], None]) -> None:
         self.config = config
         self.tables = tables
@@ -61,7 +59,9 @@ class Snapshotter:
                 # (other publications, other slots) writing the same warehouse
                 published = {(t.schema, t.name) for t in tables}
                 refuse_lost_slot(config.slot, config.destination.namespace, {
-                    name: lsn for name, lsn in namespace_positions(self.tables.mirrors).items() if name in published})
+                    name: lsn for name, lsn in self.tables.read_mirrors(namespace_positions).items()
+                    if name in published})
+            self._spark.start_soon()  # while the slot is created
             self._set_phase("snapshot")
             copied: dict[str, int] = {}  # committed copies: the JVM may be past asking after an interrupt
             with slots.dropped_on_failure(config.slot, backs_mirrors=lambda: bool(copied)), \
@@ -72,7 +72,7 @@ class Snapshotter:
     def check_positions(self) -> None:
         """Before streaming: no mirror of this publication's tables may hold a position beyond the server's WAL
         (the namespace may hold other runs' mirrors too, of other sources)."""
-        positions = namespace_positions(self.tables.mirrors)
+        positions = self.tables.read_mirrors(namespace_positions)
         if positions:
             with source_connection(self.config.dsn, 120.0) as conn:
                 published = {(t.schema, t.name) for t in published_tables(conn, self.config.publication)}
@@ -82,10 +82,11 @@ class Snapshotter:
     def copy_missing(self, tables: list[PublishedTable]) -> dict[str, int]:
         """Copy published tables that have no mirror position yet at a fresh consistent point of a temporary
         slot; the stream's replay below that point is skipped per table by rule 2."""
-        positions = namespace_positions(self.tables.mirrors)
+        positions = self.tables.read_mirrors(namespace_positions)
         missing = [t for t in tables if (t.schema, t.name) not in positions]
         if not missing:
             return {}
+        self._spark.start_soon()  # while the temporary slot is created
         self._set_phase("snapshot")
         with SlotManager(self.config.dsn).create_temporary_snapshot() as temporary:
             return self._copy(missing, temporary.exported_snapshot, temporary.consistent_point)
@@ -108,7 +109,10 @@ class Snapshotter:
         already holds. Returns each table copied again with its reason."""
         if not versions:
             return {}
+        started = time.monotonic()
         storage = self.tables.storage_of(versions)
+        self.progress.catalog_checks += 1
+        self.progress.catalog_check_seconds += time.monotonic() - started
         reasons: dict[tuple[str, str], CopyReason] = {}
         for relation in versions:
             name = (relation.namespace, relation.name)

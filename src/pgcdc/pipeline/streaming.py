@@ -20,7 +20,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from pgcdc.checkpoint import Checkpoint
 from pgcdc.lsn import Lsn
@@ -28,12 +27,10 @@ from pgcdc.pipeline.applier import Applier
 from pgcdc.pipeline.batcher import Batch, Batcher
 from pgcdc.pipeline.config import PipelineConfig, Progress
 from pgcdc.pipeline.snapshotter import Snapshotter
+from pgcdc.pipeline.spark_on_demand import SparkOnDemand
 from pgcdc.pipeline.tables import SourceTables
 from pgcdc.replication import LogicalReplicationStream, SlotManager, SlotStatus, SourceWatch
 from pgcdc.transactions import Tick, Transaction, TransactionReader
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 log = logging.getLogger("pgcdc.pipeline")
 
@@ -42,6 +39,21 @@ log = logging.getLogger("pgcdc.pipeline")
 STOP_BOUND_SECONDS = 30.0
 # how long the server may take to record the last confirmation once the stream is closed
 _ACKNOWLEDGE_SECONDS = 5.0
+# between two steps on received messages (an apply done, a batch old enough, maintenance, the slot's status): a
+# step per message would cost the stream thread more than decoding the message does
+_STEP_SECONDS = 0.005
+
+
+def hand_over_due(*, rows: int, age: float, applying: bool, config: PipelineConfig, caught_up: bool = False) -> bool:
+    """Whether a batch of ``rows`` changes, begun ``age`` seconds ago (when the one before it was handed over), goes
+    to the apply thread now. Never while a batch applies: the batch grows meanwhile, and goes the moment the apply
+    thread is free — under load, batches are as large as the apply's own time makes them, and no transaction waits
+    for a clock tick besides. With the apply thread free, a batch goes once it is full, once the batch clock
+    (``batch_max_seconds``) has run since the last hand-over — which bounds the commits a mirror takes per second
+    while its fixed cost is small beside the wait — or, running until caught up, once the stream has gone quiet."""
+    if applying:
+        return False
+    return rows >= config.batch_max_rows or age >= config.batch_max_seconds or caught_up
 
 
 class StreamRun:
@@ -49,7 +61,7 @@ class StreamRun:
 
     def __init__(self, config: PipelineConfig, *, stream: LogicalReplicationStream, reader: TransactionReader,
                  checkpoint: Checkpoint, target: Lsn | None, tables: SourceTables, batcher: Batcher,
-                 snapshotter: Snapshotter, spark: Callable[[], SparkSession], progress: Progress,
+                 snapshotter: Snapshotter, spark: SparkOnDemand, progress: Progress,
                  emit: Callable[[], None], stop: threading.Event) -> None:
         self.config = config
         self.stream = stream
@@ -70,6 +82,7 @@ class StreamRun:
         config = self.config
         batch = Batch()
         items = iter(self.reader)
+        stepped = 0.0
         # One batch applies on the apply thread while the next one is read, decoded and converted here: the
         # stream never waits for an apply unless a full batch is ready before the one before it is applied.
         with SourceWatch(config.dsn, config.slot) as watch, \
@@ -82,6 +95,7 @@ class StreamRun:
             try:
                 for item in items:
                     if isinstance(item, Transaction):
+                        self._spark.start_soon()  # its batch needs Spark: it starts while the batch fills
                         self.batcher.add(batch, item)
                         self.progress.received_lsn = item.end_lsn
                         continue
@@ -94,6 +108,11 @@ class StreamRun:
                         applier.move_tags(now=True)
                         stopped_in_order = True
                         break
+                    if item is Tick.RECEIVED and batch.rows < config.batch_max_rows:
+                        now = time.monotonic()
+                        if now - stepped < _STEP_SECONDS:
+                            continue
+                        stepped = now
                     if self._step(applier, batch, watch, idle=item is Tick.IDLE):
                         batch = Batch()
                     if self._caught_up(applier, batch, idle=item is Tick.IDLE):
@@ -115,6 +134,7 @@ class StreamRun:
                 applier.stop_maintenance(timeout=0.0 if interrupted else STOP_BOUND_SECONDS)
                 applier.finish_tag_move(timeout=0.0 if interrupted else STOP_BOUND_SECONDS)
                 self.stream.close()
+                self.tables.close()
                 items.close()  # drops what the assembler held (spill files too): the server resends it
         self._report_acknowledged()
 
@@ -130,10 +150,8 @@ class StreamRun:
         # compaction replaces) and a move of the consistent tags go first; the next batch waits behind them
         applier.maintain()  # when a mirror is due: compaction, expiry
         applier.move_tags()  # when the interval has passed since the last move
-        if not applier.busy and batch and (
-                batch.rows >= config.batch_max_rows
-                or time.monotonic() - batch.started >= config.batch_max_seconds
-                or (self.target is not None and idle)):
+        if batch and hand_over_due(rows=batch.rows, age=time.monotonic() - batch.started, applying=applier.busy,
+                                   config=config, caught_up=self.target is not None and idle):
             self._hand_off(applier, batch)
             handed = True
         if idle:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
 import pyarrow as pa
@@ -29,7 +29,7 @@ from pgcdc.pipeline.copy_reasons import (
     new_filled_partitions,
     refreshed_shape,
 )
-from pgcdc.replication import source_connection
+from pgcdc.replication import KeptConnection, source_connection
 from pgcdc.replication.published import (
     AddedColumn,
     TableStorage,
@@ -46,8 +46,12 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from pgcdc.spark.mirror import MirrorCatalog, MirrorTable, TableSpec
+    from pgcdc.spark.mirror_metadata import MirrorMetadata
+    from pgcdc.spark.mirror_status import MirrorReads
 
 log = logging.getLogger("pgcdc.pipeline")
+
+T = TypeVar("T")
 
 
 def schema_signature(relation: Relation) -> tuple:
@@ -59,15 +63,22 @@ def schema_signature(relation: Relation) -> tuple:
 class SourceTables:
     """Converters, keys and mirrors of the published tables, each made once and reused."""
 
-    def __init__(self, config: PipelineConfig, spark: Callable[[], SparkSession]) -> None:
+    def __init__(self, config: PipelineConfig, spark: Callable[[], SparkSession], *,
+                 session_ready: Callable[[], bool] | None = None) -> None:
+        """``spark``: the session, started when called. ``session_ready``: whether it is up; until it is, the start's
+        reads of the namespace's mirrors (:meth:`read_mirrors`) come from their metadata without a JVM (None: always
+        through Spark)."""
         self.config = config
         self.registry = TypeRegistry()
         self._spark = spark
+        self._session_ready = session_ready
         self._converters: dict[tuple, TableConverter] = {}
         self._keys: dict[tuple, tuple[str, ...]] = {}
         self._mirrors: MirrorCatalog | None = None
+        self._metadata: MirrorMetadata | None = None
         self._positioned: set[tuple[str, str]] = set()
         self._append_only_told: set[int] = set()  # tables whose append-only mirror was warned about
+        self._catalog = KeptConnection(config.dsn)  # the catalog read before every batch (storage_of)
 
     @property
     def mirrors(self) -> MirrorCatalog:
@@ -76,6 +87,45 @@ class SourceTables:
 
             self._mirrors = MirrorCatalog(self._spark(), self.config.destination, slot=self.config.slot)
         return self._mirrors
+
+    def opened_mirrors(self) -> list[MirrorTable]:
+        """The mirrors opened (or created) so far, without starting Spark when none was."""
+        return [] if self._mirrors is None else self._mirrors.known()
+
+    def read_mirrors(self, reading: Callable[[MirrorReads], T]) -> T:
+        """``reading`` of the namespace's mirrors (:func:`pgcdc.spark.mirror_status.namespace_positions`, ...): from
+        their metadata, read by this process, while Spark's session is not up and the catalog allows it
+        (:mod:`pgcdc.spark.mirror_metadata`); else, or when that meets anything it does not read by itself,
+        through Spark. The metadata is read once per start (:meth:`read_afresh`)."""
+        from pgcdc.spark.table_metadata import MetadataUnreadable
+
+        metadata = self._start_metadata()
+        if metadata is not None:
+            try:
+                return reading(metadata)
+            except MetadataUnreadable as exc:
+                log.info("reading the mirrors through Spark: %s", exc)
+                self._session_ready = None
+                self._metadata = None
+        return reading(self.mirrors)
+
+    def read_afresh(self) -> None:
+        """The next :meth:`read_mirrors` reads the mirrors' metadata again (a new start: the stream reconnects)."""
+        self._metadata = None
+
+    def _start_metadata(self) -> MirrorMetadata | None:
+        if self._session_ready is None or self._mirrors is not None or self._session_ready():
+            return None
+        if self._metadata is None:
+            from pgcdc.spark.mirror_metadata import MirrorMetadata
+            from pgcdc.spark.table_metadata import MetadataUnreadable
+
+            try:
+                self._metadata = MirrorMetadata.of(self.config.destination)
+            except MetadataUnreadable as exc:
+                log.info("reading the mirrors through Spark: %s", exc)
+                self._session_ready = None
+        return self._metadata
 
     def observe_type(self, message: Type) -> None:
         """A Type message of the stream: a type the registry does not know as named (created or renamed since
@@ -169,9 +219,15 @@ class SourceTables:
 
     def storage_of(self, relations: list[Relation]) -> dict[int, TableStorage]:
         """The catalog's word on the storage of these relations' tables (those that still exist). Read before
-        every batch: bounded as the stream's silence is, so a silent partition is noticed here as soon."""
-        with source_connection(self.config.dsn, self.config.receive_timeout_seconds) as conn:
-            return table_storage(conn, sorted({r.relation_id for r in relations}), self.config.publication)
+        every batch, on a connection kept for it (:meth:`close` ends it): bounded as the stream's silence is, so a
+        silent partition is noticed here as soon."""
+        relation_ids = sorted({r.relation_id for r in relations})
+        return self._catalog.run(lambda conn: table_storage(conn, relation_ids, self.config.publication),
+                                 self.config.receive_timeout_seconds)
+
+    def close(self) -> None:
+        """End the connection kept for the catalog reads (a later read opens another)."""
+        self._catalog.close()
 
     def copy_reason(self, relation: Relation, storage: TableStorage | None) -> CopyReason | None:
         """Why this relation version's mirror must be copied again before its changes reach it (None: it need

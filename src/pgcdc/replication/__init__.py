@@ -3,6 +3,7 @@
 from pgcdc.replication.options import ReplicationOptions, with_session_settings
 from pgcdc.replication.slots import (
     CreatedSlot,
+    KeptConnection,
     ServerInfo,
     SlotInfo,
     SlotManager,
@@ -18,7 +19,7 @@ from pgcdc.replication.stream import LogicalReplicationStream, ReplicationEvent,
 from pgcdc.replication.watch import SlotStatus, SourceWatch
 
 __all__ = [
-    "CreatedSlot", "LogicalReplicationStream", "ReplicationEvent", "ReplicationOptions", "ServerInfo", "SlotInfo",
+    "CreatedSlot", "KeptConnection", "LogicalReplicationStream", "ReplicationEvent", "ReplicationOptions", "ServerInfo", "SlotInfo",
     "SlotManager", "SlotStatus", "SourceProblem", "SourceWatch", "SqlInterfaceReader", "check_source", "deadline",
     "replication_connection", "server_info", "slot_name_problem", "source_connection", "with_session_settings",
 ]

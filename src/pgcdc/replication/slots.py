@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import psycopg
 import psycopg2
@@ -22,6 +23,7 @@ from pgcdc.lsn import Lsn
 from pgcdc.replication.options import CLIENT_ENCODING, quote_ident, with_session_settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _temporary_names = itertools.count(1)
 
 
@@ -144,12 +146,48 @@ def source_connection(dsn: str, timeout: float = 120.0) -> Iterator[psycopg.Conn
     """An ordinary connection for catalog and status queries, its whole use bounded by ``timeout`` seconds:
     a server behind a silent partition must not stall its caller forever. It has pgcdc's session settings:
     values the catalog gives as text (a column's default for existing rows) read as the stream's do."""
+    with _connect(dsn, timeout) as conn, deadline(conn.fileno(), timeout, what="a query to the source"):
+        yield conn
+
+
+def _connect(dsn: str, timeout: float) -> psycopg.Connection:
     params = psycopg.conninfo.conninfo_to_dict(with_session_settings(dsn))
     if "PGCONNECT_TIMEOUT" not in os.environ:  # the operator's bound (pgcdc --connect-timeout) wins
         params.setdefault("connect_timeout", max(1, min(10, int(timeout))))
-    with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as conn, \
-            deadline(conn.fileno(), timeout, what="a query to the source"):
-        yield conn
+    return psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True)
+
+
+class KeptConnection:
+    """An ordinary connection kept open for a query asked again and again (the catalog read before every batch):
+    one opened per query cost the server a backend's start, and the stream that waits for it the handshake, every
+    time. Each use is bounded as :func:`source_connection`'s whole use is; a connection found broken (the server
+    restarted since its last use) is opened again within the same bound."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._conn: psycopg.Connection | None = None
+
+    def run(self, query: Callable[[psycopg.Connection], T], timeout: float) -> T:
+        started = time.monotonic()
+        while True:
+            fresh = self._conn is None
+            if self._conn is None:
+                self._conn = _connect(self._dsn, timeout)
+            conn = self._conn
+            try:
+                with deadline(conn.fileno(), max(0.1, timeout - (time.monotonic() - started)),
+                              what="a query to the source"):
+                    return query(conn)
+            except psycopg.OperationalError:
+                self.close()
+                if fresh or time.monotonic() - started >= timeout / 2:
+                    raise
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
 
 def replication_connection(dsn: str) -> psycopg2.extras.LogicalReplicationConnection:

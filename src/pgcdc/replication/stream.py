@@ -51,13 +51,20 @@ class ReplicationEvent(NamedTuple):
     reconnected: bool = False
 
 
+_event = tuple.__new__
+_lsn = int.__new__
+
+
 class LogicalReplicationStream:
     """``for event in stream.events(): ...`` over a logical slot with pgoutput; see the module docstring."""
 
     def __init__(self, dsn: str, *, slot: str, options: ReplicationOptions, start_lsn: Lsn | None = None,
                  status_interval: float = 10.0, max_backoff: float = 30.0, max_retries: int | None = None,
-                 slot_busy_timeout: float = 180.0, receive_timeout: float = 60.0) -> None:
+                 slot_busy_timeout: float = 180.0, receive_timeout: float = 60.0, raw_changes: bool = False) -> None:
+        """``raw_changes``: Inserts, Updates and Deletes come as :class:`~pgcdc.pgoutput.messages.RawChange`
+        (checked, their tuple data left as the bytes sent), for a reader that stores them column by column."""
         self.dsn = dsn
+        self.raw_changes = raw_changes
         self.slot = slot
         self.options = options
         self.status_interval = status_interval
@@ -194,7 +201,7 @@ class LogicalReplicationStream:
     def _read(self, idle_timeout: float) -> Iterator[ReplicationEvent]:
         cursor = self._cursor
         assert cursor is not None
-        decode = MessageDecoder(self.proto_version).decode
+        decode = MessageDecoder(self.proto_version, raw_changes=self.raw_changes).decode
         last = time.monotonic()
         # Wall-clock seconds, as psycopg2's own timestamps: when the server was last heard from.
         heard = time.time()
@@ -237,7 +244,10 @@ class LogicalReplicationStream:
                 select.select([cursor], [], [], max(0.0, idle_timeout - (now - last)))
                 continue
             received = True
-            yield ReplicationEvent(decode(message.payload), Lsn(message.data_start), Lsn(message.wal_end))
+            # the per-message path: positions from the server are 64-bit by construction, and the event is built
+            # without the named tuple's keyword handling
+            yield _event(ReplicationEvent, (decode(message.payload), _lsn(Lsn, message.data_start),
+                                            _lsn(Lsn, message.wal_end), False))
 
     def _send_feedback(self, *, force: bool) -> None:
         with self._feedback_lock:

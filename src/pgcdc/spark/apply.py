@@ -19,9 +19,9 @@ Input is an Arrow change table (:mod:`pgcdc.change_table`), not replication obje
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -31,12 +31,14 @@ from pgcdc.positions import commit_properties
 from pgcdc.spark.changelog import append_changelog
 from pgcdc.spark.files import in_layout
 from pgcdc.spark.fold import fold
+from pgcdc.spark.iceberg import load_table
 from pgcdc.spark.merge_writer import merge
 from pgcdc.spark.mirror import MirrorTable
 from pgcdc.spark.mirror_index import IndexBudget, MirrorIndex, index_for
 from pgcdc.spark.mirror_reads import completed, position_deletes, positioned
 from pgcdc.spark.reduce import KEYED, Reduction, after_position, ordered, reduce_changes
-from pgcdc.spark.row_delta import RowDeltaWriter
+from pgcdc.spark.row_delta import Committed, RowDeltaWriter
+from pgcdc.spark.steps import StepClock
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -57,6 +59,10 @@ class AppliedChanges:
     commit_lsns: frozenset[int] = frozenset()
     position: Lsn | None = None
     changelog_position: Lsn | None = None
+    # the commit set the mirror's pgcdc.position property itself, in its own metadata commit (the row-delta writer):
+    # nothing is left for the caller to record
+    recorded: bool = False
+    seconds: Mapping[str, float] = field(default_factory=dict)  # wall time of each step (:mod:`.steps`)
 
 
 def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *, lsn: Lsn,
@@ -74,54 +80,80 @@ def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *
         raise ValueError(f"apply writer {writer!r} must be one of {', '.join(WRITERS)}")
     if deletes not in DELETES:
         raise ValueError(f"deletes {deletes!r} must be one of {', '.join(DELETES)}")
+    clock = StepClock()
     changes = ordered(changes)
     changelog_position = None
     if changelog:  # first: the change log's own position makes a replay after a crash here harmless
         changelog_position = append_changelog(spark, mirror, after_position(changes, mirror.changelog_position), lsn)
+        clock.lap("changelog")
     spec = mirror.spec
     reduction = reduce_changes(changes, list(spec.spark_schema.names), spec.key_columns,
                                append_only=spec.append_only, position=mirror.position)
+    clock.lap("reduce")
     if reduction is None:
-        return AppliedChanges(changelog_position=changelog_position)
+        return AppliedChanges(changelog_position=changelog_position, seconds=clock.seconds)
     if reduction.unmatched:  # only a publication that does not publish them lets them happen
         log.warning("%s has no replica identity: %d updates/deletes cannot be mirrored", spec.source,
                     reduction.unmatched)
     target = _row_delta_target(spark, mirror, deletes) if writer == "delta" else None
+    clock.lap("table")
     index = _index(mirror, target, budget) if target is not None and deletes == "position" else None
     if index is None and target is not None and mirror.deletes == "equality":  # its index could not be had
         target = _row_delta_target(spark, mirror, "equality")
+    clock.lap("index")
     if index is not None and target is not None:
-        _commit_by_position(mirror, reduction, lsn, target, index)
+        _commit_by_position(mirror, reduction, lsn, target, index, clock)
     else:
-        _commit(spark, mirror, reduction, lsn, target, before_merge)
-    return AppliedChanges(reduction.changes, reduction.commit_lsns, lsn, changelog_position)
+        _commit(spark, mirror, reduction, lsn, target, before_merge, clock)
+    return AppliedChanges(reduction.changes, reduction.commit_lsns, lsn, changelog_position,
+                          recorded=target is not None, seconds=clock.seconds)
 
 
 def _commit_by_position(mirror: MirrorTable, reduction: Reduction, lsn: Lsn, target: RowDeltaWriter,
-                        index: MirrorIndex) -> None:
+                        index: MirrorIndex, clock: StepClock) -> None:
     """The reduced batch in one row delta whose deletes name the rows they remove by file and position, resolved
     against the snapshot the index describes; the index follows the commit."""
     rows, located = positioned(mirror, reduction, index, target.schema)
-    summary, properties = commit_properties(lsn)
     deletes = position_deletes(index, located)
-    built_on = index.snapshot_id
+    clock.lap("positions")
+    summary, properties = commit_properties(lsn)
+    indexed = index.snapshot_id
     committed = target.commit(rows, deletes, summary, table_properties=properties,
-                              replace_all=reduction.truncated, validate_from=built_on)
-    keys = in_layout(rows.select(index.key_names), pa.schema([target.schema.field(n) for n in index.key_names]))
-    if reduction.truncated:
-        index.replaced(committed.snapshot_id, committed.data_path, keys)
-    else:
-        index.committed(committed.snapshot_id, located, committed.data_path, keys)
+                              replace_all=reduction.truncated, validate_from=indexed, clock=clock)
+    _follow_commit(index, indexed, committed, located, rows, target, truncated=reduction.truncated)
+    clock.lap("index follows")
+    _fold_small_files(mirror, target, index, committed, None if reduction.truncated else deletes.files, summary)
+    clock.lap("fold")
+
+
+def _fold_small_files(mirror: MirrorTable, target: RowDeltaWriter, index: MirrorIndex, committed: Committed,
+                      deleted: dict[str, Any] | None, carried: Mapping[str, str]) -> None:
+    """The batch's files recorded among the mirror's small files, and folded when a tier is full (spark/fold.py).
+    ``deleted``: the positions the batch deleted (None: it replaced every row)."""
     small = mirror.small_files
-    small.committed(committed, None if reduction.truncated else deletes.files,
-                    follows=None if reduction.truncated else built_on)
+    small.committed(committed, deleted, follows=None if deleted is None else committed.parent_id)
     try:
-        fold(target, small, index.files, index, summary)
+        fold(target, small, index.files, index, carried)
     except Exception as exc:  # the batch is committed; its files are folded at a later batch, or compacted
         log.warning("%s: folding its small files failed: %s", mirror.spec.source,
                     str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         small.forget()
         mirror.index = None  # built again at the next batch, from what the table holds
+
+
+def _follow_commit(index: MirrorIndex, indexed: int | None, committed: Committed, located: Any, rows: pa.Table,
+                   target: RowDeltaWriter, *, truncated: bool) -> None:
+    """The index, which described snapshot ``indexed``, brought to the batch's own commit."""
+    if committed.parent_id != indexed:
+        # Iceberg committed the batch on top of someone else's commit made meanwhile (validated: it removed no file
+        # the deletes name): the index follows that one too, then the batch's own, from the table's metadata
+        index.refresh(target.table, index.files)
+        return
+    keys = in_layout(rows.select(index.key_names), pa.schema([target.schema.field(n) for n in index.key_names]))
+    if truncated:
+        index.replaced(committed.snapshot_id, committed.data_path, keys)
+    else:
+        index.committed(committed.snapshot_id, located, committed.data_path, keys)
 
 
 def _index(mirror: MirrorTable, target: RowDeltaWriter, budget: IndexBudget | None) -> MirrorIndex | None:
@@ -143,15 +175,18 @@ def _index(mirror: MirrorTable, target: RowDeltaWriter, budget: IndexBudget | No
 
 
 def _commit(spark: SparkSession, mirror: MirrorTable, reduction: Reduction, lsn: Lsn,
-            target: RowDeltaWriter | None, before_merge: Callable[[], None] | None) -> None:
+            target: RowDeltaWriter | None, before_merge: Callable[[], None] | None, clock: StepClock) -> None:
     """The reduced batch, with what the mirror knows, made durable in one commit carrying ``lsn``: a row delta
     with equality deletes, or a MERGE."""
     rows, removed = completed(spark, mirror, reduction)
+    clock.lap("positions")
     if target is None:
         if before_merge is not None:
             before_merge()
         merge(spark, mirror, reduction.kind, rows, removed, lsn, keys=reduction.keys,
               replace_all=reduction.truncated)
+        # a commit made through Spark: the table handle kept for the row-delta writer is read again next time
+        clock.lap("merge")
         return
     summary, properties = commit_properties(lsn)
     if reduction.kind == KEYED and removed is not None:
@@ -160,13 +195,13 @@ def _commit(spark: SparkSession, mirror: MirrorTable, reduction: Reduction, lsn:
         removed = pa.concat_tables([removed, rows.select(list(reduction.keys))])
     # keyless: an equality delete on every column removes every identical older row (NULL matches NULL), as the
     # MERGE's null-safe match does; the copies that stay are among the commit's new rows
-    target.commit(rows, removed, summary, table_properties=properties, replace_all=reduction.truncated)
+    target.commit(rows, removed, summary, table_properties=properties, replace_all=reduction.truncated, clock=clock)
 
 
 def _row_delta_target(spark: SparkSession, mirror: MirrorTable, deletes: str) -> RowDeltaWriter | None:
     """The mirror as the row-delta writer writes it in this batch; None (the MERGE writer applies the batch)
     when it cannot, with the reason logged."""
-    target = RowDeltaWriter(spark, mirror.identifier)
+    target = RowDeltaWriter(spark, _current_table(spark, mirror))
     by_equality = deletes == "equality" or mirror.deletes == "equality"
     matched_on = [] if mirror.spec.append_only or not by_equality else (
         list(mirror.spec.key_columns) or list(mirror.spec.spark_schema.names))
@@ -175,3 +210,19 @@ def _row_delta_target(spark: SparkSession, mirror: MirrorTable, deletes: str) ->
         log.info("%s: the MERGE writer applies this batch to %s: %s", mirror.spec.source, mirror.identifier, reason)
         return None
     return target
+
+
+def _current_table(spark: SparkSession, mirror: MirrorTable) -> Any:
+    """The mirror's Iceberg table as it stands now: the handle kept from its last batch, refreshed — one read of
+    the catalog's pointer, and of the metadata only when someone committed since (pgcdc's own commit, its
+    maintenance, the MERGE writer, anyone's compaction) — or loaded when there is none. Loading it afresh every
+    batch, through Spark's catalog, parsed its identifier and its whole metadata every time."""
+    table = mirror.iceberg_table
+    if table is not None:
+        try:
+            table.refresh()
+            return table
+        except Exception as exc:  # dropped and made again under its name, say: loaded afresh below
+            log.info("%s: its table is loaded again (%s)", mirror.identifier, str(exc).splitlines()[0][:200])
+    mirror.iceberg_table = table = load_table(spark, mirror.identifier)
+    return table

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -160,19 +161,44 @@ def move_tags(spark: SparkSession, identifiers: list[str], lsn: Lsn) -> int:
     return sum(move_tag(table, lsn) for table in tables.values())
 
 
+def settled_lsn(tables: Mapping[str, Any], start: Lsn) -> Lsn | None:
+    """The LSN the consistent tags of ``tables`` (by identifier; None: no such table) stand for when a run starting
+    from the slot's confirmed position ``start`` need not move them: every tag at ``start``, or every tag at one LSN
+    on its table's current snapshot — nothing was committed since they moved, and a move would only label the same
+    snapshots with ``start``. None: they must move (a mirror without a tag, tags at different LSNs, a commit since
+    a tag moved). ``tables``: Iceberg's ``Table`` through the JVM, or read without one
+    (:class:`pgcdc.spark.table_metadata.TableMetadata`)."""
+    if not tables or any(table is None for table in tables.values()):
+        return None
+    states = {identifier: tag_state(table) for identifier, table in tables.items()}
+    lsns = {state.lsn for state in states.values()}
+    if lsns == {start}:
+        return start
+    if len(lsns) != 1 or None in lsns:
+        return None
+    for identifier, table in tables.items():
+        current = table.currentSnapshot()
+        if current is None or states[identifier].snapshot_id != int(current.snapshotId()):
+            return None
+    return next(iter(lsns))
+
+
 def settle_tags(spark: SparkSession, identifiers: list[str], start: Lsn) -> Lsn | None:
     """At a run's start, from the slot's confirmed position ``start``, which every mirror holds whole: the tags
     move there — a first run's after its initial copy, and tags a run stopped in the middle of moving (some at
     one LSN, some at the one before). When a mirror is ahead of ``start`` (a batch applied but not confirmed
     before a stop; the stream sends it again), tags left at different LSNs move to the newest of them instead,
-    which every mirror held whole when it was recorded. Returns the LSN the tags stand for (None: none yet)."""
+    which every mirror held whole when it was recorded. Tags at rest stay as they are (:func:`settled_lsn`).
+    Returns the LSN the tags stand for (None: none yet)."""
     from pgcdc.spark.iceberg import load_table
 
     if not identifiers:
         return None
-    states = {identifier: tag_state(load_table(spark, identifier)) for identifier in identifiers}
-    if all(state.lsn == start for state in states.values()):
-        return start
+    tables = {identifier: load_table(spark, identifier) for identifier in identifiers}
+    standing = settled_lsn(tables, start)
+    if standing is not None:
+        return standing
+    states = {identifier: tag_state(table) for identifier, table in tables.items()}
     if move_tags(spark, identifiers, start) == len(identifiers):
         return start
     recorded = {state.lsn for state in states.values()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -33,6 +34,41 @@ def _ensure_callback_server_listens(gateway: Any) -> None:
         if server not in _LISTENING_CALLBACK_SERVERS:
             server.server_socket.listen(5)  # what py4j's thread does too; a second listen changes nothing
             _LISTENING_CALLBACK_SERVERS.add(server)
+
+
+class IcebergClasses:
+    """The Java classes (and constants) a batch's commit calls, resolved once per JVM: py4j resolves each name of
+    ``jvm.org.apache.iceberg.X`` with a round trip of its own, which every batch would otherwise pay dozens of
+    times over (a round trip costs the apply tens of microseconds on an idle machine, milliseconds on a busy one)."""
+
+    def __init__(self, jvm: Any) -> None:
+        iceberg = jvm.org.apache.iceberg
+        # static methods kept as members: a member looked up on its class is one more round trip per call
+        self.schema_json = iceberg.SchemaParser.toJson
+        self.metrics_for_table = iceberg.MetricsConfig.forTable
+        self.metrics_for_position_deletes = iceberg.MetricsConfig.forPositionDelete
+        self.file_metrics = iceberg.parquet.ParquetUtil.fileMetrics
+        self.delete_file_builder = iceberg.FileMetadata.deleteFileBuilder
+        self.data_file_builder = iceberg.DataFiles.builder
+        self.PARQUET = iceberg.FileFormat.PARQUET
+        self.always_true = iceberg.expressions.Expressions.alwaysTrue()
+        self.ArrayList = jvm.java.util.ArrayList
+
+
+_CLASSES: weakref.WeakKeyDictionary[Any, IcebergClasses] = weakref.WeakKeyDictionary()
+
+
+def iceberg_classes() -> IcebergClasses:
+    """:class:`IcebergClasses` of the running JVM (PySpark's one gateway; a new SparkContext keeps it)."""
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("no Spark JVM is running")
+    classes = _CLASSES.get(jvm)
+    if classes is None:
+        classes = _CLASSES[jvm] = IcebergClasses(jvm)
+    return classes
 
 
 class _JavaCallable:
@@ -131,99 +167,77 @@ def local_data_directory(table: Any) -> str | None:
     return location if location is not None and location.startswith(("file:", "/")) else None
 
 
-# Hadoop's credential providers whose credentials pyarrow finds the same way: the keys in the settings, or
-# the AWS SDK's default chain (environment, profile, instance metadata)
-_PLAIN_PROVIDERS = ("SimpleAWSCredentialsProvider", "TemporaryAWSCredentialsProvider",
-                    "EnvironmentVariableCredentialsProvider", "IAMInstanceCredentialsProvider",
-                    "InstanceProfileCredentialsProvider", "DefaultAWSCredentialsProviderChain")
-
-
 def s3_options(table: Any, location: str) -> dict[str, Any] | None:
     """Keyword arguments of ``pyarrow.fs.S3FileSystem`` that reach ``location`` (``s3a://``, ``s3://``) as the
-    table's own FileIO does: read from the same Hadoop settings (``fs.s3a.*``, per-bucket
-    ``fs.s3a.bucket.<bucket>.*`` first). None when the table's files are not on S3 through Hadoop's FileIO, or
-    its credentials come from a provider pyarrow cannot stand in for (e.g. an assumed role)."""
-    from urllib.parse import urlparse
+    table's own FileIO does (:func:`pgcdc.spark.files.hadoop_s3_options` over its Hadoop settings). None when the
+    table's files are not on S3 through Hadoop's FileIO, or its credentials come from a provider pyarrow cannot
+    stand in for (e.g. an assumed role)."""
+    from pgcdc.spark.files import hadoop_s3_options
 
-    parsed = urlparse(location)
     io = table.io()
-    if parsed.scheme not in ("s3a", "s3", "s3n") or not str(io.getClass().getName()).endswith("HadoopFileIO"):
+    if not str(io.getClass().getName()).endswith("HadoopFileIO"):
         return None
     conf = io.conf()
-
-    def setting(name: str) -> str | None:
-        value = conf.getTrimmed(f"fs.s3a.bucket.{parsed.netloc}.{name}") or conf.getTrimmed(f"fs.s3a.{name}")
-        return str(value) if value else None
-
-    providers = setting("aws.credentials.provider") or ""
-    anonymous = "AnonymousAWSCredentialsProvider" in providers
-    if providers and not anonymous and not all(
-            p.strip().rsplit(".", 1)[-1] in _PLAIN_PROVIDERS for p in providers.split(",") if p.strip()):
-        return None
-    options: dict[str, Any] = {"anonymous": anonymous}
-    if not anonymous and setting("access.key") and setting("secret.key"):
-        options.update(access_key=setting("access.key"), secret_key=setting("secret.key"),
-                       session_token=setting("session.token"))
-    region = setting("endpoint.region") or setting("region")
-    if region:
-        options["region"] = region
-    endpoint = setting("endpoint")
-    ssl = (setting("connection.ssl.enabled") or "true").lower() != "false"
-    if endpoint:
-        if "://" in endpoint:
-            scheme, endpoint = endpoint.split("://", 1)
-            ssl = scheme == "https"
-        options["endpoint_override"] = endpoint.rstrip("/")
-        # pyarrow addresses buckets by path when it is given an endpoint, Hadoop only when told to
-        options["force_virtual_addressing"] = (setting("path.style.access") or "false").lower() != "true"
-    options["scheme"] = "https" if ssl else "http"
-    return options
+    return hadoop_s3_options(location, conf.getTrimmed)
 
 
 def parquet_layout(table: Any) -> list[tuple[str, FieldLayout]]:
-    """Each column's field id and Arrow type, nested ids included: Iceberg reads Parquet columns by id."""
-    return [(str(field.name()), _layout(field)) for field in table.schema().columns()]
+    """Each column's field id and Arrow type, nested ids included: Iceberg reads Parquet columns by id. Read from
+    the schema's JSON in one call into the JVM (walking the schema object would cost a call per field and type:
+    hundreds for a wide table, every batch)."""
+    import json
+
+    schema = json.loads(str(iceberg_classes().schema_json(table.schema())))
+    return [(str(field["name"]), _layout(field)) for field in schema["fields"]]
 
 
-def _layout(field: Any) -> FieldLayout:
-    return int(field.fieldId()), _arrow_type(field.type())
+def _layout(field: Mapping[str, Any]) -> FieldLayout:
+    return int(field["id"]), _arrow_type(field["type"])
+
+
+_PRIMITIVES = {"boolean": "bool_", "int": "int32", "long": "int64", "float": "float32", "double": "float64",
+               "date": "date32", "string": "string", "binary": "binary"}
+_DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
 
 
 def _arrow_type(iceberg_type: Any) -> Any:
+    """The Arrow type of an Iceberg type as its JSON writes it (a name, or an object for nested types)."""
     import pyarrow as pa
 
-    if iceberg_type.isStructType():
-        return pa.struct([_arrow_field(f) for f in iceberg_type.asStructType().fields()])
-    if iceberg_type.isListType():
-        as_list = iceberg_type.asListType()
-        element = pa.field("element", _arrow_type(as_list.elementType()), nullable=as_list.isElementOptional(),
-                           metadata={b"PARQUET:field_id": str(as_list.elementId()).encode()})
-        return pa.list_(element)
-    if iceberg_type.isMapType():
-        as_map = iceberg_type.asMapType()
-        key = pa.field("key", _arrow_type(as_map.keyType()), nullable=False,
-                       metadata={b"PARQUET:field_id": str(as_map.keyId()).encode()})
-        value = pa.field("value", _arrow_type(as_map.valueType()), nullable=as_map.isValueOptional(),
-                         metadata={b"PARQUET:field_id": str(as_map.valueId()).encode()})
-        return pa.map_(key, value)
-    name = str(iceberg_type.typeId().toString())
-    if name == "DECIMAL":
-        return pa.decimal128(int(iceberg_type.precision()), int(iceberg_type.scale()))
-    if name == "TIMESTAMP":
-        return pa.timestamp("us", tz="UTC" if iceberg_type.shouldAdjustToUTC() else None)
-    primitive = {"BOOLEAN": pa.bool_(), "INTEGER": pa.int32(), "LONG": pa.int64(), "FLOAT": pa.float32(),
-                 "DOUBLE": pa.float64(), "DATE": pa.date32(), "TIME": pa.time64("us"), "STRING": pa.string(),
-                 "BINARY": pa.binary()}.get(name)
-    if primitive is None:
-        raise NotImplementedError(f"no Parquet layout for Iceberg type {iceberg_type}")
-    return primitive
+    if isinstance(iceberg_type, dict):
+        kind = iceberg_type["type"]
+        if kind == "struct":
+            return pa.struct([_arrow_field(f) for f in iceberg_type["fields"]])
+        if kind == "list":
+            element = pa.field("element", _arrow_type(iceberg_type["element"]),
+                               nullable=not iceberg_type["element-required"],
+                               metadata={b"PARQUET:field_id": str(iceberg_type["element-id"]).encode()})
+            return pa.list_(element)
+        if kind == "map":
+            key = pa.field("key", _arrow_type(iceberg_type["key"]), nullable=False,
+                           metadata={b"PARQUET:field_id": str(iceberg_type["key-id"]).encode()})
+            value = pa.field("value", _arrow_type(iceberg_type["value"]), nullable=not iceberg_type["value-required"],
+                             metadata={b"PARQUET:field_id": str(iceberg_type["value-id"]).encode()})
+            return pa.map_(key, value)
+        raise NotImplementedError(f"no Parquet layout for Iceberg type {kind}")
+    name = str(iceberg_type)
+    decimal = _DECIMAL.fullmatch(name)
+    if decimal:
+        return pa.decimal128(int(decimal.group(1)), int(decimal.group(2)))
+    if name in ("timestamp", "timestamptz"):
+        return pa.timestamp("us", tz="UTC" if name == "timestamptz" else None)
+    if name == "time":
+        return pa.time64("us")
+    if name not in _PRIMITIVES:
+        raise NotImplementedError(f"no Parquet layout for Iceberg type {name}")
+    return getattr(pa, _PRIMITIVES[name])()
 
 
-def _arrow_field(field: Any) -> Any:
+def _arrow_field(field: Mapping[str, Any]) -> Any:
     import pyarrow as pa
 
     field_id, arrow_type = _layout(field)
-    return pa.field(str(field.name()), arrow_type, nullable=bool(field.isOptional()),
+    return pa.field(str(field["name"]), arrow_type, nullable=not field["required"],
                     metadata={b"PARQUET:field_id": str(field_id).encode()})
 
 
@@ -260,22 +274,24 @@ def dictionary_columns(rows: Any) -> list[str]:
     return chosen
 
 
-def data_file(spark: SparkSession, table: Any, path: str, size: int, *, equality_ids: list[int] | None = None) -> Any:
+def data_file(spark: SparkSession, table: Any, path: str, size: int, *, equality_ids: list[int] | None = None,
+              metrics_config: Any = None) -> Any:
     """The Iceberg ``DataFile`` (or, with ``equality_ids``, equality ``DeleteFile`` on those field ids) of the
-    Parquet file at ``path``, its column metrics read from the file's footer."""
-    jvm: Any = spark.sparkContext._jvm
-    iceberg = jvm.org.apache.iceberg
-    metrics = iceberg.parquet.ParquetUtil.fileMetrics(table.io().newInputFile(path),
-                                                      iceberg.MetricsConfig.forTable(table))
+    Parquet file at ``path``, its column metrics read from the file's footer (``metrics_config``: the table's
+    ``MetricsConfig``, when the caller has it already)."""
+    classes = iceberg_classes()
+    if metrics_config is None:
+        metrics_config = classes.metrics_for_table(table)
+    metrics = classes.file_metrics(table.io().newInputFile(path), metrics_config)
     if equality_ids is None:
-        builder = iceberg.DataFiles.builder(table.spec())
+        builder = classes.data_file_builder(table.spec())
     else:
         gateway: Any = spark.sparkContext._gateway
         ids = gateway.new_array(gateway.jvm.int, len(equality_ids))
         for index, field_id in enumerate(equality_ids):
             ids[index] = field_id
-        builder = iceberg.FileMetadata.deleteFileBuilder(table.spec()).ofEqualityDeletes(ids)
-    return (builder.withPath(path).withFormat(iceberg.FileFormat.PARQUET).withFileSizeInBytes(size)
+        builder = classes.delete_file_builder(table.spec()).ofEqualityDeletes(ids)
+    return (builder.withPath(path).withFormat(classes.PARQUET).withFileSizeInBytes(size)
             .withMetrics(metrics).build())
 
 
@@ -283,10 +299,11 @@ def replace_with_files(spark: SparkSession, table: Any, files: list[tuple[str, i
                        properties: Mapping[str, str]) -> None:
     """One commit: every row of ``table`` replaced by the Parquet ``files`` (path, size in bytes), with
     ``properties`` in the snapshot summary. Column metrics come from each file's footer."""
-    jvm: Any = spark.sparkContext._jvm
-    overwrite = table.newOverwrite().overwriteByRowFilter(jvm.org.apache.iceberg.expressions.Expressions.alwaysTrue())
+    classes = iceberg_classes()
+    overwrite = table.newOverwrite().overwriteByRowFilter(classes.always_true)
+    metrics_config = classes.metrics_for_table(table)
     for path, size in files:
-        overwrite = overwrite.addFile(data_file(spark, table, path, size))
+        overwrite = overwrite.addFile(data_file(spark, table, path, size, metrics_config=metrics_config))
     for key, value in properties.items():
         overwrite = overwrite.set(str(key), str(value))
     overwrite.commit()

@@ -391,12 +391,15 @@ class Maintainer:
         self._last_check = float("-inf")
         self._next = 0
         self._cancelled = False
+        self._started_jobs = False
         self.results: list[MaintenanceResult] = []
 
     def cancel(self) -> None:
         """Cancel the Spark jobs of the turn in flight (at a stop): its step fails having committed nothing, and
         runs again at the next maintenance."""
         self._cancelled = True
+        if not self._started_jobs:  # no turn reached Spark (nor started it only to cancel nothing)
+            return
         with contextlib.suppress(Exception):  # a JVM already gone has nothing left to cancel
             self._spark().sparkContext.cancelJobGroup(MAINTENANCE_JOB_GROUP)
 
@@ -415,6 +418,7 @@ class Maintainer:
             rest = max(self.policy.interval_seconds, self._rest.get(candidate.identifier, 0.0))
             if now - self._last.get(candidate.identifier, float("-inf")) < rest:
                 continue
+            self._started_jobs = True
             spark = self._spark()
             try:
                 health = table_health(spark, candidate.identifier)

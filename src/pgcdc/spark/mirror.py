@@ -99,6 +99,7 @@ class MirrorTable:
     shape: SourceShape | None = None  # see SHAPE_PROPERTY
     changelog_image: StructType | None = None  # the row image the change log was last written with
     index: MirrorIndex | None = None  # where each row is (deleting by position), built when first needed
+    iceberg_table: Any = None  # its org.apache.iceberg.Table, kept between batches by the row-delta writer
     deletes: str | None = None  # "equality" when this mirror cannot delete by position (why was logged)
     small_files: SmallFiles = field(default_factory=SmallFiles)  # the files folding knows (spark/fold.py)
 
@@ -153,20 +154,12 @@ def cannot_widen(current: StructType, target: StructType) -> list[str]:
             and not _widens(stored_type(f.dataType), stored_type(wanted[f.name].dataType))]
 
 
-class MirrorCatalog:
-    """The mirrors of one pgcdc pipeline: ``<catalog>.<namespace>.<source schema>.<source table>``."""
+class MirrorNames:
+    """The names of a namespace's mirrors: ``<catalog>.<namespace>.<source schema>.<source table>``."""
 
-    def __init__(self, spark: SparkSession, destination: Destination, *, slot: str | None = None) -> None:
-        """The mirrors of ``destination``'s namespace. ``slot``: the replication slot the mirrors stream from,
-        recorded in each mirror it creates or opens (None: a reader such as ``pgcdc status``, which records
-        nothing)."""
-        self.spark = spark
-        self.catalog = destination.catalog
-        self.namespace = destination.namespace
-        self.slot = slot
-        self._tables: dict[tuple[str, str], MirrorTable] = {}
-        self.properties = MirrorProperties(spark)
-        self.positions = MirrorPositions(spark)
+    def __init__(self, catalog: str, namespace: str) -> None:
+        self.catalog = catalog
+        self.namespace = namespace
 
     def identifier_for(self, source_schema: str, source_table: str) -> str:
         return f"{self.namespace_for(source_schema)}.{quote(encode_name(source_table))}"
@@ -181,8 +174,35 @@ class MirrorCatalog:
     def rejects_identifier_for(self, source_schema: str, source_table: str) -> str:
         return self.identifier_for(source_schema, source_table + REJECTS_SUFFIX)
 
+    @staticmethod
+    def mirrored(table_name: str) -> str | None:
+        """The source table an Iceberg table of a source schema's namespace mirrors, by its name (None: a change
+        log or a ``__rejects`` table)."""
+        return None if table_name.endswith((CHANGELOG_SUFFIX, REJECTS_SUFFIX)) else decode_name(table_name)
+
+
+class MirrorCatalog(MirrorNames):
+    """The mirrors of one pgcdc pipeline, through Spark: ``<catalog>.<namespace>.<source schema>.<source table>``."""
+
+    def __init__(self, spark: SparkSession, destination: Destination, *, slot: str | None = None) -> None:
+        """The mirrors of ``destination``'s namespace. ``slot``: the replication slot the mirrors stream from,
+        recorded in each mirror it creates or opens (None: a reader such as ``pgcdc status``, which records
+        nothing)."""
+        super().__init__(destination.catalog, destination.namespace)
+        self.spark = spark
+        self.slot = slot
+        self._tables: dict[tuple[str, str], MirrorTable] = {}
+        self.properties = MirrorProperties(spark)
+        self.positions = MirrorPositions(spark)
+
     def _exists(self, identifier: str) -> bool:
         return bool(self.spark.catalog.tableExists(identifier))
+
+    def table(self, identifier: str) -> Any:
+        """Iceberg's ``Table`` of ``identifier``, loaded through the JVM."""
+        from pgcdc.spark.iceberg import load_table
+
+        return load_table(self.spark, identifier)
 
     def readable(self, identifier: str) -> bool:
         """True for a usable table; a broken leftover of an interrupted creation is dropped."""
@@ -192,7 +212,8 @@ class MirrorCatalog:
 
         try:
             self.spark.table(identifier).schema  # noqa: B018 - loads the table's metadata
-            self.spark.sql(f"SELECT count(*) FROM {identifier}.snapshots").collect()
+            # its snapshots resolve too; analysed, not run: a job would cost a cold JVM seconds and tell no more
+            self.spark.table(f"{identifier}.snapshots").schema  # noqa: B018
         except AnalysisException as exc:
             log.warning("dropping mirror %s left unusable by an interrupted run (%s)", identifier,
                         str(exc).splitlines()[0])
@@ -394,18 +415,16 @@ class MirrorCatalog:
         found = []
         for namespace in catalog.listNamespaces(root):
             parts = list(namespace)
-            source_schema = _decode(parts[-1])
+            source_schema = decode_name(parts[-1])
             for identifier in catalog.listTables(namespace):
-                name = identifier.name()
-                if name.endswith((CHANGELOG_SUFFIX, REJECTS_SUFFIX)):
-                    continue
-                source_table = _decode(name)
-                found.append((source_schema, source_table, self.identifier_for(source_schema, source_table)))
+                source_table = self.mirrored(identifier.name())
+                if source_table is not None:
+                    found.append((source_schema, source_table, self.identifier_for(source_schema, source_table)))
         return sorted(found)
 
 
-
-def _decode(name: str) -> str:
+def decode_name(name: str) -> str:
+    """A source schema's or table's name from its Iceberg name (:func:`encode_name`)."""
     for raw, encoded in _PATH_UNSAFE.items():
         if raw != "%":
             name = name.replace(encoded, raw)

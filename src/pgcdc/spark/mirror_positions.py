@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pgcdc.lsn import Lsn
 from pgcdc.positions import (
@@ -27,6 +27,30 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgcdc.spark.mirror")
 
 
+def position_facts(table: Any) -> tuple[list[str], str | None, bool]:
+    """What a table's metadata holds of its position (:func:`pgcdc.positions.mirror_position`'s arguments): the
+    ``pgcdc.lsn`` each snapshot of its current lineage carries, its ``pgcdc.position`` property, and whether it is
+    keyed. ``table``: Iceberg's ``Table`` through the JVM, or the same read without one
+    (:class:`pgcdc.spark.table_metadata.TableMetadata`)."""
+    lineage: list[str] = []
+    snapshot = table.currentSnapshot()
+    while snapshot is not None:
+        value = snapshot.summary().get(LSN_SUMMARY)
+        if value is not None:
+            lineage.append(str(value))
+        parent = snapshot.parentId()
+        snapshot = table.snapshot(parent) if parent is not None else None  # None: expired
+    properties = table.properties()
+    record = properties.get(RECORD_PROPERTY)
+    return lineage, None if record is None else str(record), bool(properties.get(KEY_PROPERTY))
+
+
+def table_position(identifier: str, table: Any) -> Lsn | None:
+    """Where the table ``identifier`` stands (:func:`pgcdc.positions.mirror_position` over :func:`position_facts`)."""
+    lineage, record, keyed = position_facts(table)
+    return mirror_position(identifier, lineage, record, keyed=keyed)
+
+
 class MirrorPositions:
     """The positions of the tables of one catalog (mirrors, change logs, ``__rejects`` tables)."""
 
@@ -45,23 +69,12 @@ class MirrorPositions:
         from pgcdc.spark.iceberg import load_table
 
         try:
-            table = load_table(self.spark, identifier)
-            lineage: list[str] = []
-            snapshot = table.currentSnapshot()
-            while snapshot is not None:
-                value = snapshot.summary().get(LSN_SUMMARY)
-                if value is not None:
-                    lineage.append(str(value))
-                parent = snapshot.parentId()
-                snapshot = table.snapshot(parent) if parent is not None else None  # None: expired
-            properties = table.properties()
-            record = properties.get(RECORD_PROPERTY)
-            keyed = bool(properties.get(KEY_PROPERTY))
+            lineage, record, keyed = position_facts(load_table(self.spark, identifier))
         except (AnalysisException, Py4JJavaError) as exc:
             log.warning("mirror %s cannot be read (%s); it will be copied again", identifier,
                         str(exc).strip().splitlines()[0])
             return None
-        return mirror_position(identifier, lineage, None if record is None else str(record), keyed=keyed)
+        return mirror_position(identifier, lineage, record, keyed=keyed)
 
     def record(self, identifier: str, position: Lsn | None, *, pending: Lsn | None = None,
                advance_only: bool = False) -> None:

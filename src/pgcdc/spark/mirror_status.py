@@ -3,7 +3,8 @@ slot, rows and snapshots. Reads only."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from pgcdc.lsn import Lsn
 from pgcdc.spark.consistent import CONSISTENT_TAG, tag_state
@@ -12,7 +13,30 @@ from pgcdc.spark.mirror import MirrorCatalog
 from pgcdc.spark.mirror_properties import SLOT_PROPERTY
 
 
-def namespace_positions(mirrors: MirrorCatalog) -> dict[tuple[str, str], Lsn]:
+class _PositionReads(Protocol):
+    def read(self, identifier: str) -> Lsn | None: ...
+
+
+class _PropertyReads(Protocol):
+    def read(self, identifier: str) -> Mapping[str, str]: ...
+
+
+class MirrorReads(Protocol):
+    """What the start path reads of a namespace's mirrors: :class:`pgcdc.spark.mirror.MirrorCatalog` through Spark,
+    or :class:`pgcdc.spark.mirror_metadata.MirrorMetadata` without a JVM."""
+
+    @property
+    def positions(self) -> _PositionReads: ...
+
+    @property
+    def properties(self) -> _PropertyReads: ...
+
+    def source_tables(self) -> list[tuple[str, str, str]]: ...
+
+    def table(self, identifier: str) -> Any: ...
+
+
+def namespace_positions(mirrors: MirrorReads) -> dict[tuple[str, str], Lsn]:
     """{(source schema, source table): position} of every mirror of the namespace holding one."""
     result = {}
     for source_schema, source_table, identifier in mirrors.source_tables():
@@ -58,7 +82,7 @@ def consistent_point(described: list[dict[str, Any]]) -> str | None:
     return f"consistent point ({CONSISTENT_TAG}): {stand} on {len(tagged)} of {len(described)} mirrors{behind}"
 
 
-def mirrors_streaming_from(mirrors: MirrorCatalog, slot: str) -> list[tuple[str, Lsn | None]]:
+def mirrors_streaming_from(mirrors: MirrorReads, slot: str) -> list[tuple[str, Lsn | None]]:
     """(identifier, position) of every mirror that records ``slot`` as the slot it streams from."""
     return [(identifier, mirrors.positions.read(identifier)) for _, _, identifier in mirrors.source_tables()
             if mirrors.properties.read(identifier).get(SLOT_PROPERTY) == slot]

@@ -34,10 +34,11 @@ from pgcdc.spark.files import layout_schema, local_path, write_parquet
 from pgcdc.spark.iceberg import (
     commit_outcome_unknown,
     data_file,
-    load_table,
+    iceberg_classes,
     parquet_compression,
     parquet_layout,
 )
+from pgcdc.spark.steps import StepClock
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -64,10 +65,12 @@ class PositionDeletes:
 
 @dataclass(frozen=True)
 class Committed:
-    """A commit that landed: its snapshot, the data file it added (None: none; its Iceberg ``DataFile`` and rows)
-    and the position-delete file (its ``DeleteFile``)."""
+    """A commit that landed: its snapshot and that snapshot's parent (another writer's, when Iceberg retried the
+    commit on top of a commit made meanwhile), the data file it added (None: none; its Iceberg ``DataFile`` and
+    rows) and the position-delete file (its ``DeleteFile``)."""
 
     snapshot_id: int
+    parent_id: int | None
     data_path: str | None
     data_file: Any = None
     data_rows: int = 0
@@ -75,12 +78,13 @@ class Committed:
 
 
 class RowDeltaWriter:
-    """One mirror as the row-delta writer sees it for one batch: the Iceberg table as loaded now (its schema
+    """One mirror as the row-delta writer sees it for one batch: the Iceberg table as it stands now (its schema
     and field ids read fresh, so a schema change between batches is followed), and its Parquet layout."""
 
-    def __init__(self, spark: SparkSession, identifier: str) -> None:
+    def __init__(self, spark: SparkSession, table: Any) -> None:
+        """``table``: the mirror's ``org.apache.iceberg.Table``, loaded or refreshed for this batch."""
         self.spark = spark
-        self.table = load_table(spark, identifier)
+        self.table = table
         self.start_snapshot = self.table.currentSnapshot()
         self.layout_problem: str | None = None
         try:
@@ -110,15 +114,17 @@ class RowDeltaWriter:
 
     def commit(self, rows: pa.Table | None, deletes: pa.Table | PositionDeletes | None,
                properties: Mapping[str, str], *, table_properties: Mapping[str, str] | None = None,
-               replace_all: bool = False, validate_from: int | None = None) -> Committed:
+               replace_all: bool = False, validate_from: int | None = None,
+               clock: StepClock | None = None) -> Committed:
         """One commit: ``rows`` added, and removed either every older row equal to a row of ``deletes`` (an Arrow
         table: equality deletes on its columns) or the rows at ``deletes``' positions (:class:`PositionDeletes`)
         — or, with ``replace_all``, every row of the table replaced by ``rows`` — ``properties`` in its snapshot
         summary and ``table_properties`` set on the table, all in one metadata commit. Concurrent commits are
         validated from ``validate_from`` (default: the snapshot this writer loaded): for position deletes, the
-        snapshot their positions were read from, and every data file they name must still be live."""
-        jvm: Any = self.spark.sparkContext._jvm
-        iceberg = jvm.org.apache.iceberg
+        snapshot their positions were read from, and every data file they name must still be live. ``clock``
+        times the files and the commit."""
+        clock = clock or StepClock()
+        classes = iceberg_classes()
         written: list[str] = []
         data_path = None
         try:
@@ -126,14 +132,17 @@ class RowDeltaWriter:
             data = None
             if rows is not None and rows.num_rows:
                 data_path, size = self._write(rows, self.schema, written)
-                data = data_file(self.spark, self.table, data_path, size)
+                data = data_file(self.spark, self.table, data_path, size,
+                                 metrics_config=classes.metrics_for_table(self.table))
+            clock.lap("data file")
             injection_point("apply.delta-deletes")
             delete_file = None if replace_all else self._delete_file(deletes, written)
+            clock.lap("delete file")
             injection_point("apply.delta-commit")
             # one transaction: the snapshot and the table properties land in one metadata file, or neither
             transaction = self.table.newTransaction()
             if replace_all:
-                operation = transaction.newOverwrite().overwriteByRowFilter(iceberg.expressions.Expressions.alwaysTrue())
+                operation = transaction.newOverwrite().overwriteByRowFilter(classes.always_true)
                 if data is not None:
                     operation = operation.addFile(data)
             else:
@@ -146,7 +155,7 @@ class RowDeltaWriter:
                     # data file they name, and a commit that removed one makes this one fail, to be resolved again
                     operation = operation.validateFromSnapshot(start)
                 if isinstance(deletes, PositionDeletes) and deletes.files:
-                    referenced = jvm.java.util.ArrayList()
+                    referenced = classes.ArrayList()
                     for path in deletes.files:
                         referenced.add(path)
                     operation = operation.validateDataFilesExist(referenced).validateDeletedFiles()
@@ -163,7 +172,11 @@ class RowDeltaWriter:
                     update = update.set(str(key), str(value))
                 update.commit()
             transaction.commitTransaction()
-            return Committed(int(self.table.currentSnapshot().snapshotId()), data_path, data,
+            # the transaction's own view names the snapshot it committed, wherever the table has moved on since
+            snapshot = transaction.table().currentSnapshot()
+            parent = snapshot.parentId()
+            clock.lap("commit")
+            return Committed(int(snapshot.snapshotId()), None if parent is None else int(parent), data_path, data,
                              0 if rows is None else rows.num_rows,
                              delete_file if isinstance(deletes, PositionDeletes) else None)
         except Exception as exc:
@@ -184,7 +197,8 @@ class RowDeltaWriter:
             data = delete_file = data_path = None
             if rows.num_rows:
                 data_path, size = self._write(rows, self.schema, written)
-                data = data_file(self.spark, self.table, data_path, size)
+                data = data_file(self.spark, self.table, data_path, size,
+                                 metrics_config=iceberg_classes().metrics_for_table(self.table))
             delete_file = self._delete_file(PositionDeletes(deletes), written)
             injection_point("apply.fold-commit")
             operation = self.table.newRewrite().validateFromSnapshot(validate_from)
@@ -196,8 +210,10 @@ class RowDeltaWriter:
             for key, value in properties.items():
                 operation = operation.set(str(key), str(value))
             operation.commit()
-            return Committed(int(self.table.currentSnapshot().snapshotId()), data_path, data, rows.num_rows,
-                             delete_file)
+            snapshot = self.table.currentSnapshot()
+            parent = snapshot.parentId()
+            return Committed(int(snapshot.snapshotId()), None if parent is None else int(parent), data_path, data,
+                             rows.num_rows, delete_file)
         except Exception as exc:
             if commit_outcome_unknown(exc):
                 log.error("the commit's outcome is unknown; its files are kept: %s", ", ".join(written))
@@ -208,7 +224,7 @@ class RowDeltaWriter:
     def _delete_file(self, deletes: pa.Table | PositionDeletes | None, written: list[str]) -> Any:
         """The delete file of ``deletes`` (None: nothing to delete): equality deletes on the table's columns, or
         position deletes (``file_path``, ``pos`` sorted, as the spec asks), their metrics from the footer."""
-        iceberg = self.spark.sparkContext._jvm.org.apache.iceberg  # type: ignore[union-attr]
+        classes = iceberg_classes()
         if isinstance(deletes, PositionDeletes):
             if not deletes.files:
                 return None
@@ -218,10 +234,10 @@ class RowDeltaWriter:
                 [pa.array(np.repeat(np.array(paths, dtype=object), [len(p) for p in positions]), pa.string()),
                  pa.array(np.concatenate(positions), pa.int64())], schema=POSITION_DELETE_SCHEMA)
             path, size = self._write(rows, POSITION_DELETE_SCHEMA, written)
-            metrics = iceberg.parquet.ParquetUtil.fileMetrics(self.table.io().newInputFile(path),
-                                                              iceberg.MetricsConfig.forPositionDelete(self.table))
-            builder = (iceberg.FileMetadata.deleteFileBuilder(self.table.spec()).ofPositionDeletes()
-                       .withPath(path).withFormat(iceberg.FileFormat.PARQUET).withFileSizeInBytes(size)
+            metrics = classes.file_metrics(self.table.io().newInputFile(path),
+                                                      classes.metrics_for_position_deletes(self.table))
+            builder = (classes.delete_file_builder(self.table.spec()).ofPositionDeletes()
+                       .withPath(path).withFormat(classes.PARQUET).withFileSizeInBytes(size)
                        .withMetrics(metrics))
             if len(paths) == 1:  # readers that match delete files to data files by it go straight to the one
                 builder = builder.withReferencedDataFile(paths[0])

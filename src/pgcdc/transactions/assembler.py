@@ -5,6 +5,12 @@ Stream Start and Stream Stop, released by Stream Commit, dropped whole or per su
 Stream Abort, interleaved under ``streaming 'parallel'``), and two-phase ones (protocol 3+: held
 from Prepare, or Stream Prepare, until Commit Prepared or Rollback Prepared).
 
+A transaction holds its Inserts, Updates and Deletes column-wise: per table (schema version) a run of
+changes in a :class:`~pgcdc.pgoutput.tuple_store.TupleStore`, their row images kept as the bytes the server
+sent, with per change only its op, ordinal and subtransaction. :meth:`Transaction.runs` hands those runs on
+as they are (a consumer turns a run into columns with no object per value); :meth:`Transaction.changes`
+gives one :class:`Change` object per change.
+
 Memory is bounded: a transaction whose changes outgrow ``memory_limit_bytes`` continues in a
 spill file that is read back when it commits and removed when it ends; files left by a crashed
 process are swept when the next assembler starts. A spill file holds the changes as pgoutput bytes
@@ -16,6 +22,7 @@ the server sends it again after a restart); it is never trusted, and never unpic
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import os
 import struct
@@ -25,6 +32,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+import numpy as np
 
 from pgcdc.errors import DecodeError, ProtocolError, SpillCorruptError
 from pgcdc.faults import injection_point
@@ -42,6 +51,7 @@ from pgcdc.pgoutput.messages import (
     Message,
     Origin,
     Prepare,
+    RawChange,
     Relation,
     RollbackPrepared,
     StreamAbort,
@@ -54,12 +64,14 @@ from pgcdc.pgoutput.messages import (
     Type,
     Update,
 )
+from pgcdc.pgoutput.tuple_store import new_store
 
 log = logging.getLogger("pgcdc.transactions")
 
 SPILL_PREFIX = "pgcdc-spill-"
 _SPILL_CHUNK = 10_000
-_CHANGE_OVERHEAD = 120  # bytes a buffered change costs beyond its values (objects, references)
+_CHANGE_OVERHEAD = 48  # bytes a buffered change costs beyond its values (its record, the image offsets)
+_NONE = -1  # a change's subtransaction in a TupleStore when it has none
 
 
 class Change:
@@ -94,8 +106,112 @@ class Change:
         return f"Change({self.op} {table} at {self.commit_lsn}#{self.ordinal})"
 
 
-# A buffered change: (subtransaction xid or None, data message, relation version or truncated relations)
-_Item = tuple[int | None, AnyMessage, Any]
+# A buffered change other than a row change (a Truncate, a transactional Message): (subtransaction xid or None,
+# the message, the truncated relations or None, its ordinal)
+_Single = tuple[int | None, AnyMessage, Any, int]
+
+
+class ChangeRun:
+    """Row changes of one table (one schema version: ``relation``) in a transaction, in order: the changes of
+    ``store`` (a :class:`~pgcdc.pgoutput.tuple_store.TupleStore`) at the int64 indices ``selection`` (None: all of
+    them), with ``ordinals`` their positions in the transaction (None: the store's own)."""
+
+    __slots__ = ("ordinals", "relation", "selection", "store")
+
+    def __init__(self, relation: Relation, store: Any, selection: np.ndarray | None = None,
+                 ordinals: np.ndarray | None = None) -> None:
+        self.relation = relation
+        self.store = store
+        self.selection = selection
+        self.ordinals = ordinals
+
+    def __len__(self) -> int:
+        return len(self.store) if self.selection is None else len(self.selection)
+
+    def ordinal_array(self) -> np.ndarray:
+        if self.ordinals is not None:
+            return self.ordinals
+        stored = np.frombuffer(self.store.ordinals(), dtype=np.int64)
+        return stored if self.selection is None else stored[self.selection]
+
+    def part(self, start: int, stop: int) -> ChangeRun:
+        """The changes from ``start`` to ``stop`` (positions in this run)."""
+        selection = self.selection if self.selection is not None else np.arange(len(self.store), dtype=np.int64)
+        return ChangeRun(self.relation, self.store, selection[start:stop], self.ordinal_array()[start:stop])
+
+    def __repr__(self) -> str:
+        return f"ChangeRun({self.relation.qualified_name}, {len(self)} changes)"
+
+
+class _Run:
+    """The changes of a buffer to one relation version since it was last interrupted (by a Truncate of it)."""
+
+    __slots__ = ("relation", "store")
+
+    def __init__(self, relation: Relation) -> None:
+        self.relation = relation
+        self.store = new_store(len(relation.columns))
+
+
+class _Pieces:
+    """Changes in the order they came, as runs per relation version and single items: what a buffer holds in
+    memory, and what a chunk of its spill file reads back as."""
+
+    __slots__ = ("count", "items", "runs")
+
+    def __init__(self, first_ordinal: int = 0) -> None:
+        self.items: list[_Run | _Single] = []
+        self.runs: dict[int, _Run] = {}  # the run each relation's next change joins
+        self.count = first_ordinal
+
+    def add_change(self, subxid: int | None, message: RawChange | Insert | Update | Delete, relation: Relation) -> int:
+        """Adds a row change; its size in bytes (for the memory limit)."""
+        run = self.runs.get(relation.relation_id)
+        if run is None or run.relation is not relation:
+            run = self.runs[relation.relation_id] = _Run(relation)
+            self.items.append(run)
+        try:
+            if type(message) is RawChange:
+                if not run.store.add_wire(message.data, message.xid is not None, self.count,
+                                          _NONE if subxid is None else subxid):
+                    message.message()  # raises the DecodeError that says what is wrong
+                    raise DecodeError(f"{message.op} message could not be stored")
+                size = len(message.data)
+            else:
+                assert isinstance(message, Insert | Update | Delete)
+                op = "I" if isinstance(message, Insert) else "U" if isinstance(message, Update) else "D"
+                run.store.add(op, getattr(message, "new", None), getattr(message, "old", None),
+                              getattr(message, "key", None), self.count, _NONE if subxid is None else subxid)
+                size = _tuple_size(message)
+        except ValueError as exc:  # a row of another width
+            raise ProtocolError(f"{exc} (table {relation.qualified_name}): the server sent a row that does not match "
+                                "its table's description") from None
+        self.count += 1
+        return size
+
+    def add_single(self, subxid: int | None, message: AnyMessage, relation: Any) -> None:
+        if isinstance(relation, tuple):  # a Truncate: later changes of its tables come after it
+            for version in relation:
+                self.runs.pop(version.relation_id, None)
+        self.items.append((subxid, message, relation, self.count))
+        self.count += 1
+
+    def changes(self) -> Iterator[tuple[int, int | None, AnyMessage, Any]]:
+        """(ordinal, subxid, message, relation version or truncated relations) of every change, in order, one at a
+        time (the runs of different tables interleave)."""
+        return heapq.merge(*(self._run_changes(item) if isinstance(item, _Run) else iter([(item[3], *item[:3])])
+                             for item in self.items), key=lambda entry: entry[0])
+
+    @staticmethod
+    def _run_changes(run: _Run) -> Iterator[tuple[int, int | None, AnyMessage, Any]]:
+        store, relation = run.store, run.relation
+        relation_id = relation.relation_id
+        for index in range(len(store)):
+            op, ordinal, subxid, new, old, key = store.change(index)
+            message: AnyMessage = (Insert(subxid, relation_id, new) if op == "I" else
+                                   Update(subxid, relation_id, key, old, new) if op == "U" else
+                                   Delete(subxid, relation_id, key, old))
+            yield ordinal, subxid, message, relation
 
 
 @dataclass
@@ -106,9 +222,8 @@ class _Buffer:
     start_lsn: Lsn | None = None
     commit_ts: int = 0
     origin: str | None = None
-    items: list[_Item] = field(default_factory=list)
+    pieces: _Pieces = field(default_factory=_Pieces)
     size: int = 0
-    count: int = 0
     spill_path: Path | None = None
     spill_file: IO[bytes] | None = None
     aborted_subxids: set[int] = field(default_factory=set)
@@ -116,10 +231,20 @@ class _Buffer:
     # id(relation version) -> (its index in the spill file, the version itself, kept alive so ids stay unique)
     spilled_relations: dict[int, tuple[int, Relation]] = field(default_factory=dict)
 
-    def add(self, item: _Item, size: int, limit: int, spill_dir: str | None) -> None:
-        self.items.append(item)
+    @property
+    def count(self) -> int:
+        return self.pieces.count
+
+    def add_change(self, subxid: int | None, message: RawChange | Insert | Update | Delete, relation: Relation,
+                   limit: int, spill_dir: str | None) -> None:
+        self.size += self.pieces.add_change(subxid, message, relation) + _CHANGE_OVERHEAD
+        if self.size > limit:
+            self._spill(spill_dir)
+
+    def add_single(self, subxid: int | None, message: AnyMessage, relation: Any, size: int, limit: int,
+                   spill_dir: str | None) -> None:
+        self.pieces.add_single(subxid, message, relation)
         self.size += size + _CHANGE_OVERHEAD
-        self.count += 1
         if self.size > limit:
             self._spill(spill_dir)
 
@@ -134,12 +259,13 @@ class _Buffer:
             log.info("transaction %d exceeds the memory limit: spilling its changes to %s", self.xid, name)
             self._write(self.spill_file, _SPILL_MAGIC)
         frames = bytearray()
-        for start in range(0, len(self.items), _SPILL_CHUNK):
-            for item in self.items[start:start + _SPILL_CHUNK]:
-                frames += self._spill_frames(item)
-            self._write(self.spill_file, frames)
-            frames.clear()
-        self.items = []
+        for written, (_, subxid, message, relation) in enumerate(self.pieces.changes(), start=1):
+            frames += self._spill_frames((subxid, message, relation))
+            if written % _SPILL_CHUNK == 0:
+                self._write(self.spill_file, frames)
+                frames.clear()
+        self._write(self.spill_file, frames)
+        self.pieces = _Pieces(self.pieces.count)
         self.size = 0
 
     def _write(self, file: IO[bytes], data: bytes | bytearray) -> None:
@@ -154,7 +280,7 @@ class _Buffer:
                 "directory (or point --spill-dir elsewhere), or raise --memory-limit; nothing of this transaction "
                 "was confirmed, so the server sends it again after a restart")
 
-    def _spill_frames(self, item: _Item) -> bytes:
+    def _spill_frames(self, item: tuple[int | None, AnyMessage, Any]) -> bytes:
         subxid, message, relation = item
         relations = relation if isinstance(relation, tuple) else () if relation is None else (relation,)
         head = bytearray()
@@ -169,11 +295,22 @@ class _Buffer:
         payload = struct.pack(f">qH{len(refs)}I", -1 if subxid is None else subxid, len(refs), *refs)
         return bytes(head + _frame(kind, payload + _encode_any(message)))
 
-    def iterate(self) -> Iterator[_Item]:
+    def chunks(self) -> Iterator[_Pieces]:
+        """The changes in order: the spill file's read back a chunk at a time, then those held in memory."""
         if self.spill_file is not None and self.spill_path is not None:
             with open(self.spill_path, "rb") as spilled:
-                yield from _read_spill(spilled, self.spill_path)
-        yield from self.items
+                chunk = _Pieces()
+                for subxid, message, relation in _read_spill(spilled, self.spill_path):
+                    if isinstance(message, Insert | Update | Delete):
+                        chunk.add_change(subxid, message, relation)
+                    else:
+                        chunk.add_single(subxid, message, relation)
+                    if chunk.count % _SPILL_CHUNK == 0:
+                        yield chunk
+                        chunk = _Pieces(chunk.count)
+                if chunk.items:
+                    yield chunk
+        yield self.pieces
 
     def close(self) -> None:
         if self.spill_file is not None:
@@ -183,7 +320,7 @@ class _Buffer:
             with contextlib.suppress(FileNotFoundError):
                 self.spill_path.unlink()
             self.spill_path = None
-        self.items = []
+        self.pieces = _Pieces()
 
 
 class Transaction:
@@ -204,24 +341,78 @@ class Transaction:
         return self._buffer.spill_path is not None
 
     def changes(self) -> Iterator[Change]:
+        """One :class:`Change` per change, in order (:meth:`runs` is the columnar way)."""
         aborted = self._buffer.aborted_subxids
         ordinal = 0
-        for subxid, message, relation in self._buffer.iterate():
-            if subxid is not None and subxid in aborted:
+        for chunk in self._buffer.chunks():
+            for _, subxid, message, relation in chunk.changes():
+                if subxid is not None and subxid in aborted:
+                    continue
+                if isinstance(message, Insert):
+                    yield Change(self.commit_lsn, ordinal, "I", relation, new=message.new)
+                elif isinstance(message, Update):
+                    yield Change(self.commit_lsn, ordinal, "U", relation, new=message.new, old=message.old,
+                                 key=message.key)
+                elif isinstance(message, Delete):
+                    yield Change(self.commit_lsn, ordinal, "D", relation, old=message.old, key=message.key)
+                elif isinstance(message, Truncate):
+                    yield Change(self.commit_lsn, ordinal, "T", None, truncate_relations=relation,
+                                 truncate_options=message.options)
+                elif isinstance(message, Message):
+                    yield Change(self.commit_lsn, ordinal, "M", None, message=message)
+                ordinal += 1
+
+    def runs(self) -> Iterator[ChangeRun | Change]:
+        """The changes as runs of row changes per table (:class:`ChangeRun`) and a :class:`Change` for each other one
+        (a Truncate, a transactional Message). The changes of one table come in their order; those of different
+        tables may not (their ordinals tell)."""
+        aborted = self._buffer.aborted_subxids
+        base = 0  # the ordinal of the next change that was not rolled back
+        for chunk in self._buffer.chunks():
+            if aborted:
+                surviving = self._surviving(chunk, aborted, base)
+                base += sum(len(item) if isinstance(item, ChangeRun) else 1 for item in surviving)
+                yield from surviving
                 continue
-            if isinstance(message, Insert):
-                yield Change(self.commit_lsn, ordinal, "I", relation, new=message.new)
-            elif isinstance(message, Update):
-                yield Change(self.commit_lsn, ordinal, "U", relation, new=message.new, old=message.old,
-                             key=message.key)
-            elif isinstance(message, Delete):
-                yield Change(self.commit_lsn, ordinal, "D", relation, old=message.old, key=message.key)
-            elif isinstance(message, Truncate):
-                yield Change(self.commit_lsn, ordinal, "T", None, truncate_relations=relation,
-                             truncate_options=message.options)
-            elif isinstance(message, Message):
-                yield Change(self.commit_lsn, ordinal, "M", None, message=message)
-            ordinal += 1
+            for item in chunk.items:
+                if isinstance(item, _Run):
+                    yield ChangeRun(item.relation, item.store)
+                else:
+                    yield self._single(item, item[3])
+
+    def _surviving(self, chunk: _Pieces, aborted: set[int], base: int) -> list[ChangeRun | Change]:
+        """The runs of a chunk without the changes of rolled-back subtransactions, numbered again from ``base``."""
+        rolled_back = np.fromiter(aborted, dtype=np.int64, count=len(aborted))
+        kept: list[tuple[_Run | _Single, np.ndarray | None, np.ndarray]] = []
+        for item in chunk.items:
+            if isinstance(item, _Run):
+                keep = ~np.isin(np.frombuffer(item.store.subxids(), dtype=np.int64), rolled_back)
+                chosen = np.flatnonzero(keep).astype(np.int64)
+                kept.append((item, chosen, np.frombuffer(item.store.ordinals(), dtype=np.int64)[chosen]))
+            elif item[0] is None or item[0] not in aborted:
+                kept.append((item, None, np.array([item[3]], dtype=np.int64)))
+        stored = np.concatenate([ordinals for _, _, ordinals in kept]) if kept else np.empty(0, np.int64)
+        renumbered = np.empty(len(stored), dtype=np.int64)
+        renumbered[np.argsort(stored, kind="stable")] = np.arange(base, base + len(stored), dtype=np.int64)
+        surviving: list[ChangeRun | Change] = []
+        at = 0
+        for item, selection, ordinals in kept:
+            numbers = renumbered[at:at + len(ordinals)]
+            at += len(ordinals)
+            if isinstance(item, _Run):
+                if len(ordinals):
+                    surviving.append(ChangeRun(item.relation, item.store, selection, numbers))
+            else:
+                surviving.append(self._single(item, int(numbers[0])))
+        return surviving
+
+    def _single(self, item: _Single, ordinal: int) -> Change:
+        _, message, relation, _ = item
+        if isinstance(message, Truncate):
+            return Change(self.commit_lsn, ordinal, "T", None, truncate_relations=relation,
+                          truncate_options=message.options)
+        assert isinstance(message, Message)
+        return Change(self.commit_lsn, ordinal, "M", None, message=message)
 
     def close(self) -> None:
         self._buffer.close()
@@ -281,8 +472,8 @@ class TransactionAssembler:
     def feed(self, message: AnyMessage) -> Iterator[Transaction | Message | Type]:
         """Take one message; yield what it completes."""
         match message:
-            case Insert() | Update() | Delete():
-                self._add(message, self._relation_for(message.relation_id), _tuple_size(message))
+            case RawChange() | Insert() | Update() | Delete():
+                self.add_change(message)
             case Begin():
                 self._begin(_Buffer(message.xid, start_lsn=message.final_lsn, commit_ts=message.commit_ts))
             case Commit():
@@ -293,9 +484,9 @@ class TransactionAssembler:
             case Type():
                 yield message
             case Truncate():
-                self._add(message, tuple(self._relation_for(oid) for oid in message.relation_ids), 16)
+                self._add_single(message, tuple(self._relation_for(oid) for oid in message.relation_ids), 16)
             case Message(transactional=True):
-                self._add(message, None, len(message.content))
+                self._add_single(message, None, len(message.content))
             case Message():
                 yield message
             case Origin():
@@ -398,15 +589,24 @@ class TransactionAssembler:
             raise ProtocolError(f"a change for relation {relation_id} arrived before its Relation message")
         return relation
 
-    def _add(self, message: AnyMessage, relation: Any, size: int) -> None:
+    def _target(self, message: AnyMessage) -> _Buffer:
         if self._stream_xid is not None:
-            # inside a stream, data messages carry the subtransaction's xid (for Stream Abort of a savepoint)
-            self._stream_buffer().add((getattr(message, "xid", None), message, relation), size,
-                                      self.memory_limit_bytes, self.spill_dir)
-        elif self._current is not None:
-            self._current.add((None, message, relation), size, self.memory_limit_bytes, self.spill_dir)
-        else:
-            raise ProtocolError(f"{type(message).__name__} outside a transaction")
+            return self._streams[self._stream_xid]
+        if self._current is not None:
+            return self._current
+        raise ProtocolError(f"{type(message).__name__} outside a transaction")
+
+    def add_change(self, message: RawChange | Insert | Update | Delete) -> None:
+        """:meth:`feed` for a row change, which completes nothing (no generator for the most common message)."""
+        # inside a stream, data messages carry the subtransaction's xid (for Stream Abort of a savepoint)
+        buffer = self._target(message)
+        buffer.add_change(message.xid if self._stream_xid is not None else None, message,
+                          self._relation_for(message.relation_id), self.memory_limit_bytes, self.spill_dir)
+
+    def _add_single(self, message: Truncate | Message, relation: Any, size: int) -> None:
+        buffer = self._target(message)
+        buffer.add_single(message.xid if self._stream_xid is not None else None, message, relation, size,
+                          self.memory_limit_bytes, self.spill_dir)
 
 
 _SPILL_MAGIC = b"PGCDC-SPILL-1\n"
@@ -428,7 +628,7 @@ def _decode_any(data: bytes) -> AnyMessage:
     return decode(data[1:], proto_version=4, in_stream=data[:1] == b"\1")
 
 
-def _read_spill(file: IO[bytes], path: Path) -> Iterator[_Item]:
+def _read_spill(file: IO[bytes], path: Path) -> Iterator[tuple[int | None, AnyMessage, Any]]:
     """The items of a spill file, each frame's checksum and bytes verified before use."""
     def corrupt(offset: int, problem: str) -> SpillCorruptError:
         return SpillCorruptError(

@@ -19,7 +19,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Protocol, cast
 
 from pgcdc.lsn import Lsn
-from pgcdc.pgoutput.messages import AnyMessage, Message, Type
+from pgcdc.pgoutput.messages import AnyMessage, Message, RawChange, Type
 from pgcdc.transactions.assembler import Transaction, TransactionAssembler
 
 
@@ -79,6 +79,11 @@ class TransactionReader:
                         yield Tick.RECONNECTED
                     continue
                 message = event.message
+                if type(message) is RawChange:  # most messages: a row change, which completes nothing
+                    self.assembler.add_change(message)
+                    if ticks:
+                        yield Tick.RECEIVED
+                    continue
                 if message is None:
                     if ticks:
                         yield Tick.IDLE

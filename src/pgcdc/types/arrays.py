@@ -106,6 +106,7 @@ def _array_decoders(element: ColumnKind) -> tuple[Callable, Callable | None]:
 
     delimiter = ";" if element.type_name == "box" else ","  # pg_type.typdelim of the built-in types
 
+    @columnar
     def text(values: Values) -> pa.Array:
         rows = [None if s is None else [None if e is None else e.encode() for e in _parse_text_array(s, delimiter)]
                 for s in as_strings(values).to_pylist()]
@@ -157,7 +158,7 @@ def _int_array(element: ColumnKind, binary: bool, fallback: Callable) -> Callabl
     def decode(values: Values) -> pa.Array:
         fast = accelerated(name, values, width)
         if fast is None:
-            return fallback(as_list(values) if binary else values)
+            return fallback(as_list(values))
         offsets, list_valid, items, item_valid = fast
         elements = pa.Array.from_buffers(element.arrow_type, len(item_valid),
                                          [validity_bitmap(item_valid), pa.py_buffer(items)])

@@ -93,16 +93,32 @@ class TableConverter:
         if not rows:
             return self.convert_columns([[] for _ in range(width)], binary=False, lsn=lsn)
         columns, column_kinds = self._split(rows, width, lsn)
+        return self._convert_split(columns, [kinds.encode("ascii") for kinds in column_kinds], lsn)
+
+    def convert_split(self, columns: Sequence[Values | pa.Array], kinds: Sequence[bytes], *,
+                      lsn: Lsn | None = None) -> ConvertedRows:
+        """Rows already split into columns: per column its values (a list of bytes or None, or an Arrow binary
+        array, null where the kind is not 't' or 'b') and its kinds, one byte per row ('t', 'b', 'n', 'u')."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._convert_split(columns, kinds, lsn)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _convert_split(self, columns: Sequence[Values | pa.Array], column_kinds: Sequence[bytes],
+                       lsn: Lsn | None) -> ConvertedRows:
         arrays = []
         unchanged: dict[str, pa.BooleanArray] = {}
-        for index in range(width):
+        for index in range(len(self.kinds)):
             kinds = column_kinds[index]
             values = columns[index]
-            binary = "b" in kinds
-            if binary and "t" in kinds:
+            binary = b"b" in kinds
+            if binary and b"t" in kinds:
                 raise ConversionError(f"{self._column(index)}: text and binary values mixed in one batch")
-            if "u" in kinds:
-                mask = np.frombuffer(kinds.encode("ascii"), dtype="u1") == ord("u")
+            if b"u" in kinds:
+                mask = np.frombuffer(kinds, dtype="u1") == ord("u")
                 unchanged[self.relation.columns[index].name] = pa.array(mask, pa.bool_())
             arrays.append(self._decode(index, values, binary, lsn))
         return ConvertedRows(pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema), unchanged)
@@ -138,7 +154,7 @@ class TableConverter:
         if decoder is None:
             raise TextValuesRequired(f"{self._column(index)}: type {kind.type_name} has no binary decoder; stream "
                                      "this table in text mode (binary off)")
-        if binary and isinstance(values, pa.Array) and not getattr(decoder, "columnar", False):
+        if isinstance(values, pa.Array) and not getattr(decoder, "columnar", False):
             values = values.to_pylist()
         try:
             array = decoder(values)

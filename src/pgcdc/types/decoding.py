@@ -68,7 +68,8 @@ def as_list(values: Values | pa.Array) -> Values:
 
 
 def columnar(decoder: Callable[[Values], pa.Array]) -> Callable[[Values], pa.Array]:
-    """Marks a binary decoder that also takes an Arrow binary array (the snapshot's COPY columns) as is."""
+    """Marks a decoder that also takes an Arrow binary array as is (the snapshot's COPY columns, the stream's
+    gathered ones): the others get a list of bytes."""
     decoder.columnar = True  # type: ignore[attr-defined]
     return decoder
 
@@ -134,6 +135,7 @@ class ColumnKinds:
 # -- vectorised helpers -------------------------------------------------------------------------
 
 
+@columnar
 def as_strings(values: Values | pa.Array) -> pa.Array:
     if isinstance(values, pa.Array):  # already columnar (the snapshot's CSV reader)
         return values if pa.types.is_string(values.type) else values.cast(pa.string())
@@ -188,6 +190,7 @@ def fixed_from_c(values: Values | pa.Array, kind: str, target: pa.DataType) -> p
 
 def cast_text(target: pa.DataType, fallback: Callable[[str], object] | None = None, c_kind: str | None = None
                ) -> Callable[[Values], pa.Array]:
+    @columnar
     def decode(values: Values) -> pa.Array:
         if c_kind is not None:
             fast = fixed_from_c(values, c_kind, target)

@@ -85,8 +85,10 @@ def _integer_digits_fit(strings: pa.Array, target: pa.Decimal128Type) -> bool:
     ``target`` holds; texts with an exponent are left to the exact path."""
     if len(strings) == 0 or strings.null_count == len(strings):
         return True
-    if pc.any(pc.match_substring_regex(strings, "[eE]")).as_py():
+    if pc.any(pc.match_substring(strings, "e")).as_py() or pc.any(pc.match_substring(strings, "E")).as_py():
         return False
+    if pc.max(pc.binary_length(strings)).as_py() <= target.precision - target.scale:
+        return True  # no text holds more integer digits than characters: the usual case, without splitting
     integer_part = pc.list_element(pc.split_pattern(strings, ".", max_splits=1), 0)
     widest = pc.max(pc.utf8_length(pc.utf8_ltrim(integer_part, characters="+-0"))).as_py()
     return widest is None or widest <= target.precision - target.scale
@@ -126,6 +128,7 @@ def _numeric_decoders(typmod: int, options: ConversionOptions) -> tuple[pa.DataT
         except (pa.ArrowInvalid, OverflowError) as exc:
             raise UnconvertibleValue(f"value out of range for {target}: {exc}") from None
 
+    @columnar
     def text(values: Values) -> pa.Array:
         strings = as_strings(values)
         if not _integer_digits_fit(strings, target):

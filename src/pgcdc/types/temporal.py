@@ -154,6 +154,7 @@ def _timestamp_micros(text: str, infinity: _Infinity) -> int:
 def _date_text(infinity: _Infinity) -> Callable[[Values], pa.Array]:
     fast = cast_text(pa.date32(), None)
 
+    @columnar
     def decode(values: Values) -> pa.Array:
         try:
             return fast(values)
@@ -180,6 +181,7 @@ def _date_binary(infinity: _Infinity) -> Callable[[Values], pa.Array]:
 
 
 def _timestamp_text(target: pa.DataType, infinity: _Infinity) -> Callable[[Values], pa.Array]:
+    @columnar
     def decode(values: Values) -> pa.Array:
         parsed = fixed_from_c(values, "T", target)
         if parsed is not None:
@@ -223,6 +225,7 @@ def _time_micros(text: str) -> int:
     return ((hour * 60 + minute) * 60 + second) * 1_000_000 + int((match.group(4) or "0").ljust(6, "0"))
 
 
+@columnar
 def _time_text(values: Values) -> pa.Array:
     return pa.array([None if s is None else _time_micros(s) for s in as_strings(values).to_pylist()], pa.int64())
 
@@ -274,6 +277,7 @@ def _interval_parts(text: str) -> dict[str, int]:
     return {"months": years * 12 + months, "days": days, "microseconds": micros}
 
 
+@columnar
 def _interval_text(values: Values) -> pa.Array:
     return pa.array([None if s is None else _interval_parts(s) for s in as_strings(values).to_pylist()],
                     INTERVAL_TYPE)

@@ -20,6 +20,7 @@ from pgcdc.types.decoding import (
 )
 
 
+@columnar
 def _bool_text(values: Values) -> pa.Array:
     strings = as_strings(values)
     bad = pc.and_(pc.not_equal(strings, "t"), pc.not_equal(strings, "f"))
@@ -68,6 +69,7 @@ def _char_binary(values: Values) -> pa.Array:
     return pa.array([None if v is None else text(v) for v in as_list(values)], pa.string())
 
 
+@columnar
 def _bytea_text(values: Values) -> pa.Array:
     def unhex(text: str) -> bytes:
         if not text.startswith("\\x"):
@@ -84,6 +86,7 @@ def _bytes_binary(values: Values) -> pa.Array:
     return pa.array([None if v is None else bytes(v) for v in values], pa.binary())
 
 
+@columnar
 def _uuid_text(values: Values) -> pa.Array:
     return as_strings(values)
 
