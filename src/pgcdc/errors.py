@@ -81,3 +81,8 @@ class PositionCorruptError(PgcdcError):
 class Unindexable(PgcdcError):
     """Why a mirror's key index cannot be had (its files out of this machine's reach, or past the memory the
     indexes may take): that mirror deletes by equality instead, with a warning."""
+
+
+class MetadataUnreadable(PgcdcError):
+    """This process cannot read a mirror's metadata by itself (a catalog, storage or format it does not handle, or
+    a file it cannot read): it is read through Spark's JVM instead. Never shown to a user."""

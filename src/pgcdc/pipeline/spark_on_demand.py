@@ -56,6 +56,12 @@ class SparkOnDemand:
                 return
             starting = self._starting = Future()
         if background:
+            # PySpark's modules import each other in cycles: imported by the starting thread while this one imports
+            # them for a copy or a batch, they deadlock (Python's _DeadlockError). This thread imports them first.
+            import pyspark.sql  # noqa: F401
+
+            import pgcdc.spark.session  # noqa: F401
+
             threading.Thread(target=self._run, args=(starting,), name="pgcdc-spark-start", daemon=True).start()
         else:
             self._run(starting)

@@ -97,7 +97,7 @@ class SourceTables:
         their metadata, read by this process, while Spark's session is not up and the catalog allows it
         (:mod:`pgcdc.spark.mirror_metadata`); else, or when that meets anything it does not read by itself,
         through Spark. The metadata is read once per start (:meth:`read_afresh`)."""
-        from pgcdc.spark.table_metadata import MetadataUnreadable
+        from pgcdc.errors import MetadataUnreadable
 
         metadata = self._start_metadata()
         if metadata is not None:
@@ -117,8 +117,8 @@ class SourceTables:
         if self._session_ready is None or self._mirrors is not None or self._session_ready():
             return None
         if self._metadata is None:
+            from pgcdc.errors import MetadataUnreadable
             from pgcdc.spark.mirror_metadata import MirrorMetadata
-            from pgcdc.spark.table_metadata import MetadataUnreadable
 
             try:
                 self._metadata = MirrorMetadata.of(self.config.destination)

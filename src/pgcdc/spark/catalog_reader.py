@@ -31,7 +31,8 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from pgcdc.spark.table_metadata import MetadataUnreadable, TableMetadata
+from pgcdc.errors import MetadataUnreadable
+from pgcdc.spark.table_metadata import TableMetadata
 
 SPARK_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
 HADOOP_FILE_IO = "org.apache.iceberg.hadoop.HadoopFileIO"

@@ -16,12 +16,13 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from pgcdc.errors import MetadataUnreadable
 from pgcdc.lsn import Lsn
 from pgcdc.spark.catalog_reader import CatalogReader, catalog_reader
 from pgcdc.spark.destination import Destination
 from pgcdc.spark.mirror import MirrorNames, decode_name
 from pgcdc.spark.mirror_positions import table_position
-from pgcdc.spark.table_metadata import MetadataUnreadable, TableMetadata
+from pgcdc.spark.table_metadata import TableMetadata
 
 
 class MirrorMetadata(MirrorNames):

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -127,7 +129,7 @@ class RowDeltaWriter:
         classes = iceberg_classes()
         written: list[str] = []
         data_path = None
-        try:
+        with self._files_removed_unless_committed(written):
             injection_point("apply.delta-write")
             data = None
             if rows is not None and rows.num_rows:
@@ -179,12 +181,6 @@ class RowDeltaWriter:
             return Committed(int(snapshot.snapshotId()), None if parent is None else int(parent), data_path, data,
                              0 if rows is None else rows.num_rows,
                              delete_file if isinstance(deletes, PositionDeletes) else None)
-        except Exception as exc:
-            if commit_outcome_unknown(exc):
-                log.error("the commit's outcome is unknown; its files are kept: %s", ", ".join(written))
-            else:
-                self._remove(written)
-            raise
 
     def rewrite(self, data_files: list[Any], delete_files: list[Any], rows: pa.Table, deletes: dict[str, np.ndarray],
                 properties: Mapping[str, str], *, validate_from: int) -> Committed:
@@ -193,7 +189,7 @@ class RowDeltaWriter:
         in its snapshot summary. Iceberg validates it against every commit since ``validate_from``: a file it
         replaces must still be live, with no delete added to it since."""
         written: list[str] = []
-        try:
+        with self._files_removed_unless_committed(written):
             data = delete_file = data_path = None
             if rows.num_rows:
                 data_path, size = self._write(rows, self.schema, written)
@@ -214,6 +210,12 @@ class RowDeltaWriter:
             parent = snapshot.parentId()
             return Committed(int(snapshot.snapshotId()), None if parent is None else int(parent), data_path, data,
                              rows.num_rows, delete_file)
+
+    @contextmanager
+    def _files_removed_unless_committed(self, written: list[str]) -> Iterator[None]:
+        """The files listed in ``written`` are removed when the block fails, unless its commit may have landed."""
+        try:
+            yield
         except Exception as exc:
             if commit_outcome_unknown(exc):
                 log.error("the commit's outcome is unknown; its files are kept: %s", ", ".join(written))

@@ -19,12 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pgcdc.errors import MetadataUnreadable
+
 SUPPORTED_FORMAT_VERSIONS = (1, 2, 3)
-
-
-class MetadataUnreadable(Exception):
-    """This process cannot read the table's metadata by itself (a catalog, storage or format it does not
-    handle, or a file it cannot read): read it through Spark's JVM instead."""
 
 
 @dataclass(frozen=True)
