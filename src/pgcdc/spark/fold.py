@@ -14,7 +14,8 @@ itself, on the apply thread right after a batch's commit, without Spark:
   ``FOLD_FILES - 1`` small files per tier. Files of ``FOLD_MAX_ROWS`` rows or more are maintenance's.
 - **Deletes.** Every position-delete file pgcdc wrote since is folded in the same commit: its rows in the
   folded data files are applied (left out of the new file), the others (rows of larger files) go to one new
-  position-delete file.
+  position-delete file. Once ``FOLD_FILES`` delete files have gathered with no tier full (batches deleting
+  rows of larger files), they alone are folded into one.
 - **One commit**, a ``RewriteFiles`` (operation ``replace``: the same rows) carrying the mirror's position, that
   Iceberg validates against every commit since the batch: a file it replaces must still be live, with no delete
   added to it by anyone else. A commit that loses that race changes nothing; the files are folded later.
@@ -42,8 +43,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pgcdc.spark.fold")
 
-FOLD_FILES = 8  # files of one tier folded together; the factor between tiers
-FOLD_MAX_ROWS = 2_000_000  # larger files are left to maintenance's compaction
+# files of one tier folded together, and the factor between tiers: a mirror holds at most 3 small files per tier
+# (and 3 delete files); each row is rewritten about once per tier, log4 of its mirror's growth
+FOLD_FILES = 4
+# Files of this many rows (delete files: positions) or more are left to maintenance's compaction. A batch this large
+# is read at about a fresh file's speed already, and a fold stays small enough (at most ~4 x this many rows read and
+# written with Arrow) not to hold up the next batch's apply for long.
+FOLD_MAX_ROWS = 16_384
 
 
 def tier(rows: int) -> int:
@@ -90,20 +96,24 @@ class SmallFiles:
             self.data[committed.data_path or ""] = SmallDataFile(committed.data_path or "", committed.data_rows,
                                                                  committed.data_file)
         if committed.delete_file is not None and deleted:
-            self.deletes.append(SmallDeleteFile(committed.delete_file, deleted))
+            if sum(len(positions) for positions in deleted.values()) < FOLD_MAX_ROWS:
+                self.deletes.append(SmallDeleteFile(committed.delete_file, deleted))
+            # a delete file left to maintenance still names rows of small files: a fold leaves those rows out, and
+            # the file's positions in the folded files then name files no longer live, which no reader applies
             for path, positions in deleted.items() if new_deletes else ():
                 if path in self.data:
                     self.data[path].deleted.append(positions)
         self.snapshot_id = committed.snapshot_id
 
-    def due(self) -> list[SmallDataFile]:
-        """The data files to fold now (none: no tier is full): a full tier, and every file of the tiers below."""
+    def due(self) -> list[SmallDataFile] | None:
+        """The data files to fold now: a full tier and every file of the tiers below; none (an empty list) when
+        only the delete files are due; None when nothing is."""
         counts: dict[int, int] = {}
         for small in self.data.values():
             counts[tier(small.rows)] = counts.get(tier(small.rows), 0) + 1
         full = [level for level, count in counts.items() if count >= FOLD_FILES]
         if not full:
-            return []
+            return [] if len(self.deletes) >= FOLD_FILES else None
         top = max(full)
         return [small for small in self.data.values() if tier(small.rows) <= top]
 
@@ -124,7 +134,7 @@ def fold(writer: RowDeltaWriter, small: SmallFiles, reader: FileReader, index: M
     folding = small.due()
     table = writer.table
     current = table.currentSnapshot()
-    if not folding or current is None or int(current.snapshotId()) != small.snapshot_id:
+    if folding is None or current is None or int(current.snapshotId()) != small.snapshot_id:
         return None
     if int(current.summary().getOrDefault("total-equality-deletes", "0")) > 0:
         return None  # a new file would escape the equality deletes that apply to the old ones
@@ -137,7 +147,7 @@ def fold(writer: RowDeltaWriter, small: SmallFiles, reader: FileReader, index: M
             keep[np.concatenate(data.deleted)] = False
             rows = rows.filter(pa.array(keep))
         parts.append(rows)
-    merged = pa.concat_tables(parts)
+    merged = pa.concat_tables(parts) if parts else layout.empty_table()
     folded_paths = {data.path for data in folding}
     remaining: dict[str, list[np.ndarray]] = {}
     for delete in small.deletes:
