@@ -32,7 +32,6 @@ POINTS = (
     "apply.delta-write",      # a mirror's row-delta files are about to be written
     "apply.delta-deletes",    # its data file written, its equality-delete file not yet
     "apply.delta-commit",     # a mirror's row-delta files written, their commit not yet made
-    "apply.fold-commit",      # a mirror's small files folded into one file, its rewrite not yet committed
     "apply.rejects",          # changes set aside committed to a __rejects table, the mirror's commit not yet made
     "apply.fill",             # columns added to a mirror, their existing rows not yet given the source's default
     "apply.between-mirrors",  # one mirror of a batch committed, the next not yet

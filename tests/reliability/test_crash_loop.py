@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 # (injection point spec or None for a random instant) — one round each, with the default (row-delta) writer:
 # the initial copy, the writer's own windows (before its files, between its data and delete files, after both
-# but before the commit; a fold of small files written, not committed), between two mirrors' commits, a prepared
+# but before the commit, which also folds the mirror's small file), between two mirrors' commits, a prepared
 # transaction held, after every commit but before the slot is told, and random instants
 ROUNDS = [
     "snapshot.copy:2:0.3",        # the initial copy: one table copied, the next mid-copy
@@ -28,7 +28,6 @@ ROUNDS = [
     "assembler.prepared:1",       # PREPARE received and held, COMMIT PREPARED not yet
     "apply.delta-commit:3",       # both files written, the commit not made
     "apply.before-confirm:1",     # all mirrors committed, the slot not yet told
-    "apply.fold-commit:1",        # a batch committed, its mirror's small files folded into one not yet
     None,
 ]
 

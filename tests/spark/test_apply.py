@@ -272,8 +272,17 @@ def flat_changes(keys: tuple[str, ...], *events: tuple) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=change_schema(FLAT_ARROW, keys))
 
 
+@pytest.fixture
+def no_folding(monkeypatch):
+    """Each batch's rows in a data file of its own, its deletes in a delete file (no small file folded in:
+    tests of folding are below)."""
+    from pgcdc.spark import fold
+
+    monkeypatch.setattr(fold, "FOLD_MAX_ROWS", 0)
+
+
 @pytest.mark.parametrize("deletes", ["position", "equality"])
-def test_delta_writer_commits_one_row_delta_replacing_each_key_once(spark, mirrors, deletes):
+def test_delta_writer_commits_one_row_delta_replacing_each_key_once(spark, mirrors, deletes, no_folding):
     """Inserted, replaced, re-keyed and deleted in one commit each: a data file and a delete file — by position,
     the rows the batch replaces or removes; by equality, every key it touches (the row written in the same commit
     as the delete of its key survives it, older rows under it do not). PyIceberg reads what Spark reads."""
@@ -304,7 +313,7 @@ def test_delta_writer_commits_one_row_delta_replacing_each_key_once(spark, mirro
 
 @pytest.mark.parametrize("deletes", ["position", "equality"])
 def test_delta_writer_deletes_one_of_identical_rows_of_tables_without_a_key_null_matching_null(spark, mirrors,
-                                                                                                 deletes):
+                                                                                                 deletes, no_folding):
     mirror = mirrors.ensure(TableSpec("public", f"delta_full_{deletes}", FLAT, (), "f"))
     apply(spark, mirror, flat_changes(
         (), ("I", 1, 0, {"id": 1, "name": None, "n": 1}, None), ("I", 1, 1, {"id": 1, "name": None, "n": 1}, None),
@@ -382,7 +391,8 @@ def test_position_deletes_resolved_before_a_compaction_fail_validation_and_are_r
     assert assert_reads_alike(spark, mirror.identifier, hadoop_table(spark, mirror.identifier)) == 2
 
 
-def test_a_batch_landing_on_top_of_a_compaction_of_other_files_leaves_the_index_following_both(spark, mirrors):
+def test_a_batch_landing_on_top_of_a_compaction_of_other_files_leaves_the_index_following_both(spark, mirrors,
+                                                                                              no_folding):
     """A compaction of files a batch's deletes do not name commits between the moment the batch resolved its
     positions and its commit: Iceberg commits the batch on top of it (nothing it names is gone), and the key index
     follows the compaction as well as the batch — a later update of a row the compaction moved finds it in its new
@@ -409,7 +419,7 @@ def test_a_batch_landing_on_top_of_a_compaction_of_other_files_leaves_the_index_
     committed = target.commit(rows, position_deletes(index, located), summary, table_properties=properties,
                               validate_from=indexed)
     assert committed.parent_id != indexed  # Iceberg retried it on top of the compaction
-    _follow_commit(index, indexed, committed, located, rows, target, truncated=False)
+    _follow_commit(index, indexed, committed, located, rows, target, truncated=False, fold=None)
     assert index.snapshot_id == committed.snapshot_id
     mirror.position = Lsn(4)
     apply(spark, mirror, flat_changes(("id",), ("U", 5, 0, {"id": 1, "name": "moved", "n": 7}, None)),
@@ -473,36 +483,48 @@ def test_a_mirror_whose_index_does_not_fit_the_budget_deletes_by_equality_and_st
     assert sorted(r.id for r in spark.table(full.identifier).collect()) == [1, 2, 3]
 
 
-def test_small_files_fold_into_tiers_as_batches_land_and_every_reader_reads_them(spark, mirrors):
-    """Each batch adds a data file and a position-delete file; once a tier holds FOLD_FILES of them, pgcdc folds
-    them (and every delete file it wrote since) into one, in a commit of the same rows carrying the position: the
-    mirror keeps a few files, not one per batch, and reads as the source."""
-    from pgcdc.spark.fold import FOLD_FILES
+@pytest.mark.parametrize("fold_max_rows", [None, 40], ids=["one-small-file", "small-files-graduate"])
+def test_a_streaming_mirror_folds_its_newest_rows_in_each_commit_and_every_reader_reads_it(spark, mirrors,
+                                                                                          monkeypatch, fold_max_rows):
+    """Each batch's commit rewrites the small file of the commit before it (its rows still live) into the batch's
+    own data file, and its small delete file into the batch's: a mirror fed by small batches holds one data file
+    and no delete file. Past FOLD_MAX_ROWS the small file stays, and the batch's deletes of its rows are written as
+    deletes, folded in turn while they are few. Every reader reads the source's rows after every batch."""
+    from pgcdc.spark import fold
 
-    mirror = mirrors.ensure(TableSpec("public", "folded", FLAT, ("id",), "d"))
+    if fold_max_rows is not None:
+        monkeypatch.setattr(fold, "FOLD_MAX_ROWS", fold_max_rows)
+    mirror = mirrors.ensure(TableSpec("public", f"folded_{fold_max_rows or 'all'}", FLAT, ("id",), "d"))
     expected: dict[int, tuple] = {}
     lsn = 0
-    for batch in range(3 * FOLD_FILES + 3):
+    for batch in range(15):
         lsn += 1
         events = []
-        for i in range(5):  # new rows, and an update and a delete of older ones (rows of folded files too)
+        for i in range(5):  # new rows, and an update and a delete of older ones
             key = batch * 5 + i
             events.append(("I", lsn, i, {"id": key, "name": f"v{batch}", "n": i}, None))
             expected[key] = (key, f"v{batch}", i)
         if batch:
-            updated, gone = (batch - 1) * 5, (batch - 1) * 5 + 1
+            updated, gone = (batch - 1) * 5, batch * 3 - 2
             events.append(("U", lsn, 5, {"id": updated, "name": f"u{batch}", "n": 9}, None))
             events.append(("D", lsn, 6, {"id": gone}, None))
             expected[updated] = (updated, f"u{batch}", 9)
-            expected.pop(gone)
+            expected.pop(gone, None)
         apply(spark, mirror, flat_changes(("id",), *events), lsn=Lsn(lsn), writer="delta")
         assert sorted(tuple(r) for r in spark.table(mirror.identifier).collect()) == sorted(expected.values())
-    health = spark.sql(f"SELECT count(*) AS n FROM {mirror.identifier}.files").collect()[0].n
-    assert health < 3 * FOLD_FILES, f"{health} live files after {3 * FOLD_FILES + 3} batches"
-    folds = spark.sql(f"SELECT summary FROM {mirror.identifier}.snapshots WHERE operation = 'replace'").collect()
-    assert len(folds) >= 3 and all(row.summary["pgcdc.lsn"] for row in folds)
-    assert assert_reads_alike(spark, mirror.identifier, hadoop_table(spark, mirror.identifier)) == len(expected)
-    # the index followed each fold: a batch now updates and deletes rows of the folded files by position
+        assert last_summary(spark, mirror.identifier).get("added-equality-deletes") is None
+        files = spark.sql(f"SELECT content, record_count FROM {mirror.identifier}.files").collect()
+        data = [f.record_count for f in files if f.content == 0]
+        deletes = [f for f in files if f.content != 0]
+        if fold_max_rows is None:  # one small file holds the mirror's rows; every delete was applied to it
+            assert len(data) == 1 and not deletes, files
+        else:  # files of at most about FOLD_MAX_ROWS rows, one delete file at a time unless past the bound
+            assert all(rows < 2 * fold_max_rows for rows in data) and len(deletes) <= 2, files
+        if batch % 5 == 4:
+            assert assert_reads_alike(spark, mirror.identifier, hadoop_table(spark, mirror.identifier)) == len(expected)
+    folded = last_summary(spark, mirror.identifier)
+    assert folded["pgcdc.lsn"] and int(folded.get("deleted-data-files", "0")) >= (1 if fold_max_rows is None else 0)
+    # the index followed each fold: a batch now updates and deletes the oldest rows by position
     apply(spark, mirror, flat_changes(("id",), ("U", lsn + 1, 0, {"id": 2, "name": "last", "n": 0}, None),
                                       ("D", lsn + 1, 1, {"id": 3}, None)), lsn=Lsn(lsn + 1), writer="delta")
     expected[2], _ = (2, "last", 0), expected.pop(3)

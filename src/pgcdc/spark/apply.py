@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from pgcdc.errors import Unindexable
@@ -30,14 +31,14 @@ from pgcdc.lsn import Lsn
 from pgcdc.positions import commit_properties
 from pgcdc.spark.changelog import append_changelog
 from pgcdc.spark.files import in_layout
-from pgcdc.spark.fold import fold
+from pgcdc.spark.fold import Fold
 from pgcdc.spark.iceberg import load_table
 from pgcdc.spark.merge_writer import merge
 from pgcdc.spark.mirror import MirrorTable
 from pgcdc.spark.mirror_index import IndexBudget, MirrorIndex, index_for
 from pgcdc.spark.mirror_reads import completed, position_deletes, positioned
 from pgcdc.spark.reduce import KEYED, Reduction, after_position, ordered, reduce_changes
-from pgcdc.spark.row_delta import Committed, RowDeltaWriter
+from pgcdc.spark.row_delta import Committed, PositionDeletes, RowDeltaWriter
 from pgcdc.spark.steps import StepClock
 
 if TYPE_CHECKING:
@@ -112,48 +113,52 @@ def apply_changes(spark: SparkSession, mirror: MirrorTable, changes: pa.Table, *
 def _commit_by_position(mirror: MirrorTable, reduction: Reduction, lsn: Lsn, target: RowDeltaWriter,
                         index: MirrorIndex, clock: StepClock) -> None:
     """The reduced batch in one row delta whose deletes name the rows they remove by file and position, resolved
-    against the snapshot the index describes; the index follows the commit."""
+    against the snapshot the index describes, the mirror's small files folded in (spark/fold.py); the index
+    follows the commit."""
     rows, located = positioned(mirror, reduction, index, target.schema)
     deletes = position_deletes(index, located)
     clock.lap("positions")
     summary, properties = commit_properties(lsn)
     indexed = index.snapshot_id
-    committed = target.commit(rows, deletes, summary, table_properties=properties,
-                              replace_all=reduction.truncated, validate_from=indexed, clock=clock)
-    _follow_commit(index, indexed, committed, located, rows, target, truncated=reduction.truncated)
-    clock.lap("index follows")
-    _fold_small_files(mirror, target, index, committed, None if reduction.truncated else deletes.files, summary)
-    clock.lap("fold")
-
-
-def _fold_small_files(mirror: MirrorTable, target: RowDeltaWriter, index: MirrorIndex, committed: Committed,
-                      deleted: dict[str, Any] | None, carried: Mapping[str, str]) -> None:
-    """The batch's files recorded among the mirror's small files, and folded when a tier is full (spark/fold.py).
-    ``deleted``: the positions the batch deleted (None: it replaced every row)."""
     small = mirror.small_files
-    small.committed(committed, deleted, follows=None if deleted is None else committed.parent_id)
-    try:
-        fold(target, small, index.files, index, carried)
-    except Exception as exc:  # the batch is committed; its files are folded at a later batch, or compacted
-        log.warning("%s: folding its small files failed: %s", mirror.spec.source,
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    if reduction.truncated:
         small.forget()
-        mirror.index = None  # built again at the next batch, from what the table holds
+        fold = None
+        committed = target.commit(rows, deletes, summary, table_properties=properties, replace_all=True,
+                                  validate_from=indexed, clock=clock)
+    else:
+        current = target.table.currentSnapshot()
+        equality = current is not None and int(current.summary().getOrDefault("total-equality-deletes", "0")) > 0
+        fold = small.plan(rows, deletes.files, built_on=indexed, equality_deletes=equality)
+        clock.lap("fold")
+        committed = target.commit(fold.rows, PositionDeletes(fold.deletes), summary, table_properties=properties,
+                                  validate_from=indexed, removed=fold.remove_data,
+                                  removed_deletes=fold.remove_deletes, clock=clock)
+    _follow_commit(index, indexed, committed, located, rows, target, truncated=reduction.truncated, fold=fold)
+    small.committed(committed, fold)
+    clock.lap("index follows")
 
 
 def _follow_commit(index: MirrorIndex, indexed: int | None, committed: Committed, located: Any, rows: pa.Table,
-                   target: RowDeltaWriter, *, truncated: bool) -> None:
-    """The index, which described snapshot ``indexed``, brought to the batch's own commit."""
+                   target: RowDeltaWriter, *, truncated: bool, fold: Fold | None) -> None:
+    """The index, which described snapshot ``indexed``, brought to the batch's own commit: the batch's ``rows`` at
+    the start of its data file, the rows ``fold`` moved there after them."""
     if committed.parent_id != indexed:
         # Iceberg committed the batch on top of someone else's commit made meanwhile (validated: it removed no file
         # the deletes name): the index follows that one too, then the batch's own, from the table's metadata
         index.refresh(target.table, index.files)
         return
-    keys = in_layout(rows.select(index.key_names), pa.schema([target.schema.field(n) for n in index.key_names]))
+    key_layout = pa.schema([target.schema.field(n) for n in index.key_names])
+    keys = in_layout(rows.select(index.key_names), key_layout)
     if truncated:
         index.replaced(committed.snapshot_id, committed.data_path, keys)
     else:
         index.committed(committed.snapshot_id, located, committed.data_path, keys)
+    if fold is not None and fold.folded_path is not None:  # added first: each key keeps its slot, then moves
+        if committed.data_path is not None and fold.folded is not None and fold.folded.num_rows:
+            index.keys.add(committed.data_path, in_layout(fold.folded.select(index.key_names), key_layout),
+                           positions=np.arange(rows.num_rows, rows.num_rows + fold.folded.num_rows, dtype=np.int64))
+        index.keys.drop_file(fold.folded_path)
 
 
 def _index(mirror: MirrorTable, target: RowDeltaWriter, budget: IndexBudget | None) -> MirrorIndex | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -116,15 +116,17 @@ class RowDeltaWriter:
 
     def commit(self, rows: pa.Table | None, deletes: pa.Table | PositionDeletes | None,
                properties: Mapping[str, str], *, table_properties: Mapping[str, str] | None = None,
-               replace_all: bool = False, validate_from: int | None = None,
-               clock: StepClock | None = None) -> Committed:
+               replace_all: bool = False, validate_from: int | None = None, removed: Sequence[Any] = (),
+               removed_deletes: Sequence[Any] = (), clock: StepClock | None = None) -> Committed:
         """One commit: ``rows`` added, and removed either every older row equal to a row of ``deletes`` (an Arrow
         table: equality deletes on its columns) or the rows at ``deletes``' positions (:class:`PositionDeletes`)
         — or, with ``replace_all``, every row of the table replaced by ``rows`` — ``properties`` in its snapshot
         summary and ``table_properties`` set on the table, all in one metadata commit. Concurrent commits are
         validated from ``validate_from`` (default: the snapshot this writer loaded): for position deletes, the
-        snapshot their positions were read from, and every data file they name must still be live. ``clock``
-        times the files and the commit."""
+        snapshot their positions were read from, and every data file they name must still be live. ``removed``
+        and ``removed_deletes`` (Iceberg ``DataFile``/``DeleteFile`` objects) leave the table in the same commit
+        (spark/fold.py): no data or delete file may have been added since ``validate_from``.
+        ``clock`` times the files and the commit."""
         clock = clock or StepClock()
         classes = iceberg_classes()
         written: list[str] = []
@@ -161,6 +163,14 @@ class RowDeltaWriter:
                     for path in deletes.files:
                         referenced.add(path)
                     operation = operation.validateDataFilesExist(referenced).validateDeletedFiles()
+                if removed:
+                    # the rows of a removed file are rewritten here: no data file (a compaction of it) nor delete
+                    # file (a delete of its rows) may have been added since, or they would count twice or come back
+                    operation = operation.validateNoConflictingDataFiles().validateNoConflictingDeleteFiles()
+                for old in removed:
+                    operation = operation.removeRows(old)
+                for old in removed_deletes:
+                    operation = operation.removeDeletes(old)
                 if data is not None:
                     operation = operation.addRows(data)
                 if delete_file is not None:
@@ -181,35 +191,6 @@ class RowDeltaWriter:
             return Committed(int(snapshot.snapshotId()), None if parent is None else int(parent), data_path, data,
                              0 if rows is None else rows.num_rows,
                              delete_file if isinstance(deletes, PositionDeletes) else None)
-
-    def rewrite(self, data_files: list[Any], delete_files: list[Any], rows: pa.Table, deletes: dict[str, np.ndarray],
-                properties: Mapping[str, str], *, validate_from: int) -> Committed:
-        """One ``RewriteFiles`` commit (the same rows, operation ``replace``): ``data_files`` and ``delete_files``
-        replaced by ``rows`` in one new data file and ``deletes`` in one new position-delete file, ``properties``
-        in its snapshot summary. Iceberg validates it against every commit since ``validate_from``: a file it
-        replaces must still be live, with no delete added to it since."""
-        written: list[str] = []
-        with self._files_removed_unless_committed(written):
-            data = delete_file = data_path = None
-            if rows.num_rows:
-                data_path, size = self._write(rows, self.schema, written)
-                data = data_file(self.spark, self.table, data_path, size,
-                                 metrics_config=iceberg_classes().metrics_for_table(self.table))
-            delete_file = self._delete_file(PositionDeletes(deletes), written)
-            injection_point("apply.fold-commit")
-            operation = self.table.newRewrite().validateFromSnapshot(validate_from)
-            for old in [*data_files, *delete_files]:
-                operation = operation.deleteFile(old)
-            for new in (data, delete_file):
-                if new is not None:
-                    operation = operation.addFile(new)
-            for key, value in properties.items():
-                operation = operation.set(str(key), str(value))
-            operation.commit()
-            snapshot = self.table.currentSnapshot()
-            parent = snapshot.parentId()
-            return Committed(int(snapshot.snapshotId()), None if parent is None else int(parent), data_path, data,
-                             rows.num_rows, delete_file)
 
     @contextmanager
     def _files_removed_unless_committed(self, written: list[str]) -> Iterator[None]:
