@@ -6,7 +6,8 @@ PostgreSQL 18 (e.g. ``host=/var/run/postgresql user=postgres dbname=postgres``);
 tests that need a newer server than that one skip with the reason.
 
 ``PGCDC_TEST_PURE_PYTHON=1`` runs every test with pgcdc's optional C modules switched off (the pure-Python
-paths, as where they cannot be built); the ``accelerators`` fixture runs a test both ways.
+paths, as where they cannot be built), in the test's process and, through ``PGCDC_NO_C_EXTENSIONS``, in the
+pgcdc processes it starts (the crash loops' runs); the ``accelerators`` fixture runs a test both ways.
 """
 
 from __future__ import annotations
@@ -204,6 +205,7 @@ def switch_off_accelerators(monkeypatch: pytest.MonkeyPatch) -> None:
 def _pure_python_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     if os.environ.get("PGCDC_TEST_PURE_PYTHON") == "1":
         switch_off_accelerators(monkeypatch)
+        monkeypatch.setenv("PGCDC_NO_C_EXTENSIONS", "1")  # and in every pgcdc process a test starts
 
 
 @pytest.fixture(params=["C", "python"])

@@ -17,6 +17,7 @@ from typing import Any
 
 from pgcdc.errors import DecodeError
 from pgcdc.lsn import Lsn
+from pgcdc.native import optional_extension
 from pgcdc.pgoutput.messages import (
     MIN_PROTO_VERSION,
     AnyMessage,
@@ -411,9 +412,9 @@ def _accelerated(decoder):
     return decode_change
 
 
-try:
-    from pgcdc.pgoutput import _tuple as _accelerator  # type: ignore[attr-defined]
-except ImportError:  # the C accelerator is optional: the Python decoders do the same, slower
+# the C accelerator is optional: the Python decoders do the same, slower
+_accelerator = optional_extension("pgcdc.pgoutput._tuple")
+if _accelerator is None:
     _parse_change_c = _parse_raw_c = None
 else:
     _accelerator.configure(

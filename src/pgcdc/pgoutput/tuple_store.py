@@ -21,12 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pgcdc.errors import DecodeError
+from pgcdc.native import optional_extension
 from pgcdc.pgoutput.messages import TupleData
 
-try:
-    from pgcdc.pgoutput import _tuple as accelerator  # type: ignore[attr-defined]
-except ImportError:  # optional: the Python store below does the same, slower
-    accelerator = None
+accelerator = optional_extension("pgcdc.pgoutput._tuple")  # optional: the Python store below does the same, slower
 
 _NO_ROW = -1  # a change's subtransaction, or image, when it has none
 

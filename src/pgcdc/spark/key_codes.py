@@ -33,12 +33,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pgcdc.native import optional_extension
 from pgcdc.spark.arrow import plain_values
 
-try:  # MurmurHash3 over Arrow buffers in C; numpy computes the same numbers without it
-    from pgcdc.spark import _keyhash as accelerator  # type: ignore[attr-defined]
-except ImportError:
-    accelerator = None
+# MurmurHash3 over Arrow buffers in C; numpy computes the same numbers without it
+accelerator = optional_extension("pgcdc.spark._keyhash")
 
 # The code of NULL (the same constants are in _keyhash.c): a value hashes to it with probability 2**-128.
 NULL_CODE = (0x9E3779B97F4A7C15, 0xD1B54A32D192ED03)

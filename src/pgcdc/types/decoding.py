@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from pgcdc.errors import UnconvertibleValue
+from pgcdc.native import optional_extension
 from pgcdc.pgoutput.messages import TupleData
 
 Values = Sequence[bytes | memoryview | None]
@@ -27,11 +28,9 @@ INT32_MIN: int = -(2**31)
 INT64_MAX: int = 2**63 - 1
 INT64_MIN: int = -(2**63)
 
-try:  # optional C paths for what Arrow has no kernel for; each returns None when a value needs the exact path
-    from pgcdc.types import _columns as accelerator  # type: ignore[attr-defined]
-except ImportError:
-    accelerator = None
-else:
+# optional C paths for what Arrow has no kernel for; each returns None when a value needs the exact path
+accelerator = optional_extension("pgcdc.types._columns")
+if accelerator is not None:
     accelerator.configure_rows(TupleData, TupleData.__dict__["kinds"], TupleData.__dict__["values"])
 
 
