@@ -5,7 +5,8 @@ rows (full: 500,000 + 100,000 changes; --quick: 100,000 + 20,000). Slots created
 same changes: pg_recvlogical drains one into /dev/null (the slot's own rate, the peer); pgcdc drains one per
 apply writer into empty mirrors (``run --until-caught-up`` in this process, Spark already started, after a
 warm-up drain of its own slot that compiles the JVM's commit path, reported apart), the row-delta writer both
-deleting by position (the default) and by equality. CPU per change is counted by program.
+deleting by position (the default) and by equality. CPU per change is counted by program; beside it the apply
+thread's time per step and the maintenance that ran during the drain (what bounds the figure).
 
 Then pgcdc's start-up, each figure repeated (median, min, max):
 
@@ -249,6 +250,13 @@ def main() -> None:
                      "delta_equality": "delta writer, equality deletes", "merge": "merge writer"}[writer]
             print(f"{'pgcdc into Iceberg, ' + label:<40} {ours:>10,.0f}  {ours / theirs:.2f}   "
                   f"CPU µs/change {used}", flush=True)
+            steps = sorted(progress.apply_step_seconds.items(), key=lambda item: -item[1])
+            print(f"    {seconds:.1f} s in all: {progress.batches_applied} batches; the apply thread "
+                  + ", ".join(f"{step} {value:.2f}" for step, value in steps)
+                  + f" s; maintenance {progress.maintenance_turns} turns, {progress.maintenance_seconds:.2f} s; "
+                  f"tag moves {progress.tag_moves}", flush=True)
+            figures[f"{writer}_apply_thread_s"] = round(sum(progress.apply_step_seconds.values()), 2)
+            figures[f"{writer}_maintenance_s"] = round(progress.maintenance_seconds, 2)
             figures[f"{writer}_changes_per_s"] = round(ours)
             figures[f"{writer}_ratio_vs_pg_recvlogical"] = round(ours / theirs, 2)
             figures.update({f"{writer}_{program.replace(' ', '_')}_cpu_us_per_change": value
