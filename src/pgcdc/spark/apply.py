@@ -32,7 +32,7 @@ from pgcdc.positions import commit_properties
 from pgcdc.spark.changelog import append_changelog
 from pgcdc.spark.files import in_layout
 from pgcdc.spark.fold import Fold
-from pgcdc.spark.iceberg import load_table
+from pgcdc.spark.iceberg import holds_equality_deletes, load_table
 from pgcdc.spark.merge_writer import merge
 from pgcdc.spark.mirror import MirrorTable
 from pgcdc.spark.mirror_index import IndexBudget, MirrorIndex, index_for
@@ -121,15 +121,13 @@ def _commit_by_position(mirror: MirrorTable, reduction: Reduction, lsn: Lsn, tar
     summary, properties = commit_properties(lsn)
     indexed = index.snapshot_id
     small = mirror.small_files
-    if reduction.truncated:
-        small.forget()
+    if reduction.truncated:  # every row replaced: nothing to fold (committed() below starts the small files over)
         fold = None
         committed = target.commit(rows, deletes, summary, table_properties=properties, replace_all=True,
                                   validate_from=indexed, clock=clock)
     else:
-        current = target.table.currentSnapshot()
-        equality = current is not None and int(current.summary().getOrDefault("total-equality-deletes", "0")) > 0
-        fold = small.plan(rows, deletes.files, built_on=indexed, equality_deletes=equality)
+        fold = small.plan(rows, deletes.files, built_on=indexed,
+                          equality_deletes=holds_equality_deletes(target.table.currentSnapshot()))
         clock.lap("fold")
         committed = target.commit(fold.rows, PositionDeletes(fold.deletes), summary, table_properties=properties,
                                   validate_from=indexed, removed=fold.remove_data,

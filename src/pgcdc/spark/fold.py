@@ -125,13 +125,12 @@ class SmallFiles:
         when small enough."""
         if fold is None or committed.parent_id != self.snapshot_id:
             self.forget()
-        self.data = None
-        if committed.data_file is not None and committed.data_path and fold is not None \
-                and fold.rows.num_rows < FOLD_MAX_ROWS:
+        self.snapshot_id = committed.snapshot_id
+        if fold is None:
+            return
+        self.data = None  # the small file was folded into this commit's, or has grown out of folding
+        if committed.data_file is not None and committed.data_path and fold.rows.num_rows < FOLD_MAX_ROWS:
             self.data = SmallData(committed.data_path, committed.data_file, fold.rows)
-        if committed.delete_file is not None and fold is not None:
+        if committed.delete_file is not None:  # else the small delete file, if any, stays as it was
             written = SmallDeletes(committed.delete_file, fold.deletes)
             self.deletes = written if written.count < FOLD_MAX_ROWS else None
-        elif fold is None:
-            self.deletes = None
-        self.snapshot_id = committed.snapshot_id

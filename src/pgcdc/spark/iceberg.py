@@ -152,6 +152,12 @@ def load_table(spark: SparkSession, identifier: str) -> Any:
     return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, identifier)
 
 
+def holds_equality_deletes(snapshot: Any) -> bool:
+    """Whether a snapshot's table holds equality-delete files (its summary's total): they apply to every data file
+    older than they are, by sequence number, so a file rewritten from older ones would escape them."""
+    return snapshot is not None and int(snapshot.summary().getOrDefault("total-equality-deletes", "0")) > 0
+
+
 def data_directory(table: Any) -> str | None:
     """Where the table's new data files go (a ``file:`` or object store URI); None for a partitioned table,
     whose files only Spark's writer places."""

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 
 from pgcdc.errors import Unindexable
 from pgcdc.spark.files import local_path, object_path
+from pgcdc.spark.iceberg import holds_equality_deletes
 from pgcdc.spark.key_codes import Codes, KeyCoder
 from pgcdc.spark.key_index import KeyIndex, Located
 
@@ -88,8 +89,7 @@ class MirrorIndex:
         if current_id == self.snapshot_id:
             return
         between = _snapshots_after(table, current, self.snapshot_id)
-        if between is not None and current is not None and int(
-                current.summary().getOrDefault("total-equality-deletes", "0")) > 0:
+        if between is not None and holds_equality_deletes(current):
             # a file a compaction wrote keeps the sequence number it started from, so equality deletes newer than
             # that still apply to its rows: only a build, which lets Iceberg say what applies, reads them right
             between = None

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,14 +67,13 @@ class PositionDeletes:
 @dataclass(frozen=True)
 class Committed:
     """A commit that landed: its snapshot and that snapshot's parent (another writer's, when Iceberg retried the
-    commit on top of a commit made meanwhile), the data file it added (None: none; its Iceberg ``DataFile`` and
-    rows) and the position-delete file (its ``DeleteFile``)."""
+    commit on top of a commit made meanwhile), the data file it added (None: none) and its Iceberg ``DataFile``,
+    and the position-delete file's ``DeleteFile``."""
 
     snapshot_id: int
     parent_id: int | None
     data_path: str | None
     data_file: Any = None
-    data_rows: int = 0
     delete_file: Any = None
 
 
@@ -131,7 +129,7 @@ class RowDeltaWriter:
         classes = iceberg_classes()
         written: list[str] = []
         data_path = None
-        with self._files_removed_unless_committed(written):
+        try:
             injection_point("apply.delta-write")
             data = None
             if rows is not None and rows.num_rows:
@@ -189,14 +187,7 @@ class RowDeltaWriter:
             parent = snapshot.parentId()
             clock.lap("commit")
             return Committed(int(snapshot.snapshotId()), None if parent is None else int(parent), data_path, data,
-                             0 if rows is None else rows.num_rows,
                              delete_file if isinstance(deletes, PositionDeletes) else None)
-
-    @contextmanager
-    def _files_removed_unless_committed(self, written: list[str]) -> Iterator[None]:
-        """The files listed in ``written`` are removed when the block fails, unless its commit may have landed."""
-        try:
-            yield
         except Exception as exc:
             if commit_outcome_unknown(exc):
                 log.error("the commit's outcome is unknown; its files are kept: %s", ", ".join(written))
