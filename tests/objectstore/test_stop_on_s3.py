@@ -70,3 +70,23 @@ def test_ctrl_c_on_s3_finishes_the_batch_in_flight_and_nothing_more(pg, spark, j
     # the next start applies the second batch: nothing was lost
     catch_up_in_process(config, spark)
     assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
+
+
+def test_the_jdbc_catalog_reconnects_when_postgresql_ends_its_connections(pg, spark, jdbc_store):
+    """The catalog's database ends its connections (a restart, a failover, pg_terminate_backend): the next call
+    through the catalog opens a connection again instead of failing (57P01 is retried, as Iceberg retries its own
+    list of connection errors)."""
+    from pgcdc.spark.destination import Destination
+    from pgcdc.spark.session import attach_catalog
+
+    name = f"{jdbc_store.catalog}_reconnects"  # attached afresh here, with pgcdc's settings
+    conf = {k.replace(f".{jdbc_store.catalog}.", f".{name}."): v for k, v in jdbc_store.spark_conf.items()}
+    attach_catalog(spark, Destination(warehouse=jdbc_store.warehouse, catalog=name, conf=conf, catalog_type="jdbc",
+                                      catalog_uri=jdbc_store.catalog_uri))
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {name}.reconnects")
+    database = jdbc_store.catalog_uri.rsplit("/", 1)[1].split("?")[0]
+    ended = pg.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                       "WHERE datname = %s AND pid <> pg_backend_pid()", (database,))[0][0]
+    assert ended >= 1, "the catalog held no connection to end"
+    namespaces = [row[0] for row in spark.sql(f"SHOW NAMESPACES IN {name}").collect()]
+    assert "reconnects" in namespaces, namespaces

@@ -146,6 +146,10 @@ def spark_settings(
     return settings
 
 
+# PostgreSQL's SQLSTATEs for a connection it ended: admin_shutdown, crash_shutdown, cannot_connect_now
+POSTGRESQL_CONNECTION_ENDED = "57P01,57P02,57P03"
+
+
 def catalog_settings(warehouse: str | os.PathLike[str] | None, catalog: str = DEFAULT_CATALOG, *,
                      conf: Mapping[str, str] | None = None, catalog_type: str | None = None,
                      catalog_uri: str | None = None) -> dict[str, str]:
@@ -180,6 +184,9 @@ def catalog_settings(warehouse: str | os.PathLike[str] | None, catalog: str = DE
         settings[f"{prefix}.io-impl"] = HADOOP_FILE_IO
     if chosen == "jdbc":
         settings[f"{prefix}.jdbc.schema-version"] = "V1"  # the schema that also holds views
+        # a catalog connection PostgreSQL ended (its server restarted or failed over, the backend terminated) is
+        # opened again and the call retried, as Iceberg does for its own list of connection errors
+        settings[f"{prefix}.retryable_status_codes"] = POSTGRESQL_CONNECTION_ENDED
     if chosen == "rest" and warehouse is None:
         return settings  # a REST catalog knows where its tables go
     settings[f"{prefix}.warehouse"] = warehouse_uri(warehouse)
