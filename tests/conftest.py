@@ -393,8 +393,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     import faulthandler
     import sys
     import threading
+    from concurrent.futures import thread as pool_threads
 
-    leftovers = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    # an idle thread pool's workers (PyIceberg keeps one for the process) are told to end and joined at exit
+    pooled = set(getattr(pool_threads, "_threads_queues", {}))
+    leftovers = [t for t in threading.enumerate()
+                 if t is not threading.main_thread() and not t.daemon and t not in pooled]
     if leftovers:
         print(f"\nthreads still running after the tests: {[t.name for t in leftovers]}", file=sys.stderr)
         faulthandler.dump_traceback(all_threads=True)

@@ -291,6 +291,36 @@ def test_maintenance_beside_or_between_the_row_delta_writers_applies(pg, spark, 
     assert_changelog_whole(spark, mirrors)
 
 
+def test_a_commit_conflicting_after_its_change_log_landed_is_retried_without_logging_the_batch_twice(
+        pg, spark, caplog, monkeypatch):
+    """The change log's append commits first; a compaction of the mirror lands between the moment the mirror's
+    batch resolved its rows' positions and its commit, which conflicts (its deletes name the files the compaction
+    replaced). The retry appends nothing to the log again: it holds every change once, and the mirror every row."""
+    from pgcdc.spark.row_delta import RowDeltaWriter
+
+    prepare_source(pg, rows=200)
+    config = pipeline_config(pg, spark, changelog=True, maintenance=MaintenancePolicy(enabled=False))
+    catch_up_in_process(config, spark)
+    compacted = []
+    commit = RowDeltaWriter.commit
+
+    def compact_then_commit(writer, *args, **kwargs):
+        name = str(writer.table.name()).split(".", 1)[1]
+        if name.endswith("shop.customers") and not compacted:
+            spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{name}', "
+                      "options => map('rewrite-all', 'true'))").collect()
+            compacted.append(name)
+        return commit(writer, *args, **kwargs)
+
+    monkeypatch.setattr(RowDeltaWriter, "commit", compact_then_commit)
+    pg.execute(CHANGES.format(start=10_000))
+    with caplog.at_level(logging.WARNING, logger="pgcdc.pipeline"):
+        pipeline = catch_up_in_process(config, spark)
+    assert compacted and "shop.customers: the commit conflicted with a concurrent one" in caplog.text, caplog.text
+    assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
+    assert assert_changelog_whole(spark, pipeline.mirrors) > 0
+
+
 @pytest.mark.long
 def test_a_concurrent_compaction_job_conflicts_are_retried(pg, spark, caplog):
     """Someone's own rewrite_data_files, in its own Spark session, beside the stream."""

@@ -17,6 +17,7 @@ import pytest
 from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.errors import ConfigError
 from pgcdc.pipeline import Pipeline, PipelineConfig
+from pgcdc.replication.slots import SlotManager
 from pgcdc.spark.destination import Destination
 from pipeline_support import assert_mirrors_equal
 
@@ -74,8 +75,9 @@ def test_a_lost_slot_is_never_silently_recreated(pg, spark):
     config = _config(pg.dsn, spark)
     Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
 
-    # the slot disappears (dropped, or a failover to a server it was not synchronized to) and changes go on
-    pg.execute("SELECT pg_drop_replication_slot('safe')")
+    # the slot disappears (dropped, or a failover to a server it was not synchronized to) and changes go on; the
+    # run's walsender releases the slot a moment after the run ends
+    SlotManager(pg.dsn).drop("safe", wait_seconds=30)
     with pg.connect() as conn:
         _changes(conn)
     with pytest.raises(ConfigError, match=r"does not exist, but 1 mirrors .* hold positions.*--resnapshot"):

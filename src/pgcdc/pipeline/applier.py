@@ -395,7 +395,16 @@ class SparkMirrors:
                 attempt += 1
                 log.warning("%s: the commit conflicted with a concurrent one (%s); applying again (attempt %d of "
                             "%d)", mirror.spec.source, str(exc).splitlines()[0][:300], attempt, COMMIT_ATTEMPTS)
+                self._reread_changelog_position(mirror)
                 time.sleep(min(0.5 * 2 ** attempt, 10.0))
+
+    def _reread_changelog_position(self, mirror: MirrorTable) -> None:
+        """The change log's commit comes first and lands on its own: when the mirror's commit then conflicts, the
+        log already holds the batch. Its position is read back from the table, as a restart would, so that the
+        next attempt appends only what the log lacks."""
+        positions = self.tables.mirrors.positions
+        if self._changelog and positions.exists(mirror.changelog_identifier):
+            mirror.changelog_position = positions.read(mirror.changelog_identifier)
 
     def _apply_once(self, mirror: MirrorTable, changes: pa.Table, position: Lsn) -> AppliedChanges:
         from pgcdc.spark.apply import apply_changes
