@@ -1,7 +1,7 @@
 """Mirrors on object storage behind real Iceberg catalogs: S3 (a local S3 server, Hadoop's s3a client) with
-Iceberg's JDBC catalog and with a REST catalog. The mixed workload runs against each, a crash loop against the
-REST catalog (the JDBC catalog's: make soak), every mirror compared row for row; the initial copy's tasks write
-their Parquet files to S3 themselves; no secret (the S3 secret key, the catalog's password or token) shows in
+Iceberg's JDBC catalog and with a REST catalog. The mixed workload runs against the JDBC catalog, a crash loop
+against the REST catalog (the other two: make soak), every mirror compared row for row; the initial copy's tasks
+write their Parquet files to S3 themselves; no secret (the S3 secret key, the catalog's password or token) shows in
 any output. The servers are shared with the other object storage tests (conftest.py)."""
 
 from __future__ import annotations
@@ -58,7 +58,10 @@ def secrets_of(setup, s3) -> list[str]:
                               if key.endswith((".password", ".token"))]
 
 
+# the JDBC catalog's in make test; the REST catalog's mirrors the workload in its crash loop here, and the whole
+# mixed workload in make soak
 @pytest.mark.long
+@pytest.mark.parametrize("store", ["jdbc", pytest.param("rest", marks=pytest.mark.soak)], indirect=True)
 def test_mixed_workload_mirrors_equal_source_on_s3(pg, spark, s3, store):
     import pyarrow.parquet as pq
     from pyarrow.fs import S3FileSystem
