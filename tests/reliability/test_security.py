@@ -229,8 +229,10 @@ def test_passwords_never_appear_in_logs_errors_metrics_or_status(tls_server, spa
 
 class CommandLineScan:
     """Every process's command line (``/proc/<pid>/cmdline``, which every local user may read), read over and
-    over in a thread of its own while commands run: which hold one of ``secrets``, and which mention ``marker``
-    (a string only the commands under test put on command lines)."""
+    over in a thread of its own while commands run: which of this process's descendants (the commands under test
+    and everything they start) hold one of ``secrets`` — other tests running beside this one may put a secret
+    on a command line on purpose — and which mention ``marker`` (a string only the commands under test put on
+    command lines)."""
 
     def __init__(self, secrets: list[str], marker: str, interval: float = 0.05) -> None:
         self.secrets = [secret.encode() for secret in secrets]
@@ -260,7 +262,7 @@ class CommandLineScan:
                         command = file.read()
                 except OSError:  # ended meanwhile
                     continue
-                if any(secret in command for secret in self.secrets):
+                if any(secret in command for secret in self.secrets) and descends_from(int(entry), os.getpid()):
                     shown = command
                     for secret in self.secrets:
                         shown = shown.replace(secret, b"<secret>")
@@ -269,6 +271,19 @@ class CommandLineScan:
                     self.marked.setdefault(int(entry), set()).add(os.path.basename(command.split(b"\0")[0]).decode())
             self.scans += 1
             self._stop.wait(self.interval)
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` is ``ancestor`` or one of its descendants (False once it has ended)."""
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as file:
+                pid = int(file.read().rsplit(")", 1)[1].split()[1])  # the parent's pid, after the command's name
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
 
 
 @pytest.mark.long
