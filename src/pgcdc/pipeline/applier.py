@@ -402,9 +402,8 @@ class SparkMirrors:
         """The change log's commit comes first and lands on its own: when the mirror's commit then conflicts, the
         log already holds the batch. Its position is read back from the table, as a restart would, so that the
         next attempt appends only what the log lacks."""
-        positions = self.tables.mirrors.positions
-        if self._changelog and positions.exists(mirror.changelog_identifier):
-            mirror.changelog_position = positions.read(mirror.changelog_identifier)
+        if self._changelog:
+            mirror.changelog_position = self.tables.mirrors.positions.read_if_exists(mirror.changelog_identifier)
 
     def _apply_once(self, mirror: MirrorTable, changes: pa.Table, position: Lsn) -> AppliedChanges:
         from pgcdc.spark.apply import apply_changes

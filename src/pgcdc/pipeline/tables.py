@@ -323,7 +323,5 @@ class SourceTables:
                 return None
             position = mirrors.positions.read(identifier)
             changelog_identifier = mirrors.changelog_identifier_for(source_schema, source_table)
-            positions = [position, (mirrors.positions.read(changelog_identifier)
-                                    if mirrors.positions.exists(changelog_identifier) else None)
-                         if changelog else position]
+            positions = [position, mirrors.positions.read_if_exists(changelog_identifier) if changelog else position]
         return None if None in positions else min(p for p in positions if p is not None)

@@ -278,8 +278,7 @@ class MirrorCatalog(MirrorNames):
             mirror.rejects_position, mirror.shape = known.rejects_position, known.shape
         else:
             mirror.position = self.positions.read(mirror.identifier)
-            mirror.changelog_position = (self.positions.read(mirror.changelog_identifier)
-                                         if self._exists(mirror.changelog_identifier) else None)
+            mirror.changelog_position = self.positions.read_if_exists(mirror.changelog_identifier)
             mirror.rejects_position = self.positions.read_rejects(mirror.rejects_identifier)
             pending = properties.get(FILL_PROPERTY)
             mirror.pending_fill = json.loads(pending) if pending else {}

@@ -60,6 +60,10 @@ class MirrorPositions:
     def exists(self, identifier: str) -> bool:
         return bool(self.spark.catalog.tableExists(identifier))
 
+    def read_if_exists(self, identifier: str) -> Lsn | None:
+        """:meth:`read` of a table that may not exist yet (a change log before its first append): None then."""
+        return self.read(identifier) if self.exists(identifier) else None
+
     def read(self, identifier: str) -> Lsn | None:
         """Where a mirror (or change log) stands (:func:`pgcdc.positions.mirror_position`); None: it holds none,
         or it cannot be read (a table whose creation was interrupted: it is copied again)."""
