@@ -137,8 +137,9 @@ def compare_publication(pipeline: Pipeline, dsn: str, publication: str) -> list[
             columns = read_csv_columns(bytes(data), len(names)) if data else [[] for _ in names]
             source, unmirrorable = _convert_source(converter, columns)
             identifier = pipeline.mirrors.identifier_for(relation.namespace, relation.name)
-            mirror_frame = pipeline.spark.table(identifier).select(*[quote(n) for n in names])
-            batches = mirror_frame._collect_as_arrow() if mirror_frame.columns else []
+            # one statement: a DataFrame's select resolves each column name with round trips of its own
+            batches = pipeline.spark.sql(f"SELECT {', '.join(quote(n) for n in names)} FROM {identifier}"
+                                         )._collect_as_arrow() if names else []
             mirror = pa.Table.from_batches(batches).cast(source.schema) if batches else source.schema.empty_table()
             source_rows, mirror_rows = _canonical_rows(source), _canonical_rows(mirror)
             source_count, mirror_count = Counter(source_rows), Counter(mirror_rows)

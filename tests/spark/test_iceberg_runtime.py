@@ -2,7 +2,8 @@
 
 import pytest
 
-from pgcdc.spark.iceberg import with_commit_properties
+from pgcdc.spark.iceberg import java_count, java_items, load_table, metadata_view, with_commit_properties
+from pgcdc.spark.table_metadata import TableMetadata
 
 
 def test_create_merge_and_snapshot_property(spark, iceberg_namespace):
@@ -23,6 +24,45 @@ def test_create_merge_and_snapshot_property(spark, iceberg_namespace):
     assert [s.operation for s in snapshots] == ["append", "overwrite"]
     assert snapshots[0].lsn is None
     assert snapshots[1].lsn == "0/16B3748"
+
+
+def test_a_tables_metadata_read_in_one_round_trip_answers_as_the_java_table_does(spark, iceberg_namespace):
+    """metadata_view reads a Java table's metadata as JSON in one round trip; every rule that reads a table
+    (positions, tags, health) reads it instead of the Java API: it must answer the same, snapshot by snapshot."""
+    identifier = f"pgcdc.{iceberg_namespace}.viewed"
+    spark.sql(f"CREATE TABLE {identifier} (id bigint, v string) USING iceberg "
+              "TBLPROPERTIES ('format-version' = '2', 'pgcdc.position' = '{\"lsn\": \"0/10\", \"x\": [1, 2]}')")
+    for lsn in ("0/10", "0/20"):
+        with_commit_properties(spark, {"pgcdc.lsn": lsn}, lambda: spark.sql(
+            f"INSERT INTO {identifier} VALUES (1, 'a'), (2, 'b')"))
+    spark.sql(f"DELETE FROM {identifier} WHERE id = 1")
+    spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{identifier.split('.', 1)[1]}', "
+              "options => map('rewrite-all', 'true'))")
+    table = load_table(spark, identifier)
+    first = java_items(table.snapshots())[0]
+    table.manageSnapshots().createTag("held", first.snapshotId()).commit()
+    table.refresh()
+
+    view = metadata_view(table)
+    assert isinstance(view, TableMetadata)
+    assert metadata_view(view) is view
+    java_snapshots = java_items(table.snapshots())
+    assert len(view.snapshots()) == len(java_snapshots) == java_count(table.snapshots()) == 4
+    for snapshot in java_snapshots:
+        seen = view.snapshot(snapshot.snapshotId())
+        assert seen.parentId() == (None if snapshot.parentId() is None else int(snapshot.parentId()))
+        assert seen.operation() == str(snapshot.operation())
+        summary = {str(key): str(snapshot.summary().get(key)) for key in java_items(snapshot.summary().keySet())}
+        assert dict(seen.summary()) == {k: v for k, v in summary.items() if k != "operation"}
+    assert view.currentSnapshot().snapshotId() == table.currentSnapshot().snapshotId()
+    assert view.currentSnapshot().operation() == "replace"
+    assert {name: (ref.snapshotId(), ref.type) for name, ref in view.refs().items()} == {
+        str(name): (int(table.refs().get(name).snapshotId()), "tag" if table.refs().get(name).isTag() else "branch")
+        for name in java_items(table.refs().keySet())}
+    assert view.refs()["held"].snapshotId() == first.snapshotId()
+    assert dict(view.properties()) == {str(key): str(table.properties().get(key))
+                                       for key in java_items(table.properties().keySet())}
+    assert view.properties()["pgcdc.position"] == '{"lsn": "0/10", "x": [1, 2]}'
 
 
 def test_python_tasks_are_forked_from_pgcdcs_daemon_with_the_copys_modules_imported(spark):
@@ -99,7 +139,8 @@ FIRST_COMMITS_FROM_THREADS = """
 import json, logging, sys, threading, time
 import pytest
 
-from pgcdc.spark.iceberg import with_commit_properties
+from pgcdc.spark.iceberg import java_count, java_items, load_table, metadata_view, with_commit_properties
+from pgcdc.spark.table_metadata import TableMetadata
 from pgcdc.spark.destination import Destination
 from pgcdc.spark.session import spark_session
 

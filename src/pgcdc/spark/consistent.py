@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgcdc.lsn import Lsn
 from pgcdc.positions import LSN_SUMMARY
+from pgcdc.spark.iceberg import metadata_view
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -60,6 +61,7 @@ def lineage(table: Any) -> list[tuple[int, Lsn | None]]:
     """(snapshot id, the position it holds) of ``table``'s current lineage, newest first: a snapshot's position is
     its ``pgcdc.lsn``; a commit that carries none holds its parent's when it rewrote files without changing rows
     (someone else's compaction: operation ``replace``), and none when it changed rows (another writer's)."""
+    table = metadata_view(table)
     carried = []
     snapshot = table.currentSnapshot()
     while snapshot is not None:
@@ -87,6 +89,7 @@ def snapshot_at(table: Any, lsn: Lsn) -> int | None:
 
 
 def tag_state(table: Any) -> TagState:
+    table = metadata_view(table)
     refs = table.refs()
     ref = refs.get(CONSISTENT_TAG) if refs is not None else None
     recorded = table.properties().get(CONSISTENT_PROPERTY)
@@ -99,13 +102,15 @@ def tag_state(table: Any) -> TagState:
     return TagState(None if ref is None else int(ref.snapshotId()), lsn)
 
 
-def move_tag(table: Any, lsn: Lsn) -> bool:
+def move_tag(table: Any, lsn: Lsn, *, view: Any = None) -> bool:
     """Point ``table``'s consistent tag at its snapshot holding the source up to ``lsn``, and record ``lsn``, in
-    one metadata commit; False when the table holds no snapshot there (nothing moved)."""
-    target = snapshot_at(table, lsn)
+    one metadata commit; False when the table holds no snapshot there (nothing moved). ``view``: the table's
+    :func:`pgcdc.spark.iceberg.metadata_view`, when read already; the commit goes through the Java table."""
+    view = view if view is not None else metadata_view(table)
+    target = snapshot_at(view, lsn)
     if target is None:
         return False
-    state = tag_state(table)
+    state = tag_state(view)
     if state.snapshot_id != target or state.lsn != lsn:
         _point_tag(table, state, target, lsn)
     return True
@@ -116,8 +121,9 @@ def follow_rewrites(table: Any) -> bool:
     ``replace``, the same rows), its tag moves from the snapshot rewritten to the rewrite, at the same LSN: the
     tag's reader reads the compacted files, and expiry can let the old ones go. False when the tag stays (none,
     already current, or a commit that changed rows lies between)."""
-    state = tag_state(table)
-    snapshot = table.currentSnapshot()
+    view = metadata_view(table)
+    state = tag_state(view)
+    snapshot = view.currentSnapshot()
     if state.snapshot_id is None or state.lsn is None or snapshot is None:
         return False
     current = int(snapshot.snapshotId())
@@ -125,7 +131,7 @@ def follow_rewrites(table: Any) -> bool:
         if str(snapshot.operation()) != "replace":
             return False
         parent = snapshot.parentId()
-        snapshot = table.snapshot(parent) if parent is not None else None
+        snapshot = view.snapshot(parent) if parent is not None else None
     if snapshot is None or current == state.snapshot_id:
         return False
     _point_tag(table, state, current, state.lsn)
@@ -153,12 +159,13 @@ def move_tags(spark: SparkSession, identifiers: list[str], lsn: Lsn) -> int:
     tables = {identifier: load_table(spark, identifier) for identifier in identifiers}
     for table in tables.values():
         table.refresh()
-    ahead = [identifier for identifier, table in tables.items() if snapshot_at(table, lsn) is None]
+    views = {identifier: metadata_view(table) for identifier, table in tables.items()}
+    ahead = [identifier for identifier, view in views.items() if snapshot_at(view, lsn) is None]
     if ahead:
         log.info("consistent tags stay: %s hold%s no snapshot of the source at %s (copied at a later point, or "
                  "written by another writer since)", ", ".join(ahead), "s" if len(ahead) == 1 else "", lsn)
         return 0
-    return sum(move_tag(table, lsn) for table in tables.values())
+    return sum(move_tag(table, lsn, view=views[identifier]) for identifier, table in tables.items())
 
 
 def settled_lsn(tables: Mapping[str, Any], start: Lsn) -> Lsn | None:
@@ -194,7 +201,7 @@ def settle_tags(spark: SparkSession, identifiers: list[str], start: Lsn) -> Lsn 
 
     if not identifiers:
         return None
-    tables = {identifier: load_table(spark, identifier) for identifier in identifiers}
+    tables = {identifier: metadata_view(load_table(spark, identifier)) for identifier in identifiers}
     standing = settled_lsn(tables, start)
     if standing is not None:
         return standing

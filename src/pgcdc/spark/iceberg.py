@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from pgcdc.errors import MetadataUnreadable
+from pgcdc.spark.table_metadata import TableMetadata
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -37,12 +41,21 @@ def _ensure_callback_server_listens(gateway: Any) -> None:
 
 
 class IcebergClasses:
-    """The Java classes (and constants) a batch's commit calls, resolved once per JVM: py4j resolves each name of
+    """The Java classes (and constants) a batch calls, resolved once per JVM: py4j resolves each name of
     ``jvm.org.apache.iceberg.X`` with a round trip of its own, which every batch would otherwise pay dozens of
     times over (a round trip costs the apply tens of microseconds on an idle machine, milliseconds on a busy one)."""
 
     def __init__(self, jvm: Any) -> None:
         iceberg = jvm.org.apache.iceberg
+        self.load_table = iceberg.spark.Spark3Util.loadIcebergTable
+        self.metadata_json = iceberg.TableMetadataParser.toJson
+        self.set_active_session = jvm.org.apache.spark.sql.SparkSession.setActiveSession
+        self.spark_actions = iceberg.spark.actions.SparkActions.get
+        self.read_data_manifest = iceberg.ManifestFiles.read
+        self.read_delete_manifest = iceberg.ManifestFiles.readDeleteManifest
+        self.referenced_data_file = iceberg.util.ContentFileUtil.referencedDataFileLocation
+        self.String = jvm.java.lang.String
+        self.count = iceberg.relocated.com.google.common.collect.Iterables.size
         # static methods kept as members: a member looked up on its class is one more round trip per call
         self.schema_json = iceberg.SchemaParser.toJson
         self.metrics_for_table = iceberg.MetricsConfig.forTable
@@ -148,8 +161,44 @@ FieldLayout = tuple[int, Any]
 
 def load_table(spark: SparkSession, identifier: str) -> Any:
     """The ``org.apache.iceberg.Table`` behind a Spark identifier."""
-    jvm: Any = spark.sparkContext._jvm
-    return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, identifier)
+    return iceberg_classes().load_table(spark._jsparkSession, identifier)
+
+
+def java_items(iterable: Any) -> list[Any]:
+    """The elements of a Java ``Iterable`` (a list, a snapshot's manifests, an action's results), read with
+    ``hasNext``/``next``. py4j's own Python iteration ends on the exception its last ``next`` raises, which
+    PySpark's error handler then inspects with a dozen round trips more: per list iterated."""
+    iterator = iterable.iterator()
+    items = []
+    while iterator.hasNext():
+        items.append(iterator.next())
+    return items
+
+
+def java_count(iterable: Any) -> int:
+    """How many elements a Java ``Iterable`` holds, in one round trip."""
+    return int(iceberg_classes().count(iterable))
+
+
+def metadata_view(table: Any) -> Any:
+    """``table``'s current metadata, to read in Python: a Java ``Table``'s in one round trip, as a
+    :class:`TableMetadata` (its snapshots, their summaries, refs and properties: through the Java API, a few round
+    trips per snapshot, which every batch paid for every mirror); a :class:`TableMetadata` as it is. Both answer
+    the same calls, so the rules that read a table take either. What the Java table holds is what is read (it is
+    not refreshed); metadata the Python reader does not know (a newer format) leaves the Java table to be read."""
+    from py4j.protocol import Py4JError
+
+    if isinstance(table, TableMetadata):
+        return table
+    try:
+        current = table.operations().current()
+    except Py4JError:  # a Table that is not backed by table operations (none of Iceberg's catalogs' tables)
+        return table
+    document = json.loads(str(iceberg_classes().metadata_json(current)))
+    try:
+        return TableMetadata(document, f"the current metadata of {document.get('location')}")
+    except MetadataUnreadable:
+        return table
 
 
 def holds_equality_deletes(snapshot: Any) -> bool:

@@ -38,6 +38,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pgcdc.faults import injection_point
+from pgcdc.spark.iceberg import (
+    iceberg_classes,
+    is_commit_conflict,
+    java_count,
+    java_items,
+    load_table,
+    metadata_view,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -120,25 +128,24 @@ class MaintenanceResult:
 
 
 def table_health(spark: SparkSession, identifier: str) -> TableHealth:
-    from pgcdc.spark.iceberg import load_table
-
     table = load_table(spark, identifier)
     table.refresh()
     return _health(spark, table)
 
 
 def _health(spark: SparkSession, table: Any) -> TableHealth:
-    jvm: Any = spark.sparkContext._jvm
-    current = table.currentSnapshot()
-    removed_at = table.properties().get(ORPHANS_REMOVED_PROPERTY)
+    view = metadata_view(table)
+    current = view.currentSnapshot()
+    removed_at = view.properties().get(ORPHANS_REMOVED_PROPERTY)
     if current is None:
         return TableHealth(0, 0, 0, 0, float(removed_at) if removed_at else None)
     summary = current.summary()
     return TableHealth(
-        snapshots=int(jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size(table.snapshots())),
-        data_files=int(summary.getOrDefault("total-data-files", "0")),
-        delete_files=int(summary.getOrDefault("total-delete-files", "0")),
-        manifests=int(current.allManifests(table.io()).size()),
+        snapshots=len(view.snapshots()),
+        data_files=int(summary.get("total-data-files") or "0"),
+        delete_files=int(summary.get("total-delete-files") or "0"),
+        # the manifest list is a file of its own: read through the Java table
+        manifests=int(table.snapshot(current.snapshotId()).allManifests(table.io()).size()),
         orphans_removed_at=float(removed_at) if removed_at else None,
         current_snapshot=int(current.snapshotId()))
 
@@ -167,14 +174,12 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
     """Run ``steps`` (in their fixed order) on one table; every commit carries ``carried`` (the table's position
     properties) in its snapshot summary. ``orphan_age_seconds`` overrides the policy's age (at least an hour
     for a table anyone may be writing; tests of tables nobody writes go lower)."""
-    from pgcdc.spark.iceberg import is_commit_conflict, load_table
-
     started = time.monotonic()
-    jvm: Any = spark.sparkContext._jvm
+    classes = iceberg_classes()
     # the actions' worker threads find the catalogs through the active session they inherit from this thread,
     # which has none when Spark did not start it (the pipeline's apply thread)
-    jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
-    actions = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
+    classes.set_active_session(spark._jsparkSession)
+    actions = classes.spark_actions(spark._jsparkSession)
     table = load_table(spark, identifier)
     table.refresh()
     before = _health(spark, table)
@@ -236,7 +241,7 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
             # one commit's own manifests show: equality deletes stay after a compaction
             dropped = _drop_dangling_deletes(spark, table, carried)
         else:
-            dropped = len(list(carrying(actions.removeDanglingDeleteFiles(table)).execute().removedDeleteFiles()))
+            dropped = java_count(carrying(actions.removeDanglingDeleteFiles(table)).execute().removedDeleteFiles())
         table.refresh()
         # Iceberg 1.10's position-delete reader fails on list and map columns ("Invalid partition field parent"):
         # there the position deletes a compaction did not make dangling stay until the next one
@@ -245,7 +250,7 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
             dropped += int(outcome.rewrittenDeleteFilesCount())
         return dropped
     if step == "rewrite-manifests" and _health(spark, table).manifests > 1:
-        return len(list(carrying(actions.rewriteManifests(table)).execute().rewrittenManifests()))
+        return java_count(carrying(actions.rewriteManifests(table)).execute().rewrittenManifests())
     if step == "expire":
         older_than = int((time.time() - policy.snapshot_max_age_seconds) * 1000)
         outcome = actions.expireSnapshots(table).expireOlderThan(older_than).retainLast(policy.snapshots_kept).execute()
@@ -255,7 +260,7 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
         age = policy.orphan_age_seconds if orphan_age_seconds is None else orphan_age_seconds
         outcome = actions.deleteOrphanFiles(table).olderThan(int((time.time() - age) * 1000)).execute()
         table.updateProperties().set(ORPHANS_REMOVED_PROPERTY, str(int(time.time()))).commit()
-        return len(list(outcome.orphanFileLocations()))
+        return java_count(outcome.orphanFileLocations())
     return 0
 
 
@@ -264,8 +269,6 @@ def _follow_rewrites(table: Any, identifier: str) -> None:
     compacted files, and expiry frees the old ones. A concurrent commit of the tags' own (the stream moving them)
     wins: the tag is then where it should be."""
     from pgcdc.spark.consistent import follow_rewrites
-    from pgcdc.spark.iceberg import is_commit_conflict
-
     try:
         follow_rewrites(table)
     except Exception as exc:
@@ -284,22 +287,21 @@ def _drop_dangling_deletes(spark: SparkSession, table: Any, carried: Mapping[str
     snapshot = table.currentSnapshot()
     if snapshot is None:
         return 0
-    jvm: Any = spark.sparkContext._jvm
-    manifests, files = jvm.org.apache.iceberg.ManifestFiles, jvm.org.apache.iceberg.util.ContentFileUtil
+    classes = iceberg_classes()
     io, specs = table.io(), table.specs()
-    live_data = [data for manifest in snapshot.dataManifests(io)
-                 for data in _live_files(manifests.read(manifest, io, specs))]
+    live_data = [data for manifest in java_items(snapshot.dataManifests(io))
+                 for data in _live_files(classes.read_data_manifest(manifest, io, specs))]
     oldest_data = min((int(data.dataSequenceNumber()) for data in live_data), default=None)
     live_paths = {str(data.location()) for data in live_data}
     rewrite = table.newRewrite().validateFromSnapshot(snapshot.snapshotId())
     dropped = 0
-    for manifest in snapshot.deleteManifests(io):
-        for delete in _live_files(manifests.readDeleteManifest(manifest, io, specs), stats=True):
+    for manifest in java_items(snapshot.deleteManifests(io)):
+        for delete in _live_files(classes.read_delete_manifest(manifest, io, specs), stats=True):
             sequence = int(delete.dataSequenceNumber())
             if str(delete.content()) == "EQUALITY_DELETES":
                 dangling = oldest_data is None or sequence <= oldest_data
             else:
-                named = files.referencedDataFileLocation(delete)
+                named = classes.referenced_data_file(delete)
                 dangling = oldest_data is None or sequence < oldest_data or (
                     named is not None and str(named) not in live_paths)
             if dangling:
@@ -338,8 +340,6 @@ def _has_lists_or_maps(table: Any) -> bool:
 
 
 def _start_orphan_clock(spark: SparkSession, identifier: str) -> None:
-    from pgcdc.spark.iceberg import load_table
-
     load_table(spark, identifier).updateProperties().set(ORPHANS_REMOVED_PROPERTY, str(int(time.time()))).commit()
 
 

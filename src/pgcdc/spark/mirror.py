@@ -402,12 +402,15 @@ class MirrorCatalog(MirrorNames):
     def source_tables(self) -> list[tuple[str, str, str]]:
         """(source schema, source table, identifier) of every mirror in the namespace, from the catalog's
         own listing (exact names, no parsing of SQL output)."""
+        from pgcdc.spark.iceberg import iceberg_classes
+
         session: Any = self.spark._jsparkSession
+        classes = iceberg_classes()
         # the catalog plug-ins are read from the thread's active session: set it for threads Spark did not start
-        self.spark.sparkContext._jvm.org.apache.spark.sql.SparkSession.setActiveSession(session)  # type: ignore[union-attr]
+        classes.set_active_session(session)
         catalog = session.sessionState().catalogManager().catalog(self.catalog)
         gateway: Any = self.spark.sparkContext._gateway
-        root = gateway.new_array(gateway.jvm.java.lang.String, 1)
+        root = gateway.new_array(classes.String, 1)
         root[0] = self.namespace
         if not catalog.namespaceExists(root):
             return []

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from pgcdc.errors import Unindexable
 from pgcdc.spark.files import local_path, object_path
-from pgcdc.spark.iceberg import holds_equality_deletes
+from pgcdc.spark.iceberg import holds_equality_deletes, java_items
 from pgcdc.spark.key_codes import Codes, KeyCoder
 from pgcdc.spark.key_index import KeyIndex, Located
 
@@ -74,7 +74,7 @@ class MirrorIndex:
                 data = task.file()
                 path = str(data.location())
                 keys = files.read_columns(path, self.key_fields(), self.layout)
-                keep = deletes.surviving(path, keys, list(task.deletes()))
+                keep = deletes.surviving(path, keys, java_items(task.deletes()))
                 positions = np.flatnonzero(keep) if keep is not None else None
                 self.keys.add(path, keys if keep is None else keys.filter(pa.array(keep)), positions)
         finally:

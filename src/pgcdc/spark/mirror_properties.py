@@ -120,9 +120,9 @@ class MirrorProperties:
         self.spark = spark
 
     def read(self, identifier: str) -> dict[str, str]:
-        from pgcdc.spark.iceberg import load_table
+        from pgcdc.spark.iceberg import load_table, metadata_view
 
-        return {str(k): str(v) for k, v in load_table(self.spark, identifier).properties().items()}
+        return {str(k): str(v) for k, v in metadata_view(load_table(self.spark, identifier)).properties().items()}
 
     def set(self, identifier: str, values: Mapping[str, str]) -> None:
         """One metadata commit setting ``values`` among the table's properties (none when empty)."""

@@ -100,6 +100,9 @@ class TableMetadata:
     def snapshot(self, snapshot_id: int) -> Snapshot | None:
         return self._snapshots.get(int(snapshot_id))
 
+    def snapshots(self) -> list[Snapshot]:
+        return list(self._snapshots.values())
+
     def properties(self) -> Mapping[str, str]:
         return self._properties
 
