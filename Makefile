@@ -65,16 +65,20 @@ test-jvm-archive: $(STAMP) $(TEST_STAMP)
 # longest first (conftest.py orders them; --no-loadscope-reorder keeps that order); the tests of a module whose
 # servers are costly to start (xdist_group) stay in one worker. PYTEST_ARGS="-n 0" runs them in this process.
 # --durations: the 15 slowest tests, printed at the end, so that a slow newcomer shows up in every run
+# PYTHONDONTWRITEBYTECODE is dropped for the suite's processes: it starts hundreds of Python processes (each
+# `pgcdc` command, each worker's collection of every test module), which would each compile pgcdc's modules and
+# rewrite the tests' assertions again (measured: a collection's CPU halved with the bytecode kept)
+TEST_PY = env -u PYTHONDONTWRITEBYTECODE $(PY)
 test: $(STAMP) $(TEST_STAMP) test-jvm-archive
-	$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
+	$(TEST_PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 # every test that starts neither PostgreSQL nor Spark (conftest.py marks tests by the fixtures they use; a test
 # that starts a server another way carries the mark itself): no class archive, no object storage parts needed
 test-fast: $(STAMP)
-	PGCDC_TEST_CLASS_ARCHIVE=0 $(PY) -m pytest -n auto -m "not spark and not postgres and not soak" --durations=5 $(PYTEST_ARGS)
+	PGCDC_TEST_CLASS_ARCHIVE=0 $(TEST_PY) -m pytest -n auto -m "not spark and not postgres and not soak" --durations=5 $(PYTEST_ARGS)
 
 soak: $(STAMP) $(TEST_STAMP) test-jvm-archive
-	$(PY) -m pytest -m soak $(PYTEST_ARGS)
+	$(TEST_PY) -m pytest -m soak $(PYTEST_ARGS)
 	$(PY) bench/fuzz.py
 
 demo: $(STAMP)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import psycopg
 
 from pgcdc.errors import ConfigError
-from pgcdc.types import SESSION_SETTINGS
+from pgcdc.types.registry import SESSION_SETTINGS
 
 
 @dataclass(frozen=True)
