@@ -31,6 +31,24 @@ def test_help_teaches_every_command():
     assert "--until-caught-up" in run_help.stdout and "PGCDC_DSN" in run_help.stdout
 
 
+def test_the_command_line_starts_without_the_pipeline_arrow_or_spark():
+    """Commands that need neither (--help, status, check, slot) do not pay for importing them: the packages load
+    their names on first use, and those names still resolve."""
+    import sys
+
+    probe = ("import sys, pgcdc.cli\n"
+             "heavy = ('pyarrow', 'numpy', 'pyspark', 'pgcdc.pipeline.loop', 'pgcdc.types.convert')\n"
+             "print(sorted(name for name in heavy if name in sys.modules))\n"
+             "from pgcdc.pipeline import Pipeline\n"
+             "from pgcdc.replication import SlotManager\n"
+             "import pgcdc.types\n"
+             "print(Pipeline.__module__, SlotManager.__module__, pgcdc.types.TableConverter.__module__)\n"
+             "try:\n    pgcdc.types.NoSuchName\nexcept AttributeError as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["[]", "pgcdc.pipeline.loop pgcdc.replication.slots pgcdc.types.convert",
+                                "module 'pgcdc.types' has no attribute 'NoSuchName'"], out
+
+
 def test_unreachable_dsn_is_one_clear_line_without_password():
     dsn = f"host=127.0.0.1 port=1 user=cdc password={SECRET} dbname=nowhere connect_timeout=3"
     result = pgcdc("check", "--dsn", dsn, "--publication", "pub")

@@ -47,6 +47,7 @@ class IcebergClasses:
 
     def __init__(self, jvm: Any) -> None:
         iceberg = jvm.org.apache.iceberg
+        # static methods kept as members: a member looked up on its class is one more round trip per call
         self.load_table = iceberg.spark.Spark3Util.loadIcebergTable
         self.metadata_json = iceberg.TableMetadataParser.toJson
         self.set_active_session = jvm.org.apache.spark.sql.SparkSession.setActiveSession
@@ -54,9 +55,8 @@ class IcebergClasses:
         self.read_data_manifest = iceberg.ManifestFiles.read
         self.read_delete_manifest = iceberg.ManifestFiles.readDeleteManifest
         self.referenced_data_file = iceberg.util.ContentFileUtil.referencedDataFileLocation
-        self.String = jvm.java.lang.String
         self.count = iceberg.relocated.com.google.common.collect.Iterables.size
-        # static methods kept as members: a member looked up on its class is one more round trip per call
+        self.String = jvm.java.lang.String
         self.schema_json = iceberg.SchemaParser.toJson
         self.metrics_for_table = iceberg.MetricsConfig.forTable
         self.metrics_for_position_deletes = iceberg.MetricsConfig.forPositionDelete
@@ -181,9 +181,10 @@ def java_count(iterable: Any) -> int:
 
 
 def metadata_view(table: Any) -> Any:
-    """``table``'s current metadata, to read in Python: a Java ``Table``'s in one round trip, as a
-    :class:`TableMetadata` (its snapshots, their summaries, refs and properties: through the Java API, a few round
-    trips per snapshot, which every batch paid for every mirror); a :class:`TableMetadata` as it is. Both answer
+    """``table``'s current metadata, to read in Python: a Java ``Table``'s as one JSON document (three round trips
+    in all), as a :class:`TableMetadata` (its snapshots, their summaries, refs and properties: through the Java API,
+    a few round trips per snapshot and per property, which every batch paid for every mirror); a
+    :class:`TableMetadata` as it is. Both answer
     the same calls, so the rules that read a table take either. What the Java table holds is what is read (it is
     not refreshed); metadata the Python reader does not know (a newer format) leaves the Java table to be read."""
     from py4j.protocol import Py4JError
@@ -192,7 +193,7 @@ def metadata_view(table: Any) -> Any:
         return table
     try:
         current = table.operations().current()
-    except Py4JError:  # a Table that is not backed by table operations (none of Iceberg's catalogs' tables)
+    except Py4JError:  # a Table without table operations (Iceberg's own catalogs return none such)
         return table
     document = json.loads(str(iceberg_classes().metadata_json(current)))
     try:
