@@ -429,6 +429,38 @@ def test_a_batch_landing_on_top_of_a_compaction_of_other_files_leaves_the_index_
     assert assert_reads_alike(spark, mirror.identifier, hadoop_table(spark, mirror.identifier)) == 3
 
 
+def test_an_index_built_from_many_files_read_at_once_finds_each_live_row_where_iceberg_reads_it(spark, mirrors,
+                                                                                                no_folding):
+    """The index of a mirror of more data files than are read at once (READ_AHEAD), some of their rows deleted
+    by later batches' position deletes: built afresh, each live key is found at the file and position Iceberg's
+    own reader gives it (its _file and _pos columns), and no deleted row is."""
+    from pgcdc.spark.iceberg import parquet_layout
+    from pgcdc.spark.mirror_index import READ_AHEAD, index_for
+
+    mirror = mirrors.ensure(TableSpec("public", "many_files", FLAT, ("id",)))
+    files = READ_AHEAD * 2 + 3
+    for lsn in range(1, files + 1):  # a data file each; from the third on, each batch also updates a key of the
+        events = [("I", lsn, 0, {"id": lsn, "name": "new", "n": 0}, None)]  # batch before last
+        if lsn > 2:
+            events.append(("U", lsn, 1, {"id": lsn - 2, "name": "updated", "n": 1}, None))
+        apply(spark, mirror, flat_changes(("id",), *events), lsn=Lsn(lsn), writer="delta")
+    table = load_table(spark, mirror.identifier)
+    assert len([row for row in spark.sql(f"SELECT 1 FROM {mirror.identifier}.files").collect()]) > READ_AHEAD
+    layout = pa.schema([pa.field(name, field_type, metadata={b"PARQUET:field_id": str(field_id).encode()})
+                        for name, (field_id, field_type) in parquet_layout(table)])
+    index = index_for(None, table, ["id"], layout, multiset=False, budget=None)
+
+    where = {row.id: (row.file, row.pos) for row in spark.sql(
+        f"SELECT id, _file AS file, _pos AS pos FROM {mirror.identifier}").collect()}
+    assert sorted(where) == list(range(1, files + 1))
+    keys = pa.table({"id": pa.array(sorted(where), pa.int64())})
+    located = index.keys.find(keys)
+    found = {key: (index.keys.path(int(file_id)), int(position))
+             for key, file_id, position in zip(sorted(where), located.file_ids, located.positions, strict=True)}
+    assert found == where
+    assert index.keys.rows == files
+
+
 def test_an_equality_delta_racing_a_compaction_is_retried_and_lands_once(spark, mirrors):
     """Deleting by equality, a compaction commits between the moment the batch read the mirror and its commit:
     the row delta is retried on the compacted table with the same files, its equality deletes reach the rewritten

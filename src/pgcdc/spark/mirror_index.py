@@ -24,9 +24,11 @@ and is resolved again against the new files and retried — it never deletes aga
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections import defaultdict
-from collections.abc import Iterable
+from collections import defaultdict, deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -66,19 +68,21 @@ class MirrorIndex:
         if snapshot is None:
             return
         deletes = _DeleteFiles(self, files)
+        planned = []  # (data file, the delete files applying to it), in the order Iceberg plans them
         tasks = table.newScan().useSnapshot(snapshot.snapshotId()).planFiles()
         try:
             iterator = tasks.iterator()
             while iterator.hasNext():
                 task = iterator.next()
-                data = task.file()
-                path = str(data.location())
-                keys = files.read_columns(path, self.key_fields(), self.layout)
-                keep = deletes.surviving(path, keys, java_items(task.deletes()))
-                positions = np.flatnonzero(keep) if keep is not None else None
-                self.keys.add(path, keys if keep is None else keys.filter(pa.array(keep)), positions)
+                planned.append((str(task.file().location()), java_items(task.deletes())))
         finally:
             tasks.close()
+        paths = [path for path, _ in planned]
+        for (path, applying), keys in zip(planned, files.read_each(paths, self.key_fields(), self.layout),
+                                          strict=True):
+            keep = deletes.surviving(path, keys, applying)
+            positions = np.flatnonzero(keep) if keep is not None else None
+            self.keys.add(path, keys if keep is None else keys.filter(pa.array(keep)), positions)
         log.info("indexed %d rows of %s", self.keys.rows, table.name())
 
     def refresh(self, table: Any, files: FileReader) -> None:
@@ -111,9 +115,9 @@ class MirrorIndex:
     def _follow(self, snapshot: Any, io: Any, files: FileReader) -> None:
         """One snapshot someone else committed, followed: the rows it added and removed (added first: a keyed
         entry then moves within its slot when a compaction rewrites its row)."""
-        for data in _iterate(snapshot.addedDataFiles(io)):
-            path = str(data.location())
-            self.keys.add(path, files.read_columns(path, self.key_fields(), self.layout))
+        added = [str(data.location()) for data in _iterate(snapshot.addedDataFiles(io))]
+        for path, keys in zip(added, files.read_each(added, self.key_fields(), self.layout), strict=True):
+            self.keys.add(path, keys)
         for data in _iterate(snapshot.removedDataFiles(io)):
             self.keys.drop_file(str(data.location()))
         for delete in _iterate(snapshot.addedDeleteFiles(io)):
@@ -217,6 +221,9 @@ def _iterate(java_iterable: Any) -> Iterable[Any]:
         yield iterator.next()
 
 
+READ_AHEAD = 8  # data files read at once while an index is built or follows someone else's commits
+
+
 class FileReader:
     """Reads a mirror's Parquet files with Arrow, where this machine reaches them: a local or mounted directory, or
     S3 with the table's own Hadoop settings (:func:`pgcdc.spark.iceberg.s3_options`)."""
@@ -260,6 +267,26 @@ class FileReader:
         columns = [table.column(name).cast(field.type) if name is not None else pa.nulls(count, field.type)
                    for name, field in zip(wanted, fields, strict=True)]
         return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+    def read_each(self, locations: list[str], fields: list[pa.Field], layout: pa.Schema) -> Iterator[pa.Table]:
+        """:meth:`read_columns` of each of ``locations``, in their order, with up to ``READ_AHEAD`` files read at
+        once: each read mostly waits on storage (on S3, a few round trips per file; Arrow waits without holding
+        the interpreter), so an index is built at the storage's parallelism rather than one file at a time. At
+        most ``READ_AHEAD`` files' columns are held beyond the one handed out."""
+        if len(locations) <= 1:
+            yield from (self.read_columns(location, fields, layout) for location in locations)
+            return
+        remaining = iter(locations)
+        with ThreadPoolExecutor(max_workers=min(READ_AHEAD, len(locations)),
+                                thread_name_prefix="pgcdc-index-read") as pool:
+            reading = deque(pool.submit(self.read_columns, location, fields, layout)
+                            for location in itertools.islice(remaining, READ_AHEAD))
+            while reading:
+                keys = reading.popleft().result()
+                following = next(remaining, None)
+                if following is not None:
+                    reading.append(pool.submit(self.read_columns, following, fields, layout))
+                yield keys
 
     def read_position_deletes(self, location: str) -> dict[str, np.ndarray]:
         """A position-delete file's positions, per data file it names."""
