@@ -6,7 +6,8 @@ snapshot of the mirror (:attr:`MirrorIndex.snapshot_id`):
 
 - **Built** when first needed, from the live data files of the current snapshot (Iceberg plans them, with the
   delete files that apply to each: the sequence-number rules are Iceberg's own), their key columns read with
-  Arrow by field id, the rows their position and equality deletes remove left out.
+  Arrow by field id (several files at once: :meth:`FileReader.read_each`), the rows their position and equality
+  deletes remove left out.
 - **Moved forward by pgcdc's own commits**: the rows a batch deleted leave the index, the rows of its new data
   file enter it at their positions, and the index describes the new snapshot.
 - **Brought up to date with every snapshot someone else committed** (a compaction — pgcdc's own maintenance, a
