@@ -145,7 +145,7 @@ def _health(spark: SparkSession, table: Any) -> TableHealth:
         data_files=int(summary.get("total-data-files") or "0"),
         delete_files=int(summary.get("total-delete-files") or "0"),
         # the manifest list is a file of its own: read through the Java table
-        manifests=int(table.snapshot(current.snapshotId()).allManifests(table.io()).size()),
+        manifests=int(table.currentSnapshot().allManifests(table.io()).size()),
         orphans_removed_at=float(removed_at) if removed_at else None,
         current_snapshot=int(current.snapshotId()))
 

@@ -196,7 +196,7 @@ class MirrorCatalog(MirrorNames):
         self.positions = MirrorPositions(spark)
 
     def _exists(self, identifier: str) -> bool:
-        return bool(self.spark.catalog.tableExists(identifier))
+        return self.positions.exists(identifier)
 
     def table(self, identifier: str) -> Any:
         """Iceberg's ``Table`` of ``identifier``, loaded through the JVM."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import defaultdict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -69,13 +69,9 @@ class MirrorIndex:
         if snapshot is None:
             return
         deletes = _DeleteFiles(self, files)
-        planned = []  # (data file, the delete files applying to it), in the order Iceberg plans them
         tasks = table.newScan().useSnapshot(snapshot.snapshotId()).planFiles()
-        try:
-            iterator = tasks.iterator()
-            while iterator.hasNext():
-                task = iterator.next()
-                planned.append((str(task.file().location()), java_items(task.deletes())))
+        try:  # (data file, the delete files applying to it), in the order Iceberg plans them
+            planned = [(str(task.file().location()), java_items(task.deletes())) for task in java_items(tasks)]
         finally:
             tasks.close()
         paths = [path for path, _ in planned]
@@ -116,12 +112,12 @@ class MirrorIndex:
     def _follow(self, snapshot: Any, io: Any, files: FileReader) -> None:
         """One snapshot someone else committed, followed: the rows it added and removed (added first: a keyed
         entry then moves within its slot when a compaction rewrites its row)."""
-        added = [str(data.location()) for data in _iterate(snapshot.addedDataFiles(io))]
+        added = [str(data.location()) for data in java_items(snapshot.addedDataFiles(io))]
         for path, keys in zip(added, files.read_each(added, self.key_fields(), self.layout), strict=True):
             self.keys.add(path, keys)
-        for data in _iterate(snapshot.removedDataFiles(io)):
+        for data in java_items(snapshot.removedDataFiles(io)):
             self.keys.drop_file(str(data.location()))
-        for delete in _iterate(snapshot.addedDeleteFiles(io)):
+        for delete in java_items(snapshot.addedDeleteFiles(io)):
             if str(delete.content()) != "POSITION_DELETES":
                 raise _CannotFollow(f"snapshot {snapshot.snapshotId()} added equality deletes")
             for path, positions in files.read_position_deletes(str(delete.location())).items():
@@ -214,12 +210,6 @@ def _snapshots_after(table: Any, current: Any, indexed: int | None) -> list[Any]
     if indexed is not None and snapshot is None:
         return None
     return list(reversed(found))
-
-
-def _iterate(java_iterable: Any) -> Iterable[Any]:
-    iterator = java_iterable.iterator()
-    while iterator.hasNext():
-        yield iterator.next()
 
 
 READ_AHEAD = 8  # data files read at once while an index is built or follows someone else's commits
