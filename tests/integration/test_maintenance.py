@@ -162,6 +162,57 @@ def test_stray_files_are_removed_and_young_ones_kept(spark, iceberg_namespace):
     assert MaintenancePolicy(orphan_age_seconds=60).problems()  # below an hour: refused
 
 
+def test_expiry_deletes_what_only_expired_snapshots_held_and_keeps_what_a_tag_or_the_newest_holds(
+        spark, iceberg_namespace):
+    from pyiceberg_reader import assert_reads_alike, hadoop_table
+
+    identifier = f"pgcdc.{iceberg_namespace}.t"
+    spark.sql(f"CREATE TABLE {identifier} (id bigint, v string) USING iceberg TBLPROPERTIES ("
+              "'format-version' = '2', 'write.delete.mode' = 'merge-on-read')")
+
+    def files_held(snapshot_id: int) -> dict[str, int]:  # data (0) and delete files (1), by path
+        return {row.file_path.removeprefix("file:"): row.content for row in spark.sql(
+            f"SELECT file_path, content FROM {identifier}.files VERSION AS OF {snapshot_id}").collect()}
+
+    def compact() -> None:
+        spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{identifier.split('.', 1)[1]}', "
+                  "options => map('rewrite-all', 'true', 'remove-dangling-deletes', 'true'))")
+
+    spark.range(10).coalesce(1).selectExpr("id", "'first' AS v").writeTo(identifier).append()
+    spark.sql(f"ALTER TABLE {identifier} CREATE TAG kept")
+    spark.sql(f"DELETE FROM {identifier} WHERE id = 1")  # a position delete file
+    compact()  # the tagged snapshot's data file is left to it alone
+    spark.range(10, 20).coalesce(1).selectExpr("id", "'second' AS v").writeTo(identifier).append()
+    spark.sql(f"DELETE FROM {identifier} WHERE id = 15")
+    compact()  # left to the snapshots before: a data file of each compaction's, and delete files
+    snapshots = [row.snapshot_id for row in spark.sql(
+        f"SELECT snapshot_id FROM {identifier}.snapshots ORDER BY committed_at").collect()]
+    tagged = spark.sql(f"SELECT snapshot_id FROM {identifier}.refs WHERE name = 'kept'").collect()[0].snapshot_id
+    kept = {*files_held(tagged), *files_held(snapshots[-1])}
+    held = {path: content for snapshot in snapshots for path, content in files_held(snapshot).items()}
+    only_expired = set(held) - kept
+    contents = [held[path] for path in only_expired]
+    assert len(snapshots) == 6 and contents.count(0) >= 2 and contents.count(1) >= 1, held
+    assert all(Path(path).exists() for path in only_expired)
+    rows = sorted(tuple(row) for row in spark.table(identifier).collect())
+    at_tag = sorted(tuple(row) for row in spark.sql(f"SELECT * FROM {identifier} VERSION AS OF 'kept'").collect())
+
+    policy = MaintenancePolicy(snapshots_kept=1, snapshot_max_age_seconds=0)
+    result = maintain_table(spark, identifier, {}, policy, steps=["expire"])
+
+    assert result.steps["expire"] == 4  # every snapshot but the newest and the tagged one
+    assert sorted(row.snapshot_id for row in spark.sql(f"SELECT snapshot_id FROM {identifier}.snapshots")
+                  .collect()) == sorted([tagged, snapshots[-1]])
+    assert not any(Path(path).exists() for path in only_expired), only_expired
+    assert all(Path(path).exists() for path in kept)
+    assert sorted(tuple(row) for row in spark.table(identifier).collect()) == rows
+    assert sorted(tuple(row) for row in spark.sql(
+        f"SELECT * FROM {identifier} VERSION AS OF 'kept'").collect()) == at_tag
+    assert assert_reads_alike(spark, identifier, hadoop_table(spark, identifier)) == 18  # a reader not pgcdc's
+    assert assert_reads_alike(spark, identifier, hadoop_table(spark, identifier), snapshot_id=tagged) == 10
+    assert maintain_table(spark, identifier, {}, policy, steps=["expire"]).steps["expire"] == 0
+
+
 def test_a_table_left_unchanged_for_an_interval_is_compacted_of_its_last_delete_files(spark, iceberg_namespace):
     """Below the thresholds a streamed table is left alone; once the stream leaves it unchanged for an interval,
     the delete files every read pays for are compacted away."""
