@@ -6,7 +6,7 @@ import pytest
 
 from pgcdc.errors import ConfigError
 from pgcdc.pipeline import PipelineConfig
-from pgcdc.spark.maintenance import MaintenancePolicy, TableHealth, due_steps
+from pgcdc.spark.maintenance import Maintainer, MaintenancePolicy, TableHealth, due_steps
 
 POLICY = MaintenancePolicy(data_files=10, delete_files=4, snapshots=50, snapshots_kept=5,
                            orphan_interval_seconds=3600)
@@ -14,6 +14,24 @@ POLICY = MaintenancePolicy(data_files=10, delete_files=4, snapshots=50, snapshot
 
 def health(snapshots=3, data_files=1, delete_files=0, orphans_removed_at=1000.0) -> TableHealth:
     return TableHealth(snapshots, data_files, delete_files, manifests=1, orphans_removed_at=orphans_removed_at)
+
+
+@pytest.mark.parametrize(("policy", "every"), [
+    (MaintenancePolicy(), 10.0),  # the interval (300 s) is longer than the look
+    (MaintenancePolicy(interval_seconds=4), 4.0),  # a table due every 4 s is looked at as often
+    (MaintenancePolicy(interval_seconds=0), 1.0),  # as soon as due, but a look reads metadata: once a second
+    (MaintenancePolicy(interval_seconds=0, check_seconds=0), 0.0),  # asked for
+])
+def test_tables_are_looked_at_as_often_as_their_interval_allows(policy, every):
+    assert policy.check_every == every
+    clock = [100.0]
+    maintainer = Maintainer(lambda: None, policy, lambda: [], clock=lambda: clock[0])
+    assert maintainer.ready()  # at the start
+    assert maintainer.turn() is None  # no table yet
+    clock[0] += every - 0.01
+    assert not maintainer.ready() or every == 0.0
+    clock[0] += 0.01
+    assert maintainer.ready()
 
 
 def test_a_healthy_table_is_left_alone():

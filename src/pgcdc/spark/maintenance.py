@@ -83,7 +83,14 @@ class MaintenancePolicy:
     orphan_age_seconds: float = 24 * 3600.0  # unreferenced files older than this are deleted ...
     orphan_interval_seconds: float = 24 * 3600.0  # ... this often
     target_file_bytes: int | None = None  # compacted file size (None: the table's write.target-file-size-bytes)
-    check_seconds: float = 10.0  # how often the pipeline looks whether a table is due
+    check_seconds: float = 10.0  # how often the pipeline looks whether a table is due (see check_every)
+
+    @property
+    def check_every(self) -> float:
+        """Seconds between two looks at whether a table is due: ``check_seconds``, or the interval when that is
+        shorter — a table may be maintained every 2 s is not left waiting 10 s — but at least a second apart (a
+        look reads the tables' metadata)."""
+        return min(self.check_seconds, max(self.interval_seconds, 1.0))
 
     def problems(self) -> list[str]:
         """What is wrong with these settings, each with the fix (empty: nothing)."""
@@ -413,7 +420,7 @@ class Maintainer:
     def ready(self, now: float | None = None) -> bool:
         """Whether a turn may find something to do (a clock check only; no table is read)."""
         now = self.clock() if now is None else now
-        return self.policy.enabled and now - self._last_check >= self.policy.check_seconds
+        return self.policy.enabled and now - self._last_check >= self.policy.check_every
 
     def turn(self) -> MaintenanceResult | None:
         """Maintain the next due table, if any; a failure (a conflict with someone else's commit) is logged and
