@@ -192,6 +192,7 @@ class MirrorCatalog(MirrorNames):
         self.spark = spark
         self.slot = slot
         self._tables: dict[tuple[str, str], MirrorTable] = {}
+        self._readable: set[str] = set()  # tables found usable; only this catalog drops them (_drop)
         self.properties = MirrorProperties(spark)
         self.positions = MirrorPositions(spark)
 
@@ -206,6 +207,8 @@ class MirrorCatalog(MirrorNames):
 
     def readable(self, identifier: str) -> bool:
         """True for a usable table; a broken leftover of an interrupted creation is dropped."""
+        if identifier in self._readable:
+            return True
         if not self._exists(identifier):
             return False
         from pyspark.errors import AnalysisException
@@ -217,9 +220,15 @@ class MirrorCatalog(MirrorNames):
         except AnalysisException as exc:
             log.warning("dropping mirror %s left unusable by an interrupted run (%s)", identifier,
                         str(exc).splitlines()[0])
-            self.spark.sql(f"DROP TABLE IF EXISTS {identifier}")
+            self._drop(identifier, if_exists=True)
             return False
+        self._readable.add(identifier)
         return True
+
+    def _drop(self, identifier: str, *, if_exists: bool = False) -> None:
+        self._readable.discard(identifier)
+        self.positions.forget(identifier)
+        self.spark.sql(f"DROP TABLE {'IF EXISTS ' if if_exists else ''}{identifier}")
 
     def known_table(self, source_schema: str, source_table: str) -> MirrorTable | None:
         """The mirror as this catalog last opened it (None: not opened yet)."""
@@ -310,7 +319,7 @@ class MirrorCatalog(MirrorNames):
 
     def _drop_for_copy(self, identifier: str, spec: TableSpec, why: str) -> None:
         log.warning("%s: mirror %s %s, for a new copy", spec.source, identifier, why)
-        self.spark.sql(f"DROP TABLE {identifier}")
+        self._drop(identifier)
         self._tables.pop((spec.source_schema, spec.source_table), None)
 
     def columns_of(self, source_schema: str, source_table: str) -> set[str] | None:

@@ -59,9 +59,22 @@ class MirrorPositions:
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
+        # tables seen to exist: asking the catalog is a table load (a round trip to a catalog service and a read
+        # of the table's metadata), which a batch asked for each table it touched; this process drops a table
+        # only through forget()
+        self._existing: set[str] = set()
 
     def exists(self, identifier: str) -> bool:
-        return bool(self.spark.catalog.tableExists(identifier))
+        if identifier in self._existing:
+            return True
+        if not self.spark.catalog.tableExists(identifier):
+            return False
+        self._existing.add(identifier)
+        return True
+
+    def forget(self, identifier: str) -> None:
+        """``identifier`` is being dropped: whether it exists is asked of the catalog again."""
+        self._existing.discard(identifier)
 
     def read_if_exists(self, identifier: str) -> Lsn | None:
         """:meth:`read` of a table that may not exist yet (a change log before its first append): None then."""
