@@ -65,6 +65,26 @@ def test_a_tables_metadata_read_in_one_round_trip_answers_as_the_java_table_does
     assert view.properties()["pgcdc.position"] == '{"lsn": "0/10", "x": [1, 2]}'
 
 
+@pytest.mark.parametrize("caching", ["false", "true"])
+def test_a_table_is_loaded_as_its_catalog_holds_it_now_whether_or_not_the_catalog_caches_tables(
+        spark, iceberg_namespace, caching):
+    """pgcdc's catalogs load tables afresh; a catalog a user set to cache them (Iceberg's default) holds a table as
+    it first loaded it: what pgcdc reads of it is read again."""
+    catalog = f"cache_{caching}"
+    for key, value in {"": "org.apache.iceberg.spark.SparkCatalog", ".type": "hadoop", ".cache-enabled": caching,
+                       ".warehouse": spark.conf.get("spark.sql.catalog.pgcdc.warehouse")}.items():
+        spark.conf.set(f"spark.sql.catalog.{catalog}{key}", value)
+    writer = f"pgcdc.{iceberg_namespace}.t"  # another writer: the session's own catalog
+    spark.sql(f"CREATE TABLE {writer} (id bigint) USING iceberg")
+    spark.range(3).writeTo(writer).append()
+    reader = f"`{catalog}`.`{iceberg_namespace}`.`t`"
+    first = load_table(spark, reader).currentSnapshot().snapshotId()
+    spark.range(3, 5).writeTo(writer).append()
+    assert load_table(spark, reader).currentSnapshot().snapshotId() != first
+    assert load_table(spark, reader).currentSnapshot().snapshotId() == \
+        load_table(spark, writer).currentSnapshot().snapshotId()
+
+
 def test_python_tasks_are_forked_from_pgcdcs_daemon_with_the_copys_modules_imported(spark):
     def probe(_):
         import os

@@ -157,8 +157,6 @@ def move_tags(spark: SparkSession, identifiers: list[str], lsn: Lsn) -> int:
     from pgcdc.spark.iceberg import load_table
 
     tables = {identifier: load_table(spark, identifier) for identifier in identifiers}
-    for table in tables.values():
-        table.refresh()
     views = {identifier: metadata_view(table) for identifier, table in tables.items()}
     ahead = [identifier for identifier, view in views.items() if snapshot_at(view, lsn) is None]
     if ahead:

@@ -160,8 +160,18 @@ FieldLayout = tuple[int, Any]
 
 
 def load_table(spark: SparkSession, identifier: str) -> Any:
-    """The ``org.apache.iceberg.Table`` behind a Spark identifier."""
-    return iceberg_classes().load_table(spark._jsparkSession, identifier)
+    """The ``org.apache.iceberg.Table`` behind a Spark identifier, as its catalog holds it now. pgcdc's catalogs
+    load a table afresh each time (``cache-enabled`` false); one a user set to cache tables is asked again."""
+    table = iceberg_classes().load_table(spark._jsparkSession, identifier)
+    if _caches_tables(spark, identifier):
+        table.refresh()
+    return table
+
+
+def _caches_tables(spark: SparkSession, identifier: str) -> bool:
+    """Whether the Spark catalog ``identifier`` names first caches the tables it loads (Iceberg's default)."""
+    catalog = identifier.split(".", 1)[0].strip("`")
+    return str(spark.conf.get(f"spark.sql.catalog.{catalog}.cache-enabled", "true")).strip().lower() != "false"
 
 
 def java_items(iterable: Any) -> list[Any]:

@@ -137,9 +137,7 @@ class MaintenanceResult:
 
 
 def table_health(spark: SparkSession, identifier: str) -> TableHealth:
-    table = load_table(spark, identifier)
-    table.refresh()
-    return _health(spark, table)
+    return _health(spark, load_table(spark, identifier))
 
 
 def _health(spark: SparkSession, table: Any) -> TableHealth:
@@ -190,7 +188,6 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
     classes.set_active_session(spark._jsparkSession)
     actions = classes.spark_actions(spark._jsparkSession)
     table = load_table(spark, identifier)
-    table.refresh()
     before = _health(spark, table)
     result = MaintenanceResult(identifier, before=before)
     _clean_old_metadata(table)

@@ -105,7 +105,6 @@ class MirrorPositions:
         from pgcdc.spark.iceberg import load_table
 
         table = load_table(self.spark, identifier)
-        table.refresh()
         current = table.properties().get(RECORD_PROPERTY)
         value = record_to_write(None if current is None else str(current), position, pending=pending,
                                 advance_only=advance_only)
