@@ -88,8 +88,8 @@ class MaintenancePolicy:
     @property
     def check_every(self) -> float:
         """Seconds between two looks at whether a table is due: ``check_seconds``, or the interval when that is
-        shorter — a table may be maintained every 2 s is not left waiting 10 s — but at least a second apart (a
-        look reads the tables' metadata)."""
+        shorter (a table that may be maintained every 2 s is not left waiting 10 s), but at least a second apart
+        (a look reads the tables' metadata)."""
         return min(self.check_seconds, max(self.interval_seconds, 1.0))
 
     def problems(self) -> list[str]:
