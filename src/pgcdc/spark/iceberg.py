@@ -168,10 +168,19 @@ def load_table(spark: SparkSession, identifier: str) -> Any:
     return table
 
 
+# per session, per catalog name: whether it caches tables. Read once: Spark keeps a catalog as it was made from
+# its settings, and the question would otherwise cost every table load a round trip to the JVM
+_CATALOGS_CACHING: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
+
+
 def _caches_tables(spark: SparkSession, identifier: str) -> bool:
     """Whether the Spark catalog ``identifier`` names first caches the tables it loads (Iceberg's default)."""
     catalog = identifier.split(".", 1)[0].strip("`")
-    return str(spark.conf.get(f"spark.sql.catalog.{catalog}.cache-enabled", "true")).strip().lower() != "false"
+    known = _CATALOGS_CACHING.setdefault(spark, {})
+    if catalog not in known:
+        setting = spark.conf.get(f"spark.sql.catalog.{catalog}.cache-enabled", "true")
+        known[catalog] = str(setting).strip().lower() != "false"
+    return known[catalog]
 
 
 def java_items(iterable: Any) -> list[Any]:
