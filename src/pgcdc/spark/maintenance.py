@@ -264,8 +264,8 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
         # this maintenance has few manifests for the driver to read)
         older_than = int((time.time() - policy.snapshot_max_age_seconds) * 1000)
         held = {int(snapshot.snapshotId()) for snapshot in metadata_view(table).snapshots()}
+        # the commit leaves the table's metadata its own (the step's refresh follows in maintain_table)
         table.expireSnapshots().expireOlderThan(older_than).retainLast(policy.snapshots_kept).commit()
-        table.refresh()
         return len(held - {int(snapshot.snapshotId()) for snapshot in metadata_view(table).snapshots()})
     if step == "remove-orphans":
         age = policy.orphan_age_seconds if orphan_age_seconds is None else orphan_age_seconds
