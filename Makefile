@@ -6,6 +6,7 @@
 #   make bench   run the benchmarks (bench/*.py; QUICK=1 for the short versions)
 #   make soak    the long fault runs (crash loops of many kills, 1,000,000 fuzzed messages)
 #   make lint    ruff + mypy on src/
+#   make jar     rebuild src/pgcdc/spark/pgcdc-hadoop.jar from its Java sources (needs javac; the jar is shipped)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -14,7 +15,7 @@ STAMP  := $(VENV)/.pgcdc-installed
 TEST_STAMP := $(VENV)/.pgcdc-test-parts-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast test-jvm-archive soak demo demo-object-store bench lint clean
+.PHONY: install test test-fast test-jvm-archive soak demo demo-object-store bench lint jar clean
 
 install: $(STAMP)
 
@@ -97,6 +98,11 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy src
+
+# pgcdc's local file system for Spark, compiled for Java 17 against pyspark's Hadoop API; byte for byte the same
+# from the same sources (tests/spark/test_local_files.py checks that the shipped jar is)
+jar: $(STAMP)
+	$(PY) src/pgcdc/spark/java/build_jar.py
 
 clean:
 	rm -rf $(VENV) warehouse .pytest_cache .mypy_cache .ruff_cache

@@ -51,14 +51,14 @@ def archive_path(directory: Path, jars: list[str]) -> Path:
     """Where the archive of this Java, this Spark and these jars lives in ``directory``."""
     import pyspark
 
-    from pgcdc.spark.session import ensure_java, iceberg_runtime_jar
+    from pgcdc.spark.session import LOCAL_FILE_SYSTEM_JAR, ensure_java, iceberg_runtime_jar
 
     java = os.path.realpath(ensure_java())
-    all_jars = [str(iceberg_runtime_jar()), *jars]
+    all_jars = [str(LOCAL_FILE_SYSTEM_JAR), str(iceberg_runtime_jar()), *jars]
     parts = [java, str(os.stat(java).st_mtime_ns), pyspark.__version__, *all_jars]
-    for jar in all_jars:
+    for jar in all_jars:  # HotSpot maps an archive only beside the very jars it was made with (size, time)
         with contextlib.suppress(OSError):
-            parts.append(str(os.stat(jar).st_size))
+            parts.append(f"{os.stat(jar).st_size}:{os.stat(jar).st_mtime_ns}")
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
     return directory / f"spark-{digest}.jsa"
 

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 MIN_JAVA = 17
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+# Hadoop's local file system, but setting permissions without a chmod process per file (java/, make jar)
+LOCAL_FILE_SYSTEM_JAR = Path(__file__).with_name("pgcdc-hadoop.jar")
+LOCAL_FILE_SYSTEM = "pgcdc.hadoop.LocalFileSystem"
+CLASS_PATH_SETTINGS = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
 
 
 def iceberg_runtime_jar() -> Path:
@@ -142,6 +146,15 @@ def spark_settings(
         settings["spark.sql.shuffle.partitions"] = "4"
         settings["spark.default.parallelism"] = "4"
         settings["spark.driver.memory"] = "2g"
+        # Files of a local warehouse written by Hadoop's file system, whose permissions pgcdc's subclass sets in
+        # the JVM: Hadoop's own starts a chmod process for each file and its checksum (pip's pyspark has no
+        # Hadoop native library), measured here as the greater part of a small commit's CPU. On the class path
+        # from the JVM's start (spark-submit reads files before spark.jars are loaded); a local master's
+        # executors are JVMs of this machine, where the jar is. A cluster's executors may not have it: there,
+        # Hadoop's own.
+        settings["spark.hadoop.fs.file.impl"] = LOCAL_FILE_SYSTEM
+        for key in CLASS_PATH_SETTINGS:
+            settings[key] = os.pathsep.join(filter(None, [conf.pop(key, ""), str(LOCAL_FILE_SYSTEM_JAR)]))
     settings.update(conf)
     return settings
 

@@ -1,0 +1,112 @@
+"""pgcdc's local file system for Spark (src/pgcdc/spark/java): Hadoop's own, checksums included, whose
+permissions are set in the JVM instead of by a chmod process per file. It must leave on disk exactly what
+Hadoop's own leaves, and be what a local session's ``file:`` paths and mirrors are written with."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import stat
+import zipfile
+from pathlib import Path
+
+import pytest
+from py4j.protocol import Py4JJavaError
+
+from pgcdc.spark.session import LOCAL_FILE_SYSTEM, LOCAL_FILE_SYSTEM_JAR, spark_settings
+
+SOURCES = Path(__file__).parents[2] / "src" / "pgcdc" / "spark" / "java"
+
+
+def test_a_local_session_writes_files_with_pgcdcs_file_system_and_a_cluster_with_hadoops():
+    local = spark_settings("/w")
+    assert local["spark.hadoop.fs.file.impl"] == LOCAL_FILE_SYSTEM
+    assert local["spark.driver.extraClassPath"] == str(LOCAL_FILE_SYSTEM_JAR)
+    assert local["spark.executor.extraClassPath"] == str(LOCAL_FILE_SYSTEM_JAR)
+    assert LOCAL_FILE_SYSTEM_JAR.is_file()
+    # a class path of the user's own keeps its entries, first; a file system of the user's own is theirs
+    mine = spark_settings("/w", conf={"spark.driver.extraClassPath": "/opt/mine.jar",
+                                      "spark.hadoop.fs.file.impl": "org.example.Files"})
+    assert mine["spark.driver.extraClassPath"] == os.pathsep.join(["/opt/mine.jar", str(LOCAL_FILE_SYSTEM_JAR)])
+    assert mine["spark.hadoop.fs.file.impl"] == "org.example.Files"
+    # a cluster's executors may not have the jar: Hadoop's own file system there
+    cluster = spark_settings("/w", local=False)
+    assert not {"spark.hadoop.fs.file.impl", *(key for key in cluster if key.endswith("extraClassPath"))} & set(cluster)
+
+
+def test_the_shipped_jar_is_what_its_sources_compile_to(tmp_path):
+    if shutil.which("javac") is None:
+        pytest.skip("needs a JDK's javac (make test installs one)")
+    spec = importlib.util.spec_from_file_location("build_jar", SOURCES / "build_jar.py")
+    assert spec is not None and spec.loader is not None
+    build_jar = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_jar)
+    built = build_jar.build(tmp_path / "built.jar")
+    with zipfile.ZipFile(built) as fresh, zipfile.ZipFile(LOCAL_FILE_SYSTEM_JAR) as shipped:
+        assert fresh.namelist() == shipped.namelist()
+        for name in fresh.namelist():
+            assert fresh.read(name) == shipped.read(name), f"{name} differs from its source: run make jar"
+
+
+def _file_systems(spark):
+    """pgcdc's local file system as the session resolves ``file:``, and Hadoop's own, each new (uncached)."""
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    ours = jvm.org.apache.hadoop.fs.FileSystem.newInstance(jvm.java.net.URI("file:///"), conf)
+    hadoops = jvm.org.apache.hadoop.fs.LocalFileSystem()
+    hadoops.initialize(jvm.java.net.URI("file:///"), conf)
+    return ours, hadoops
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_files_directories_permissions_and_checksums_are_as_hadoops_own_leaves_them(spark, tmp_path):
+    jvm = spark._jvm
+    ours, hadoops = _file_systems(spark)
+    assert ours.getClass().getName() == LOCAL_FILE_SYSTEM
+    assert ours.getRawFileSystem().getClass().getName() == f"{LOCAL_FILE_SYSTEM}$RawLocalFileSystem"
+    FsPermission = jvm.org.apache.hadoop.fs.permission.FsPermission
+
+    def write(fs, root: Path) -> None:
+        path = jvm.org.apache.hadoop.fs.Path(f"file://{root}/a/b/data.bin")
+        out = fs.create(path, False)  # its directories made on the way, as Iceberg's writers do
+        out.write(bytes(range(256)) * 40)
+        out.close()
+        fs.mkdirs(jvm.org.apache.hadoop.fs.Path(f"file://{root}/made"))
+        for name, mode in (("private", 0o600), ("group", 0o750), ("everyone", 0o777), ("none", 0o000)):
+            file = jvm.org.apache.hadoop.fs.Path(f"file://{root}/{name}")
+            fs.create(file, False).close()
+            fs.setPermission(file, FsPermission(mode))
+        # a mode java.nio cannot set (the sticky bit) goes Hadoop's way
+        fs.mkdirs(jvm.org.apache.hadoop.fs.Path(f"file://{root}/sticky"))
+        fs.setPermission(jvm.org.apache.hadoop.fs.Path(f"file://{root}/sticky"), FsPermission(0o1777))
+
+    write(ours, tmp_path / "ours")
+    write(hadoops, tmp_path / "hadoops")
+    left = {path.relative_to(tmp_path / "ours"): (_mode(path), path.read_bytes() if path.is_file() else None)
+            for path in (tmp_path / "ours").rglob("*")}
+    right = {path.relative_to(tmp_path / "hadoops"): (_mode(path), path.read_bytes() if path.is_file() else None)
+             for path in (tmp_path / "hadoops").rglob("*")}
+    assert left == right
+    # what was asked for, and the checksum beside every file
+    assert left[Path("private")][0] == 0o600 and left[Path("everyone")][0] == 0o777 and left[Path("none")][0] == 0
+    assert _mode(tmp_path / "ours" / "sticky") == 0o1777
+    assert Path("a/b/.data.bin.crc") in left
+
+    # the checksums are still read: a damaged file is refused, as by Hadoop's own
+    data = tmp_path / "ours" / "a" / "b" / "data.bin"
+    damaged = bytearray(data.read_bytes())
+    damaged[100] ^= 0xFF
+    data.write_bytes(bytes(damaged))
+    stream = ours.open(jvm.org.apache.hadoop.fs.Path(f"file://{data}"))
+    try:
+        with pytest.raises(Py4JJavaError, match="ChecksumException"):
+            jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+    finally:
+        stream.close()
+    # a file that is not there is named as Hadoop's own names it
+    with pytest.raises(Py4JJavaError, match="FileNotFoundException"):
+        ours.setPermission(jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/missing"), FsPermission(0o644))
