@@ -31,9 +31,9 @@ def hadoop_api_jar() -> Path:
     return jars[-1]
 
 
-def compile_classes(into: Path, javac: str | None = None) -> list[Path]:
+def compile_classes(into: Path) -> list[Path]:
     """Compile every source into ``into``; returns the class files, relative to it."""
-    javac = javac or shutil.which("javac")
+    javac = shutil.which("javac")
     if javac is None:
         raise SystemExit("building the jar needs a JDK's javac (apt-get install default-jdk-headless)")
     sources = sorted(str(path) for path in SOURCES.rglob("*.java"))
@@ -45,7 +45,7 @@ def compile_classes(into: Path, javac: str | None = None) -> list[Path]:
 def build(output: Path = JAR) -> Path:
     with tempfile.TemporaryDirectory(prefix="pgcdc-jar-") as scratch:
         classes = Path(scratch)
-        with zipfile.ZipFile(output, "w", zipfile.ZIP_DEFLATED) as jar:
+        with zipfile.ZipFile(output, "w") as jar:  # each entry says how it is compressed
             for relative in compile_classes(classes):
                 entry = zipfile.ZipInfo(relative.as_posix(), date_time=(1980, 1, 1, 0, 0, 0))
                 entry.external_attr = 0o644 << 16
