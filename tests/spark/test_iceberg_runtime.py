@@ -65,6 +65,37 @@ def test_a_tables_metadata_read_in_one_round_trip_answers_as_the_java_table_does
     assert view.properties()["pgcdc.position"] == '{"lsn": "0/10", "x": [1, 2]}'
 
 
+def test_a_metadata_file_is_read_once_and_every_new_version_or_table_made_again_is_read_afresh(
+        spark, iceberg_namespace):
+    """A view is shared by every reader of the same metadata file of the same table (read-only), never by a newer
+    version, a transaction's staged metadata, or a table dropped and made again at the same place (a Hadoop
+    catalog starts it over at v1.metadata.json)."""
+    identifier = f"pgcdc.{iceberg_namespace}.viewed_once"
+    create = (f"CREATE TABLE {identifier} (id bigint) USING iceberg "
+              "TBLPROPERTIES ('format-version' = '2', 'made' = 'first')")
+    spark.sql(create)
+    first = metadata_view(load_table(spark, identifier))
+    assert metadata_view(load_table(spark, identifier)) is first
+    with pytest.raises(TypeError):
+        first.properties()["made"] = "changed"  # type: ignore[index]
+
+    table = load_table(spark, identifier)
+    transaction = table.newTransaction()
+    transaction.updateProperties().set("made", "staged").commit()
+    staged = metadata_view(transaction.table())
+    assert staged.properties()["made"] == "staged" and metadata_view(transaction.table()) is not staged
+    transaction.commitTransaction()
+    second = metadata_view(load_table(spark, identifier))
+    assert second is not first and second.properties()["made"] == "staged"
+    assert first.properties()["made"] == "first"
+
+    spark.sql(f"DROP TABLE {identifier}")
+    spark.sql(create.replace("'first'", "'again'"))
+    again = load_table(spark, identifier)
+    assert str(again.operations().current().metadataFileLocation()).endswith("/v1.metadata.json")
+    assert metadata_view(again).properties()["made"] == "again"
+
+
 @pytest.mark.parametrize("caching", ["false", "true"])
 def test_a_table_is_loaded_as_its_catalog_holds_it_now_whether_or_not_the_catalog_caches_tables(
         spark, iceberg_namespace, caching):

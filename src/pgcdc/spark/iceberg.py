@@ -6,6 +6,7 @@ import json
 import re
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -200,8 +201,8 @@ def java_count(iterable: Any) -> int:
 
 
 def metadata_view(table: Any) -> Any:
-    """``table``'s current metadata, to read in Python: a Java ``Table``'s as one JSON document (three round trips
-    in all), as a :class:`TableMetadata` (its snapshots, their summaries, refs and properties: through the Java API,
+    """``table``'s current metadata, to read in Python: a Java ``Table``'s as one JSON document (serialised once per
+    metadata file and table: ``_VIEWS``), as a :class:`TableMetadata` (its snapshots, their summaries, refs and properties: through the Java API,
     a few round trips per snapshot and per property, which every batch paid for every mirror); a
     :class:`TableMetadata` as it is. Both answer
     the same calls, so the rules that read a table take either. What the Java table holds is what is read (it is
@@ -214,11 +215,41 @@ def metadata_view(table: Any) -> Any:
         current = table.operations().current()
     except Py4JError:  # a Table without table operations (Iceberg's own catalogs return none such)
         return table
+    key = _view_key(current)
+    if key is not None:
+        with _VIEWS_LOCK:
+            view = _VIEWS.get(key)
+            if view is not None:
+                _VIEWS.move_to_end(key)
+                return view
     document = json.loads(str(iceberg_classes().metadata_json(current)))
     try:
-        return TableMetadata(document, f"the current metadata of {document.get('location')}")
+        view = TableMetadata(document, f"the current metadata of {document.get('location')}")
     except MetadataUnreadable:
         return table
+    if key is not None:
+        with _VIEWS_LOCK:
+            _VIEWS[key] = view
+            while len(_VIEWS) > _VIEWS_KEPT:
+                _VIEWS.popitem(last=False)
+    return view
+
+
+# Views already read, by metadata file and table uuid. A batch reads each mirror's metadata several times between
+# two of its commits (its position, its properties, its consistent tag, its health), and each read costs the JVM
+# a serialisation of the whole document (tens of milliseconds for a table of many snapshots). A metadata file is
+# never rewritten (each version is a file of its own), and a table made again where one was dropped (a Hadoop
+# catalog's v1.metadata.json once more) has another uuid. Metadata not read from a file (a transaction's, staged)
+# has no location and is never kept.
+_VIEWS: OrderedDict[tuple[str, str], TableMetadata] = OrderedDict()
+_VIEWS_KEPT = 64
+_VIEWS_LOCK = threading.Lock()
+
+
+def _view_key(current: Any) -> tuple[str, str] | None:
+    location = current.metadataFileLocation()
+    uuid = None if location is None else current.uuid()
+    return None if location is None or uuid is None else (str(location), str(uuid))
 
 
 def holds_equality_deletes(snapshot: Any) -> bool:

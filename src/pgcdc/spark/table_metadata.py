@@ -17,6 +17,7 @@ import gzip
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from pgcdc.errors import MetadataUnreadable
@@ -103,15 +104,17 @@ class TableMetadata:
     def snapshots(self) -> list[Snapshot]:
         return list(self._snapshots.values())
 
+    # read-only views: one TableMetadata is shared by every reader of its file (pgcdc.spark.iceberg.metadata_view)
     def properties(self) -> Mapping[str, str]:
-        return self._properties
+        return MappingProxyType(self._properties)
 
     def refs(self) -> Mapping[str, SnapshotRef]:
-        return self._refs
+        return MappingProxyType(self._refs)
 
 
 def _snapshot(entry: Mapping[str, Any]) -> Snapshot:
     summary = {str(k): str(v) for k, v in (entry.get("summary") or {}).items()}
     operation = summary.pop("operation", None)
     parent = entry.get("parent-snapshot-id")
-    return Snapshot(int(entry["snapshot-id"]), None if parent is None else int(parent), operation, summary)
+    return Snapshot(int(entry["snapshot-id"]), None if parent is None else int(parent), operation,
+                    MappingProxyType(summary))
