@@ -73,6 +73,11 @@ def start_making(archive: Path, jars: list[str]) -> subprocess.Popen[bytes] | No
     """Start making ``archive`` in the background, unless it exists; returns the maker. The archive appears
     whole (renamed into place) once made: JVMs that start before then run without it (an archive that is
     not there is skipped silently), the later ones map it. Its output goes to ``make.log`` beside it."""
+    for partial in archive.parent.glob("spark-*.*.partial"):  # a dump whose maker was killed (~100 MB each)
+        maker_pid = partial.suffixes[-2].lstrip(".")
+        if maker_pid.isdigit() and not _running(int(maker_pid)):
+            with contextlib.suppress(OSError):
+                partial.unlink()
     if archive.exists():
         return None
     archive.parent.mkdir(parents=True, exist_ok=True)
@@ -81,6 +86,17 @@ def start_making(archive: Path, jars: list[str]) -> subprocess.Popen[bytes] | No
             stale.unlink()
     with open(archive.parent / "make.log", "wb") as log:
         return subprocess.Popen([sys.executable, __file__, str(archive), *jars], stdout=log, stderr=subprocess.STDOUT)
+
+
+def _running(pid: int) -> bool:
+    """Whether a process ``pid`` runs (a maker's partial dump is its own until it ends)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def report(maker: subprocess.Popen[bytes] | None, archive: Path) -> str | None:
