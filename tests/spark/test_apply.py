@@ -521,11 +521,22 @@ def test_a_streaming_mirror_folds_its_newest_rows_in_each_commit_and_every_reade
     """Each batch's commit rewrites the small file of the commit before it (its rows still live) into the batch's
     own data file, and its small delete file into the batch's: a mirror fed by small batches holds one data file
     and no delete file. Past FOLD_MAX_ROWS the small file stays, and the batch's deletes of its rows are written as
-    deletes, folded in turn while they are few. Every reader reads the source's rows after every batch."""
-    from pgcdc.spark import fold
+    deletes, folded in turn while they are few. Every reader reads the source's rows after every batch.
+    A commit runs its steps in its own thread, or on Iceberg's worker pool once it would read many manifests for the
+    files it removes: both ways land the same rows."""
+    from pgcdc.spark import fold, row_delta
 
     if fold_max_rows is not None:
         monkeypatch.setattr(fold, "FOLD_MAX_ROWS", fold_max_rows)
+        monkeypatch.setattr(row_delta, "MANIFESTS_READ_IN_TURN", 3)  # files graduate: the pool's turn comes
+    in_calling_thread: list[bool] = []
+    decide = row_delta.RowDeltaWriter._steps_in_calling_thread
+
+    def noting(writer, removes_files: bool) -> bool:
+        in_calling_thread.append(decide(writer, removes_files))
+        return in_calling_thread[-1]
+
+    monkeypatch.setattr(row_delta.RowDeltaWriter, "_steps_in_calling_thread", noting)
     mirror = mirrors.ensure(TableSpec("public", f"folded_{fold_max_rows or 'all'}", FLAT, ("id",), "d"))
     expected: dict[int, tuple] = {}
     lsn = 0
@@ -556,6 +567,8 @@ def test_a_streaming_mirror_folds_its_newest_rows_in_each_commit_and_every_reade
             assert assert_reads_alike(spark, mirror.identifier, hadoop_table(spark, mirror.identifier)) == len(expected)
     folded = last_summary(spark, mirror.identifier)
     assert folded["pgcdc.lsn"] and int(folded.get("deleted-data-files", "0")) >= (1 if fold_max_rows is None else 0)
+    # one small file folded at each batch keeps the manifests few: every commit in its own thread
+    assert set(in_calling_thread) == ({True} if fold_max_rows is None else {True, False}), in_calling_thread
     # the index followed each fold: a batch now updates and deletes the oldest rows by position
     apply(spark, mirror, flat_changes(("id",), ("U", lsn + 1, 0, {"id": 2, "name": "last", "n": 0}, None),
                                       ("D", lsn + 1, 1, {"id": 3}, None)), lsn=Lsn(lsn + 1), writer="delta")

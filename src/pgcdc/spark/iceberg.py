@@ -66,6 +66,9 @@ class IcebergClasses:
         self.data_file_builder = iceberg.DataFiles.builder
         self.PARQUET = iceberg.FileFormat.PARQUET
         self.always_true = iceberg.expressions.Expressions.alwaysTrue()
+        # runs each task in the thread that submits it: see pgcdc.spark.row_delta's commit
+        self.in_calling_thread = (iceberg.relocated.com.google.common.util.concurrent.MoreExecutors
+                                  .newDirectExecutorService())
         self.ArrayList = jvm.java.util.ArrayList
 
 
