@@ -524,19 +524,19 @@ def test_a_streaming_mirror_folds_its_newest_rows_in_each_commit_and_every_reade
     deletes, folded in turn while they are few. Every reader reads the source's rows after every batch.
     A commit runs its steps in its own thread, or on Iceberg's worker pool once it would read many manifests for the
     files it removes: both ways land the same rows."""
-    from pgcdc.spark import fold, row_delta
+    from pgcdc.spark import fold, iceberg
 
     if fold_max_rows is not None:
         monkeypatch.setattr(fold, "FOLD_MAX_ROWS", fold_max_rows)
-        monkeypatch.setattr(row_delta, "MANIFESTS_READ_IN_TURN", 3)  # files graduate: the pool's turn comes
+        monkeypatch.setattr(iceberg, "MANIFESTS_READ_IN_TURN", 3)  # files graduate: the pool's turn comes
     in_calling_thread: list[bool] = []
-    decide = row_delta.RowDeltaWriter._steps_in_calling_thread
+    decide = iceberg.steps_in_calling_thread
 
-    def noting(writer, removes_files: bool) -> bool:
-        in_calling_thread.append(decide(writer, removes_files))
+    def noting(table, snapshot, removes_files: bool) -> bool:
+        in_calling_thread.append(decide(table, snapshot, removes_files))
         return in_calling_thread[-1]
 
-    monkeypatch.setattr(row_delta.RowDeltaWriter, "_steps_in_calling_thread", noting)
+    monkeypatch.setattr(iceberg, "steps_in_calling_thread", noting)
     mirror = mirrors.ensure(TableSpec("public", f"folded_{fold_max_rows or 'all'}", FLAT, ("id",), "d"))
     expected: dict[int, tuple] = {}
     lsn = 0

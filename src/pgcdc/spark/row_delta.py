@@ -38,6 +38,7 @@ from pgcdc.spark.iceberg import (
     iceberg_classes,
     parquet_compression,
     parquet_layout,
+    steps_where_cheapest,
 )
 from pgcdc.spark.steps import StepClock
 
@@ -47,10 +48,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("pgcdc.spark.delta")
-
-# Manifests a commit that removes files reads in its own thread, at most (about 1 ms each when small): beyond
-# that, the worker pool's parallel reads outweigh its 10 ms polling
-MANIFESTS_READ_IN_TURN = 16
 
 
 # a position-delete file's columns and their reserved field ids (the Iceberg spec)
@@ -177,8 +174,8 @@ class RowDeltaWriter:
                     operation = operation.addRows(data)
                 if delete_file is not None:
                     operation = operation.addDeletes(delete_file)
-            if self._steps_in_calling_thread(bool(removed) or bool(removed_deletes)):
-                operation = operation.scanManifestsWith(classes.in_calling_thread)
+            operation = steps_where_cheapest(operation, self.table, self.start_snapshot,
+                                             removes_files=bool(removed) or bool(removed_deletes))
             for key, value in properties.items():
                 operation = operation.set(str(key), str(value))
             operation.commit()
@@ -200,17 +197,6 @@ class RowDeltaWriter:
             else:
                 self._remove(written)
             raise
-
-    def _steps_in_calling_thread(self, removes_files: bool) -> bool:
-        """Whether the commit's steps (manifests filtered, merged, the manifest list written) run in the calling
-        thread rather than on Iceberg's worker pool, whose caller polls its tasks every 10 ms: for a batch's commit,
-        whose steps take a millisecond or two each, that polling was ~50 ms of sleep a batch, half its time. Only a
-        commit that removes files reads the manifests that may list them, one by one in this thread: across the
-        pool's threads when there are many (a mirror not compacted for long)."""
-        if not removes_files or self.start_snapshot is None:
-            return True
-        classes = iceberg_classes()
-        return int(classes.count(self.start_snapshot.allManifests(self.table.io()))) <= MANIFESTS_READ_IN_TURN
 
     def _delete_file(self, deletes: pa.Table | PositionDeletes | None, written: list[str]) -> Any:
         """The delete file of ``deletes`` (None: nothing to delete): equality deletes on the table's columns, or
