@@ -205,11 +205,11 @@ def java_count(iterable: Any) -> int:
 
 def metadata_view(table: Any) -> Any:
     """``table``'s current metadata, to read in Python: a Java ``Table``'s as one JSON document (serialised once per
-    metadata file and table: ``_VIEWS``), as a :class:`TableMetadata` (its snapshots, their summaries, refs and properties: through the Java API,
-    a few round trips per snapshot and per property, which every batch paid for every mirror); a
-    :class:`TableMetadata` as it is. Both answer
-    the same calls, so the rules that read a table take either. What the Java table holds is what is read (it is
-    not refreshed); metadata the Python reader does not know (a newer format) leaves the Java table to be read."""
+    metadata file and table: ``_VIEWS``), as a :class:`TableMetadata` (its snapshots, their summaries, refs and
+    properties: through the Java API, a few round trips per snapshot and per property, which every batch paid for
+    every mirror); a :class:`TableMetadata` as it is. Both answer the same calls, so the rules that read a table
+    take either. What the Java table holds is what is read (it is not refreshed); metadata the Python reader does
+    not know (a newer format) leaves the Java table to be read."""
     from py4j.protocol import Py4JError
 
     if isinstance(table, TableMetadata):
@@ -422,6 +422,7 @@ def steps_where_cheapest(operation: Any, table: Any, snapshot: Any, *, removes_f
 
 
 def steps_in_calling_thread(table: Any, snapshot: Any, removes_files: bool) -> bool:
+    """Whether a commit of ``table`` at ``snapshot`` runs its steps in the calling thread (steps_where_cheapest)."""
     if not removes_files or snapshot is None:
         return True
     return java_count(snapshot.allManifests(table.io())) <= MANIFESTS_READ_IN_TURN
