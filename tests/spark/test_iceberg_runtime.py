@@ -66,7 +66,7 @@ def test_a_tables_metadata_read_in_one_round_trip_answers_as_the_java_table_does
 
 
 def test_a_metadata_file_is_read_once_and_every_new_version_or_table_made_again_is_read_afresh(
-        spark, iceberg_namespace):
+        spark, iceberg_namespace, monkeypatch):
     """A view is shared by every reader of the same metadata file of the same table (read-only), never by a newer
     version, a transaction's staged metadata, or a table dropped and made again at the same place (a Hadoop
     catalog starts it over at v1.metadata.json)."""
@@ -94,6 +94,14 @@ def test_a_metadata_file_is_read_once_and_every_new_version_or_table_made_again_
     again = load_table(spark, identifier)
     assert str(again.operations().current().metadataFileLocation()).endswith("/v1.metadata.json")
     assert metadata_view(again).properties()["made"] == "again"
+
+    # views are kept up to a number of snapshots in all: one holding more is read each time
+    from pgcdc.spark import iceberg
+
+    spark.sql(f"INSERT INTO {identifier} VALUES (1)")
+    monkeypatch.setattr(iceberg, "_VIEWS_SNAPSHOTS_KEPT", 0)
+    grown = load_table(spark, identifier)
+    assert metadata_view(grown) is not metadata_view(grown)
 
 
 @pytest.mark.parametrize("read_in_turn", [16, 0], ids=["steps-in-the-calling-thread", "steps-on-the-worker-pool"])

@@ -231,11 +231,19 @@ def metadata_view(table: Any) -> Any:
     except MetadataUnreadable:
         return table
     if key is not None:
-        with _VIEWS_LOCK:
-            _VIEWS[key] = view
-            while len(_VIEWS) > _VIEWS_KEPT:
-                _VIEWS.popitem(last=False)
+        _keep_view(key, view)
     return view
+
+
+def _keep_view(key: tuple[str, str], view: TableMetadata) -> None:
+    global _VIEWS_SNAPSHOTS
+    with _VIEWS_LOCK:
+        if key in _VIEWS:  # read meanwhile by another thread
+            return
+        _VIEWS[key] = view
+        _VIEWS_SNAPSHOTS += len(view.snapshots())
+        while len(_VIEWS) > _VIEWS_KEPT or _VIEWS_SNAPSHOTS > _VIEWS_SNAPSHOTS_KEPT:
+            _VIEWS_SNAPSHOTS -= len(_VIEWS.popitem(last=False)[1].snapshots())
 
 
 # Views already read, by metadata file and table uuid. A batch reads each mirror's metadata several times between
@@ -246,6 +254,8 @@ def metadata_view(table: Any) -> Any:
 # has no location and is never kept.
 _VIEWS: OrderedDict[tuple[str, str], TableMetadata] = OrderedDict()
 _VIEWS_KEPT = 64
+_VIEWS_SNAPSHOTS_KEPT = 100_000  # and the snapshots they hold: a table never expired holds thousands a day
+_VIEWS_SNAPSHOTS = 0
 _VIEWS_LOCK = threading.Lock()
 
 
