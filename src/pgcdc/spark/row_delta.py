@@ -174,8 +174,9 @@ class RowDeltaWriter:
                     operation = operation.addRows(data)
                 if delete_file is not None:
                     operation = operation.addDeletes(delete_file)
+            # a truncate's overwrite removes every file, as replace_with_files's does
             operation = steps_where_cheapest(operation, self.table, self.start_snapshot,
-                                             removes_files=bool(removed) or bool(removed_deletes))
+                                             removes_files=replace_all or bool(removed) or bool(removed_deletes))
             for key, value in properties.items():
                 operation = operation.set(str(key), str(value))
             operation.commit()
