@@ -331,8 +331,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from jvm_class_archive import java_options, start_making, suite_archive
 
-    archive, jars = suite_archive()
-    config._pgcdc_archive = (start_making(archive, jars), archive)  # type: ignore[attr-defined]
+    archive = suite_archive()
+    config._pgcdc_archive = (start_making(archive), archive)  # type: ignore[attr-defined]
     os.environ["PGCDC_JAVA_OPTIONS"] = f"{os.environ['PGCDC_JAVA_OPTIONS']} {java_options(archive)}"
 
 

@@ -6,8 +6,10 @@ dumped once by a JVM that ran the same kind of work, is mapped by every later JV
 cold Spark session that creates, fills and merges into an Iceberg table used 11 to 13 s of CPU with the archive
 and 18 to 19 s without it (8.5 to 9.6 s against 15 s to its result).
 
-The archive belongs to one Java, one Spark and one set of jars: its name carries a digest of them, and it
-is made again when they change. A JVM that cannot use it (another Java, a damaged file) runs without it:
+The archive belongs to one Java, one Spark and pgcdc's jars: its name carries a digest of them, and it is
+made again when they change. It is dumped by a session with no other jars: HotSpot maps an archive into a JVM
+whose class path begins with the one it was dumped with, and pgcdc puts the jars a test adds (the object
+storage ones) after the Iceberg runtime, at the class path's end. A JVM that cannot use it (another Java, a damaged file) runs without it:
 HotSpot checks the archive's header and class paths before mapping it. What the tests compute does not
 depend on it.
 
@@ -39,24 +41,23 @@ def archive_directory() -> Path:
     return Path(tempfile.gettempdir()) / f"pgcdc-test-jvm-{os.getuid()}"
 
 
-def suite_archive() -> tuple[Path, list[str]]:
-    """The archive the suite's JVMs map, and the jars its Spark sessions start with."""
-    from pgcdc.local_object_store import object_store_jars
-
-    jars = object_store_jars()
-    return archive_path(archive_directory(), jars), jars
+def suite_archive() -> Path:
+    """The archive the suite's JVMs map."""
+    return archive_path(archive_directory())
 
 
-def archive_path(directory: Path, jars: list[str]) -> Path:
-    """Where the archive of this Java, this Spark and these jars lives in ``directory``."""
+def archive_path(directory: Path) -> Path:
+    """Where the archive of this Java, this Spark and pgcdc's jars lives in ``directory``."""
     import pyspark
 
     from pgcdc.spark.session import LOCAL_FILE_SYSTEM_JAR, ensure_java, iceberg_runtime_jar
 
     java = os.path.realpath(ensure_java())
-    all_jars = [str(LOCAL_FILE_SYSTEM_JAR), str(iceberg_runtime_jar()), *jars]
-    parts = [java, str(os.stat(java).st_mtime_ns), pyspark.__version__, *all_jars]
-    for jar in all_jars:  # HotSpot maps an archive only beside the very jars it was made with (size, time)
+    jars = [str(LOCAL_FILE_SYSTEM_JAR), str(iceberg_runtime_jar())]
+    # the layout of the class path the archive was dumped with: pgcdc's file system first, the Iceberg runtime
+    # after Spark's jars (pgcdc.spark.session.jars_on_the_class_path)
+    parts = [java, str(os.stat(java).st_mtime_ns), pyspark.__version__, "iceberg after spark", *jars]
+    for jar in jars:  # HotSpot maps an archive only beside the very jars it was made with (size, time)
         with contextlib.suppress(OSError):
             parts.append(f"{os.stat(jar).st_size}:{os.stat(jar).st_mtime_ns}")
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
@@ -69,7 +70,7 @@ def java_options(archive: Path) -> str:
     return f"-XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:disable -Xlog:all=warning:stderr"
 
 
-def start_making(archive: Path, jars: list[str]) -> subprocess.Popen[bytes] | None:
+def start_making(archive: Path) -> subprocess.Popen[bytes] | None:
     """Start making ``archive`` in the background, unless it exists; returns the maker. The archive appears
     whole (renamed into place) once made: JVMs that start before then run without it (an archive that is
     not there is skipped silently), the later ones map it. Its output goes to ``make.log`` beside it."""
@@ -85,7 +86,7 @@ def start_making(archive: Path, jars: list[str]) -> subprocess.Popen[bytes] | No
         with contextlib.suppress(OSError):
             stale.unlink()
     with open(archive.parent / "make.log", "wb") as log:
-        return subprocess.Popen([sys.executable, __file__, str(archive), *jars], stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen([sys.executable, __file__, str(archive)], stdout=log, stderr=subprocess.STDOUT)
 
 
 def _running(pid: int) -> bool:
@@ -112,7 +113,7 @@ def report(maker: subprocess.Popen[bytes] | None, archive: Path) -> str | None:
     return None
 
 
-def _make(archive: Path, jars: list[str]) -> None:
+def _make(archive: Path) -> None:
     """Run a cold Spark through the kinds of work the suite's JVMs do (Iceberg DDL, writes, MERGE, deletes,
     metadata tables, a Python task, a maintenance procedure), then let the JVM end normally: HotSpot dumps the
     classes it loaded as it exits. The dump goes to a file of its own, renamed into place once whole."""
@@ -125,7 +126,7 @@ def _make(archive: Path, jars: list[str]) -> None:
         os.environ.get("PGCDC_JAVA_OPTIONS", ""), f"-XX:ArchiveClassesAtExit={partial}", "-Xlog:disable"]))
     warehouse = tempfile.mkdtemp(prefix="pgcdc-class-archive-")
     try:
-        spark = spark_session(Destination(warehouse=warehouse, conf={"spark.jars": ",".join(jars)} if jars else {}))
+        spark = spark_session(Destination(warehouse=warehouse))
         statements = [
             "CREATE NAMESPACE IF NOT EXISTS pgcdc.warm",
             "CREATE TABLE pgcdc.warm.t (id bigint, name string, price decimal(12, 2), at timestamp, tags array<string>)"
@@ -164,10 +165,10 @@ def _make(archive: Path, jars: list[str]) -> None:
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
     if sys.argv[1:] == ["--ensure"]:  # make test's install step: the suite's archive, made now if missing
-        wanted, suite_jars = suite_archive()
-        maker = start_making(wanted, suite_jars)
+        wanted = suite_archive()
+        maker = start_making(wanted)
         if maker is not None:
             maker.wait()
             print(report(maker, wanted) or f"JVM class archive for the tests made: {wanted}")
     else:
-        _make(Path(sys.argv[1]), sys.argv[2:])
+        _make(Path(sys.argv[1]))

@@ -16,7 +16,13 @@ from cli_support import run_pgcdc
 from pgcdc import ConfigError
 from pgcdc.secrets import holds_secret, is_secret_setting, redact, register_conf_secrets
 from pgcdc.spark.destination import Destination
-from pgcdc.spark.session import _private_properties, catalog_settings, iceberg_runtime_jar, spark_settings
+from pgcdc.spark.session import (
+    _private_properties,
+    catalog_settings,
+    iceberg_runtime_jar,
+    jars_on_the_class_path,
+    spark_settings,
+)
 
 PREFIX = "spark.sql.catalog.pgcdc"
 
@@ -59,6 +65,54 @@ def test_a_catalog_without_a_usable_address_is_refused_before_anything_starts(ki
 def test_extra_jars_join_the_iceberg_runtime():
     settings = spark_settings("s3a://b/m", conf={"spark.jars": "/jars/hadoop-aws.jar, /jars/sdk.jar"})
     assert settings["spark.jars"].split(",") == [str(iceberg_runtime_jar()), "/jars/hadoop-aws.jar", "/jars/sdk.jar"]
+
+
+def test_a_local_jvms_jars_go_on_its_class_path_all_of_them_or_none(tmp_path, monkeypatch):
+    """A local session whose JVM pgcdc starts has its jars on the class path from the start; when any jar is not
+    a file here, or jars may come from elsewhere, every jar stays in spark.jars (one class loader for all)."""
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    aws, driver = tmp_path / "hadoop-aws.jar", tmp_path / "postgresql.jar"
+    aws.write_bytes(b"PK")
+    driver.write_bytes(b"PK")
+
+    def moved(jars: str, **extra: str) -> list[str] | None:
+        settings = spark_settings("/w", conf={"spark.jars": jars, **extra})
+        rest, class_path = jars_on_the_class_path(settings)
+        if not class_path:
+            assert rest == settings
+            return None
+        assert "spark.jars" not in rest and rest == {k: v for k, v in settings.items() if k != "spark.jars"}
+        return class_path
+
+    iceberg = str(iceberg_runtime_jar())
+    assert moved(f"{aws}, file://{driver}") == [iceberg, str(aws), str(driver)]
+    assert moved(f"file:{driver}") == [iceberg, str(driver)]
+    assert moved("") == [iceberg]
+    # a jar that is not a file here: Spark fetches it, and every jar stays with it
+    assert moved(f"{aws},https://repo.example/postgresql.jar") is None
+    assert moved(f"{aws},s3a://jars/postgresql.jar") is None
+    assert moved(f"{aws},{tmp_path / 'missing.jar'}") is None  # Spark says what is missing, as before
+    assert moved(f"{aws}", **{"spark.jars.packages": "org.postgresql:postgresql:42.7.4"}) is None
+    # jars named to spark-submit another way
+    for arguments in ("--packages org.postgresql:postgresql:42.7.4 pyspark-shell", f"--jars {aws} pyspark-shell",
+                      f"--conf spark.jars={aws} pyspark-shell"):
+        monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", arguments)
+        assert moved(str(aws)) is None, arguments
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--driver-memory 3g pyspark-shell")
+    assert moved(str(aws)) == [iceberg, str(aws)]
+    (conf_dir / "spark-defaults.conf").write_text("spark.driver.memory 3g\n# spark.jars /old.jar\n")
+    assert moved(str(aws)) == [iceberg, str(aws)]
+    (conf_dir / "spark-defaults.conf").write_text("spark.driver.memory 3g\n  spark.jars.packages=a:b:1\n")
+    assert moved(str(aws)) is None
+    named = tmp_path / "mine.properties"
+    named.write_text("spark.jars\t/opt/x.jar\n")
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", f"--properties-file {named} pyspark-shell")
+    assert moved(str(aws)) is None
+    named.write_text("spark.executor.memory=1g\n")
+    assert moved(str(aws)) == [iceberg, str(aws)]  # the named file is read instead of spark-defaults.conf
 
 
 def test_jvm_options_come_from_the_environment_and_short_lived_commands(monkeypatch):

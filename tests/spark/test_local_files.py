@@ -111,3 +111,28 @@ def test_files_directories_permissions_and_checksums_are_as_hadoops_own_leaves_t
     # a file that is not there is named as Hadoop's own names it
     with pytest.raises(Py4JJavaError, match="FileNotFoundException"):
         ours.setPermission(jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/missing"), FsPermission(0o644))
+
+
+def test_a_local_sessions_jars_are_on_its_class_path_after_sparks_own(spark):
+    """The session's JVM (started by pgcdc, with the object storage jars when they are installed) loads the
+    Iceberg runtime and every jar of its settings from its class path, after Spark's jars, and no executor
+    fetches a copy of them."""
+    from pgcdc.local_object_store import object_store_jars
+    from pgcdc.spark.session import iceberg_runtime_jar
+
+    jvm = spark._jvm
+    class_path = str(jvm.java.lang.System.getProperty("java.class.path")).split(os.pathsep)
+    jars = [str(iceberg_runtime_jar()), *object_store_jars()]
+    assert class_path[-len(jars):] == jars, class_path
+    spark_jar = next(i for i, entry in enumerate(class_path) if os.path.basename(entry).startswith("spark-core_"))
+    assert spark_jar < len(class_path) - len(jars)
+    system = jvm.java.lang.ClassLoader.getSystemClassLoader()
+    names = ["org.apache.iceberg.Table", "org.apache.iceberg.spark.SparkCatalog"]
+    if object_store_jars():
+        names += ["org.apache.hadoop.fs.s3a.S3AFileSystem", "org.postgresql.Driver"]
+    for name in names:
+        assert jvm.java.lang.Class.forName(name).getClassLoader().equals(system), name
+    assert spark.sparkContext.getConf().get("spark.jars", "") == ""
+    spark.sql("SELECT count(*) FROM range(10)").collect()  # a task ran: nothing was fetched for it
+    root = Path(str(jvm.org.apache.spark.SparkFiles.getRootDirectory()))
+    assert not [path.name for path in root.glob("*.jar")]
