@@ -1,5 +1,7 @@
 """The pinned Iceberg runtime jar really works: create, MERGE, and a property in the same commit."""
 
+from pathlib import Path
+
 import pytest
 
 from pgcdc.spark.iceberg import java_count, java_items, load_table, metadata_view, with_commit_properties
@@ -166,12 +168,19 @@ def test_python_tasks_are_forked_from_pgcdcs_daemon_with_the_copys_modules_impor
 
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
             parent = cmdline.read().replace(b"\0", b" ").decode()
-        yield parent, sorted(name for name in ("pyarrow.parquet", "psycopg2", "pgcdc.spark.snapshot")
-                             if name in sys.modules)
+        import pyspark
 
-    [(parent, loaded)] = spark.sparkContext.parallelize([0], 1).mapPartitions(probe).collect()
+        yield (parent, sorted(name for name in ("pyarrow.parquet", "psycopg2", "pgcdc.spark.snapshot", "pandas")
+                              if name in sys.modules), pyspark.__file__, [p for p in sys.path if p.endswith(".zip")])
+
+    [(parent, loaded, pyspark_file, zips)] = spark.sparkContext.parallelize([0], 1).mapPartitions(probe).collect()
     assert "-m pgcdc.spark.worker_daemon" in parent, parent
-    assert loaded == ["pgcdc.spark.snapshot", "psycopg2", "pyarrow.parquet"], loaded
+    # pandas: pyarrow imports it when it is installed (it is, here: a test dependency)
+    assert loaded == ["pandas", "pgcdc.spark.snapshot", "psycopg2", "pyarrow.parquet"], loaded
+    # pyspark from its installed, compiled package, not from Spark's zip of the same files
+    import pyspark
+
+    assert pyspark_file == pyspark.__file__ and not any(z.endswith("pyspark.zip") for z in zips), (pyspark_file, zips)
 
 
 def test_python_tasks_neither_collect_the_imported_modules_nor_parse_unchanged_zips_again(spark):
@@ -195,7 +204,15 @@ def test_python_tasks_neither_collect_the_imported_modules_nor_parse_unchanged_z
 
     [(frozen, zips, reads)] = spark.sparkContext.parallelize([0], 1).mapPartitions(probe).collect()
     assert frozen > 10_000  # pyarrow, psycopg2 and pgcdc's converters: tens of thousands of objects
-    assert any(z.endswith("pyspark.zip") for z in zips), zips
+    # of Spark's zips only py4j's stays on the path, when the py4j installed is not the version Spark ships (as
+    # here: pyspark 3.5 ships 0.10.9.7); an unchanged zip is not read again
+    from importlib import metadata
+
+    import pyspark
+
+    shipped = sorted(Path(pyspark.__file__).parent.joinpath("python", "lib").glob("py4j-*-src.zip"))
+    assert [Path(z).name for z in zips if Path(z).parent == shipped[0].parent] == [
+        z.name for z in shipped if z.name != f"py4j-{metadata.version('py4j')}-src.zip"], zips
     assert reads == []
 
 
