@@ -35,11 +35,13 @@ S3A_JARS = ("hadoop-aws-3.3.1.jar", "aws-java-sdk-bundle-1.11.901.jar")
 
 def s3a_jars() -> list[str]:
     """``hadoop-aws-3.3.1.jar`` and ``aws-java-sdk-bundle-1.11.901.jar`` (both needed by s3a), if installed."""
-    try:
-        import sagemaker_pyspark  # type: ignore[import-not-found,import-untyped,unused-ignore]
-    except ImportError:
+    import importlib.util
+
+    # found, not imported: importing the package runs its wrappers, which import pyspark.ml (~0.2 s of CPU)
+    spec = importlib.util.find_spec("sagemaker_pyspark")
+    if spec is None or not spec.submodule_search_locations:
         return []
-    jars = Path(sagemaker_pyspark.__file__).parent / "jars"
+    jars = Path(next(iter(spec.submodule_search_locations))) / "jars"
     found = [jars / name for name in S3A_JARS]
     return [str(jar) for jar in found] if all(jar.is_file() for jar in found) else []
 
