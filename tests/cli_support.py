@@ -1,13 +1,16 @@
 """``pgcdc`` commands as a user runs them, each in a process of its own, without paying each time for Python's
-start and pgcdc's imports (about half a second of CPU per command, most of a short command's cost: the suite runs
-well over a hundred of them).
+start and the imports every command makes (about a second of CPU per command, most of a short command's cost: the
+suite runs well over a hundred of them).
 
 A server process imports the command line's modules once; each command runs in a child forked from it, which
 takes the command's arguments, environment, working directory and standard streams, then runs ``pgcdc.cli`` as
 ``python -m pgcdc.cli`` does (a fresh ``__main__``, whose consoles read the command's environment) and exits as
 that would, exit handlers included. What pgcdc reads from the environment as it is imported is read again in the
-child (:mod:`pgcdc.faults`' injection points; tempfile's directory). A test that signals a command or reads it
-while it runs starts ``python -m pgcdc.cli`` itself.
+child (:mod:`pgcdc.faults`' injection points; tempfile's directory). Commands run at once as processes do: the
+server forks each as it is asked and reports each exit. :func:`run_pgcdc` runs one to its end;
+:func:`start_pgcdc` starts one to be signalled and read while it runs (a :class:`Command`, used as a
+``subprocess.Popen``). A test that inspects the process itself (its command line, its process group) starts
+``python -m pgcdc.cli`` itself.
 """
 
 from __future__ import annotations
@@ -15,15 +18,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
+import weakref
 from pathlib import Path
 
 _SERVER = r"""
-import atexit, gc, importlib, json, os, runpy, sys, tempfile, threading
+import atexit, gc, importlib, json, os, runpy, select, signal, sys, tempfile, threading
 
 import pgcdc.cli  # noqa: F401  the imports every command pays for, paid once here
 import pgcdc.faults
@@ -49,8 +56,13 @@ def command(request):
     os.environ.clear()
     os.environ.update(request["env"])
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_TRUNC), fd)
+    if request["stdout"] == request["stderr"]:  # one stream, as stderr=subprocess.STDOUT makes it
+        output = os.open(request["stdout"], os.O_WRONLY | os.O_TRUNC)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+    else:
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_TRUNC), fd)
     importlib.reload(pgcdc.faults)  # PGCDC_INJECT as this command has it
     tempfile.tempdir = None  # TMPDIR as this command has it
     sys.stdin = open(0, closefd=False)  # not the requests' stream, whatever it read ahead
@@ -76,83 +88,236 @@ def command(request):
     os._exit(code)
 
 
-for line in sys.stdin:
-    request = json.loads(line)
-    pid = os.fork()
-    if pid == 0:  # the command's own process
+def reply(message):  # on the pipe itself: no buffered stream whose lock a fork could copy held
+    os.write(1, (json.dumps(message) + "\n").encode())
+
+
+def reap():
+    while True:
         try:
-            command(request)
-        finally:
-            os._exit(255)
-    sys.stdout.write(json.dumps({"pid": pid}) + "\n")
-    sys.stdout.flush()
-    _, status = os.waitpid(pid, 0)
-    sys.stdout.write(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}) + "\n")
-    sys.stdout.flush()
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        reply({"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
+
+
+# one thread: requests and children's exits are waited for together (a child's exit wakes select)
+woken, wake = os.pipe()
+os.set_blocking(wake, False)
+signal.signal(signal.SIGCHLD, lambda *_: None)
+signal.set_wakeup_fd(wake)
+pending = b""
+while True:
+    ready, _, _ = select.select([0, woken], [], [])
+    if woken in ready:
+        os.read(woken, 4096)
+    reap()
+    if 0 not in ready:
+        continue
+    data = os.read(0, 1 << 16)
+    if not data:  # the tests ended: what still runs goes on, as a subprocess would
+        break
+    pending += data
+    while b"\n" in pending:
+        line, pending = pending.split(b"\n", 1)
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # the command's own process
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.close(woken)
+                os.close(wake)
+                command(request)
+            finally:
+                os._exit(255)
+        reply({"pid": pid})
 """
 
 
 class _ForkServer:
+    """The server process, and the replies it sends: the pid of each command it forked, in the order asked, and
+    each command's exit as it happens."""
+
     def __init__(self) -> None:
         self.process = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, env=dict(os.environ))
-        self.command_pid = 0
+                                        stdout=subprocess.PIPE, env=dict(os.environ))
+        self._asking = threading.Lock()  # one request at a time, until its pid comes back
+        self._started: queue.Queue[int | None] = queue.Queue()
+        self._exits: dict[int, int] = {}
+        self._exited = threading.Condition()
+        self._ended = False
+        threading.Thread(target=self._read_replies, name="pgcdc-fork-server", daemon=True).start()
 
-    def run(self, args: list[str], env: dict[str, str], cwd: str, timeout: float) -> subprocess.CompletedProcess:
-        try:
-            return self._run(args, env, cwd, timeout)
-        except BaseException:  # cut off between a request and its reply (a test's time limit): a new server next
-            with contextlib.suppress(ProcessLookupError):
-                if self.command_pid:
-                    os.kill(self.command_pid, signal.SIGKILL)
-            self.process.kill()
-            self.process.wait()
-            raise
+    def alive(self) -> bool:
+        return self.process.poll() is None and not self._ended
 
-    def _run(self, args: list[str], env: dict[str, str], cwd: str, timeout: float) -> subprocess.CompletedProcess:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        command = ["pgcdc", *args]
-        with tempfile.TemporaryDirectory(prefix="pgcdc-cli-") as streams:
-            out, err = Path(streams) / "stdout", Path(streams) / "stderr"
-            out.touch()
-            err.touch()
-            self.process.stdin.write(json.dumps({"args": args, "env": env, "cwd": cwd, "stdout": str(out),
-                                                 "stderr": str(err)}) + "\n")
-            self.process.stdin.flush()
-            self.command_pid = pid = json.loads(self.process.stdout.readline())["pid"]
-            expired = threading.Event()
+    def _read_replies(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            message = json.loads(line)
+            if "pid" in message:
+                self._started.put(message["pid"])
+            else:
+                with self._exited:
+                    self._exits[message["exited"]] = message["returncode"]
+                    self._exited.notify_all()
+        with self._exited:
+            self._ended = True
+            self._exited.notify_all()
+        self._started.put(None)
 
-            def expire() -> None:  # as subprocess.run's timeout: the command is killed
-                expired.set()
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-
-            timer = threading.Timer(timeout, expire)
-            timer.start()
+    def start(self, args: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: str) -> int:
+        """Fork a command; its pid."""
+        assert self.process.stdin is not None
+        with self._asking:
             try:
-                reply = self.process.stdout.readline()
-            finally:
-                timer.cancel()
-            if not reply:
+                self.process.stdin.write((json.dumps({"args": args, "env": env, "cwd": cwd, "stdout": stdout,
+                                                      "stderr": stderr}) + "\n").encode())
+                self.process.stdin.flush()
+                pid = self._started.get(timeout=120)
+            except BaseException:  # cut off between a request and its reply: the next pid would be taken for it
+                self.process.kill()
+                raise
+        if pid is None:
+            raise RuntimeError("the pgcdc fork server ended")
+        return pid
+
+    def exit_code(self, pid: int, timeout: float | None) -> int | None:
+        """The command's exit code once it exited, waiting up to ``timeout`` seconds (None: as long as it runs)."""
+        with self._exited:
+            self._exited.wait_for(lambda: pid in self._exits or self._ended, timeout)
+            if pid in self._exits:
+                return self._exits[pid]
+            if self._ended:
                 raise RuntimeError("the pgcdc fork server ended")
-            self.command_pid = 0
-            result = subprocess.CompletedProcess(command, json.loads(reply)["returncode"], out.read_text(),
-                                                 err.read_text())
-        if expired.is_set():
-            raise subprocess.TimeoutExpired(command, timeout, result.stdout, result.stderr)
-        return result
+            return None
 
 
 _server: _ForkServer | None = None
 _server_lock = threading.Lock()
 
 
+def _fork_server() -> _ForkServer:
+    global _server
+    with _server_lock:
+        if _server is None or not _server.alive():
+            _server = _ForkServer()
+        return _server
+
+
 def run_pgcdc(*args: str, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
               timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``pgcdc ARGS`` run to its end in a process of its own (as ``subprocess.run(..., capture_output=True,
     text=True)`` would), with the test process's environment and ``env`` on top; its exit code, stdout, stderr."""
-    global _server
-    with _server_lock:
-        if _server is None or _server.process.poll() is not None:
-            _server = _ForkServer()
-        return _server.run(list(args), {**os.environ, **(env or {})}, str(cwd or os.getcwd()), timeout)
+    command = ["pgcdc", *args]
+    server = _fork_server()
+    with tempfile.TemporaryDirectory(prefix="pgcdc-cli-") as streams:
+        out, err = Path(streams) / "stdout", Path(streams) / "stderr"
+        out.touch()
+        err.touch()
+        pid = server.start(list(args), {**os.environ, **(env or {})}, str(cwd or os.getcwd()), str(out), str(err))
+        try:
+            returncode = server.exit_code(pid, timeout)
+        except BaseException:  # a test's time limit: the command goes with it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            raise
+        if returncode is None:  # as subprocess.run's timeout: the command is killed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            server.exit_code(pid, None)
+            raise subprocess.TimeoutExpired(command, timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess(command, returncode, out.read_text(), err.read_text())
+
+
+def start_pgcdc(*args: str, env: dict[str, str] | None = None) -> Command:
+    """``pgcdc ARGS`` started in a process of its own, its stdout and stderr one text stream read as it comes (as
+    ``subprocess.Popen(..., stdout=PIPE, stderr=STDOUT, text=True)``), with the test process's environment and
+    ``env`` on top."""
+    directory = tempfile.mkdtemp(prefix="pgcdc-cli-")
+    output = Path(directory) / "output"
+    output.touch()
+    server = _fork_server()
+    pid = server.start(list(args), {**os.environ, **(env or {})}, os.getcwd(), str(output), str(output))
+    command = Command(server, pid, ["pgcdc", *args], output)
+    weakref.finalize(command, shutil.rmtree, directory, True)
+    return command
+
+
+POLL_SECONDS = 0.02
+
+
+class Command:
+    """A forked command, used as the ``subprocess.Popen`` of :func:`start_pgcdc`: ``pid``, ``args``, ``stdout``,
+    ``poll``, ``wait``, ``communicate``, ``send_signal``, ``terminate``, ``kill``, ``returncode``."""
+
+    def __init__(self, server: _ForkServer, pid: int, args: list[str], output: Path) -> None:
+        self._server = server
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
+        self.stdout = _Output(output, lambda: self.poll() is not None)
+        self.stderr = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._server.exit_code(self.pid, 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self._server.exit_code(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+        self.wait(timeout)
+        return self.stdout.read(), None
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # not a pid the system may have given another process since
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class _Output:
+    """A command's output file read as a pipe is: lines as they are written, the end once the command ended."""
+
+    def __init__(self, path: Path, ended) -> None:
+        self._file = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115  (closed with the command)
+        self._ended = ended
+
+    def readline(self) -> str:
+        line = ""
+        while True:
+            ended = self._ended()  # asked first: what the command wrote before it ended is read below
+            line += self._file.readline()
+            if line.endswith("\n") or ended:
+                return line
+            time.sleep(POLL_SECONDS)
+
+    def __iter__(self):
+        while line := self.readline():
+            yield line
+
+    def read(self) -> str:
+        parts = []
+        while True:
+            ended = self._ended()
+            parts.append(self._file.read())
+            if ended:
+                return "".join(parts)
+            time.sleep(POLL_SECONDS)
+
+    def close(self) -> None:
+        self._file.close()

@@ -7,8 +7,6 @@ import faulthandler
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,6 +14,7 @@ from datetime import datetime, timedelta
 
 import psycopg
 
+from cli_support import Command, start_pgcdc
 from pgcdc.demo import SCHEMA, seed_rows
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline import Pipeline, PipelineConfig
@@ -195,13 +194,12 @@ def catalog_arguments(config: PipelineConfig) -> list[str]:
     return arguments
 
 
-def run_cli(config: PipelineConfig, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    command = [sys.executable, "-m", "pgcdc.cli", "run", "--dsn", config.dsn, "--publication", config.publication,
-               "--slot", config.slot, *catalog_arguments(config), "--namespace", config.destination.namespace,
-               "--batch-seconds", str(config.batch_max_seconds), "--apply", config.apply_writer, "--deletes",
-               config.deletes, *args]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
+def run_cli(config: PipelineConfig, *args: str, env: dict[str, str] | None = None) -> Command:
+    """``pgcdc run`` of ``config`` started (tests/cli_support.py), its output one stream read as it comes."""
+    return start_pgcdc("run", "--dsn", config.dsn, "--publication", config.publication, "--slot", config.slot,
+                       *catalog_arguments(config), "--namespace", config.destination.namespace, "--batch-seconds",
+                       str(config.batch_max_seconds), "--apply", config.apply_writer, "--deletes", config.deletes,
+                       *args, env={"PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
 
 
 def catch_up_in_process(config: PipelineConfig, spark) -> Pipeline:
@@ -216,7 +214,7 @@ def catch_up_in_process(config: PipelineConfig, spark) -> Pipeline:
 class StreamingRun:
     """A ``pgcdc run`` subprocess logging at INFO, its output collected as it comes."""
 
-    process: subprocess.Popen
+    process: Command
     lines: list[str]
     reader: threading.Thread
 
