@@ -9,9 +9,9 @@ and 18 to 19 s without it (8.5 to 9.6 s against 15 s to its result).
 The archive belongs to one Java, one Spark and pgcdc's jars: its name carries a digest of them, and it is
 made again when they change. It is dumped by a session with no other jars: HotSpot maps an archive into a JVM
 whose class path begins with the one it was dumped with, and pgcdc puts the jars a test adds (the object
-storage ones) after the Iceberg runtime, at the class path's end. A JVM that cannot use it (another Java, a damaged file) runs without it:
-HotSpot checks the archive's header and class paths before mapping it. What the tests compute does not
-depend on it.
+storage ones) after the Iceberg runtime, at the class path's end. A JVM that cannot use it (another Java, a
+damaged file) runs without it: HotSpot checks the archive's header and class paths before mapping it. What the
+tests compute does not depend on it.
 
 ``make test`` makes it as it installs the test parts (``python tests/jvm_class_archive.py --ensure``); a
 suite run without one makes it in the background as it starts (conftest.py), and the JVMs of its first tests

@@ -400,7 +400,8 @@ def _appended_class_path(entries: list[str]) -> Iterator[None]:
 
 
 def _launch_jvm_apart(settings: Mapping[str, str], master: str, app_name: str, class_path: list[str]) -> None:
-    """Start Spark's JVM in a session of its own, with ``class_path`` after Spark's jars. Ctrl-C signals a terminal's whole foreground process group:
+    """Start Spark's JVM in a session of its own, ``class_path`` after Spark's jars (:func:`jars_on_the_class_path`).
+    Ctrl-C signals a terminal's whole foreground process group:
     Spark's Python workers (children of the JVM) died of it in the middle of their tasks, and the JVM logged
     every death with a stack trace. Apart, they hear only pgcdc, which stops in order; the JVM still ends with
     pgcdc (it exits when its stdin pipe from this process closes).
