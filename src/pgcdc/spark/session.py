@@ -388,15 +388,23 @@ def _appended_class_path(entries: list[str]) -> Iterator[None]:
     if not entries:
         yield
         return
-    before = os.environ.get("SPARK_DIST_CLASSPATH")
-    os.environ["SPARK_DIST_CLASSPATH"] = os.pathsep.join(filter(None, [before, *entries]))
+    with _environment("SPARK_DIST_CLASSPATH",
+                      os.pathsep.join(filter(None, [os.environ.get("SPARK_DIST_CLASSPATH"), *entries]))):
+        yield
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """``name`` set to ``value`` in this process's environment while the block runs, then as it was."""
+    before = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop("SPARK_DIST_CLASSPATH", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["SPARK_DIST_CLASSPATH"] = before
+            os.environ[name] = before
 
 
 def _launch_jvm_apart(settings: Mapping[str, str], master: str, app_name: str, class_path: list[str]) -> None:
@@ -468,13 +476,9 @@ def _private_properties(settings: Mapping[str, str]) -> Iterator[None]:
         path = os.path.join(directory, "spark.properties")
         with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
             file.write(text)
-        os.environ["PYSPARK_SUBMIT_ARGS"] = shlex.join(["--properties-file", path, *arguments])
-        yield
+        with _environment("PYSPARK_SUBMIT_ARGS", shlex.join(["--properties-file", path, *arguments])):
+            yield
     finally:
-        if before is None:
-            os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
-        else:
-            os.environ["PYSPARK_SUBMIT_ARGS"] = before
         shutil.rmtree(directory, ignore_errors=True)
 
 
