@@ -159,6 +159,8 @@ class _ForkServer:
         for line in self.process.stdout:
             message = json.loads(line)
             if "pid" in message:
+                with self._exited:  # a pid the system gave an earlier command: its exit is not this one's
+                    self._exits.pop(message["pid"], None)
                 self._started.put(message["pid"])
             else:
                 with self._exited:
