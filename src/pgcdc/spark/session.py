@@ -356,29 +356,42 @@ def jars_on_the_class_path(settings: Mapping[str, str]) -> tuple[dict[str, str],
 
 def _jars_named_elsewhere() -> bool:
     """Whether spark-submit may be given jars by something other than pgcdc's settings: its arguments in
-    ``PYSPARK_SUBMIT_ARGS``, or the properties file it reads (``--properties-file``, else ``spark-defaults.conf``)."""
-    from pyspark.find_spark_home import _find_spark_home
-
+    ``PYSPARK_SUBMIT_ARGS``, or the properties file it reads."""
     try:
-        tokens = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+        arguments, named, properties = _spark_submit_arguments()
     except ValueError:
         return True
-    properties = None
-    for index, token in enumerate(tokens):
-        option, _, value = token.partition("=")
-        if option in ("--jars", "--packages") or "spark.jars" in token:
-            return True
-        if option == "--properties-file":
-            properties = value or (tokens[index + 1] if index + 1 < len(tokens) else "")
-    if properties is None:
-        conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(_find_spark_home(), "conf")
-        properties = os.path.join(conf_dir, "spark-defaults.conf")
-        if not os.path.exists(properties):
-            return False
+    if any(argument.partition("=")[0] in ("--jars", "--packages") or "spark.jars" in argument
+           for argument in arguments):
+        return True
+    if named is None and not properties.exists():
+        return False
     try:
-        return _JAR_PROPERTY.search(Path(properties).read_text(errors="replace")) is not None
+        return _JAR_PROPERTY.search(properties.read_text(errors="replace")) is not None
     except OSError:
         return True
+
+
+def _spark_submit_arguments() -> tuple[list[str], str | None, Path]:
+    """``PYSPARK_SUBMIT_ARGS`` as spark-submit reads it: its arguments but ``--properties-file``, the last file
+    that names (None: none), and the properties file spark-submit reads (that one, else ``spark-defaults.conf`` of
+    its conf directory). Raises ValueError when the variable is not a shell's words."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    arguments: list[str] = []
+    named = None
+    tokens = iter(shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS") or "pyspark-shell"))
+    for token in tokens:
+        if token == "--properties-file":
+            named = next(tokens, None)
+        elif token.startswith("--properties-file="):
+            named = token.split("=", 1)[1]
+        else:
+            arguments.append(token)
+    if named is not None:
+        return arguments, named, Path(named)
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(_find_spark_home(), "conf")  # as spark-submit
+    return arguments, None, Path(conf_dir, "spark-defaults.conf")
 
 
 @contextlib.contextmanager
@@ -450,23 +463,9 @@ def _private_properties(settings: Mapping[str, str]) -> Iterator[None]:
     if not settings:
         yield
         return
-    from pyspark.find_spark_home import _find_spark_home
-
-    before = os.environ.get("PYSPARK_SUBMIT_ARGS")
-    arguments: list[str] = []
-    named = None  # the last --properties-file, as spark-submit reads them
-    tokens = iter(shlex.split(before or "pyspark-shell"))
-    for token in tokens:
-        if token == "--properties-file":
-            named = next(tokens, None)
-        elif token.startswith("--properties-file="):
-            named = token.split("=", 1)[1]
-        else:
-            arguments.append(token)
+    arguments, named, base = _spark_submit_arguments()
     if named is not None and not os.path.isfile(named):
         raise ConfigError(f"PYSPARK_SUBMIT_ARGS names --properties-file {named}, which is not a file")
-    conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(_find_spark_home(), "conf")  # as spark-submit
-    base = Path(named) if named is not None else Path(conf_dir, "spark-defaults.conf")
     text = b"".join(f"{_properties_text(k, key=True)}={_properties_text(v)}\n".encode("ascii")
                     for k, v in settings.items())
     if base.is_file():
