@@ -272,6 +272,23 @@ def spark(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture
+def commit_steps_chosen(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Where each of the test's Iceberg commits ran its steps, in order: True in the calling thread, False on
+    Iceberg's worker pool (pgcdc.spark.iceberg.steps_where_cheapest)."""
+    from pgcdc.spark import iceberg
+
+    chosen: list[bool] = []
+    decide = iceberg.steps_in_calling_thread
+
+    def noting(table, snapshot, removes_files: bool) -> bool:
+        chosen.append(decide(table, snapshot, removes_files))
+        return chosen[-1]
+
+    monkeypatch.setattr(iceberg, "steps_in_calling_thread", noting)
+    return chosen
+
+
+@pytest.fixture
 def iceberg_namespace(spark) -> str:
     """A fresh Iceberg namespace (``pgcdc.t_<hex>``) in the session warehouse."""
     namespace = f"t_{uuid.uuid4().hex[:12]}"

@@ -516,8 +516,8 @@ def test_a_mirror_whose_index_does_not_fit_the_budget_deletes_by_equality_and_st
 
 
 @pytest.mark.parametrize("fold_max_rows", [None, 40], ids=["one-small-file", "small-files-graduate"])
-def test_a_streaming_mirror_folds_its_newest_rows_in_each_commit_and_every_reader_reads_it(spark, mirrors,
-                                                                                          monkeypatch, fold_max_rows):
+def test_a_streaming_mirror_folds_its_newest_rows_in_each_commit_and_every_reader_reads_it(
+        spark, mirrors, monkeypatch, commit_steps_chosen, fold_max_rows):
     """Each batch's commit rewrites the small file of the commit before it (its rows still live) into the batch's
     own data file, and its small delete file into the batch's: a mirror fed by small batches holds one data file
     and no delete file. Past FOLD_MAX_ROWS the small file stays, and the batch's deletes of its rows are written as
@@ -529,14 +529,6 @@ def test_a_streaming_mirror_folds_its_newest_rows_in_each_commit_and_every_reade
     if fold_max_rows is not None:
         monkeypatch.setattr(fold, "FOLD_MAX_ROWS", fold_max_rows)
         monkeypatch.setattr(iceberg, "MANIFESTS_READ_IN_TURN", 3)  # files graduate: the pool's turn comes
-    in_calling_thread: list[bool] = []
-    decide = iceberg.steps_in_calling_thread
-
-    def noting(table, snapshot, removes_files: bool) -> bool:
-        in_calling_thread.append(decide(table, snapshot, removes_files))
-        return in_calling_thread[-1]
-
-    monkeypatch.setattr(iceberg, "steps_in_calling_thread", noting)
     mirror = mirrors.ensure(TableSpec("public", f"folded_{fold_max_rows or 'all'}", FLAT, ("id",), "d"))
     expected: dict[int, tuple] = {}
     lsn = 0
@@ -568,7 +560,7 @@ def test_a_streaming_mirror_folds_its_newest_rows_in_each_commit_and_every_reade
     folded = last_summary(spark, mirror.identifier)
     assert folded["pgcdc.lsn"] and int(folded.get("deleted-data-files", "0")) >= (1 if fold_max_rows is None else 0)
     # one small file folded at each batch keeps the manifests few: every commit in its own thread
-    assert set(in_calling_thread) == ({True} if fold_max_rows is None else {True, False}), in_calling_thread
+    assert set(commit_steps_chosen) == ({True} if fold_max_rows is None else {True, False}), commit_steps_chosen
     # the index followed each fold: a batch now updates and deletes the oldest rows by position
     apply(spark, mirror, flat_changes(("id",), ("U", lsn + 1, 0, {"id": 2, "name": "last", "n": 0}, None),
                                       ("D", lsn + 1, 1, {"id": 3}, None)), lsn=Lsn(lsn + 1), writer="delta")

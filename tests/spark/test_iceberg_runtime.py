@@ -108,7 +108,7 @@ def test_a_metadata_file_is_read_once_and_every_new_version_or_table_made_again_
 
 @pytest.mark.parametrize("read_in_turn", [16, 0], ids=["steps-in-the-calling-thread", "steps-on-the-worker-pool"])
 def test_a_copy_replacing_every_row_of_a_table_leaves_only_its_own_files(spark, iceberg_namespace, monkeypatch,
-                                                                        read_in_turn):
+                                                                        commit_steps_chosen, read_in_turn):
     """A copy's commit over a table that holds rows (three commits: three manifests) removes every file before it,
     whether its steps run in the calling thread or, past MANIFESTS_READ_IN_TURN manifests, on Iceberg's pool."""
     import os
@@ -121,10 +121,6 @@ def test_a_copy_replacing_every_row_of_a_table_leaves_only_its_own_files(spark, 
     from pgcdc.spark.iceberg import parquet_compression, parquet_layout, replace_with_files
 
     monkeypatch.setattr(iceberg, "MANIFESTS_READ_IN_TURN", read_in_turn)
-    chosen: list[bool] = []
-    decide = iceberg.steps_in_calling_thread
-    monkeypatch.setattr(iceberg, "steps_in_calling_thread",
-                        lambda table, snapshot, removes: chosen.append(decide(table, snapshot, removes)) or chosen[-1])
     identifier = f"pgcdc.{iceberg_namespace}.recopied"
     spark.sql(f"CREATE TABLE {identifier} (id bigint, v string) USING iceberg TBLPROPERTIES ('format-version' = '2')")
     for batch in range(3):
@@ -136,7 +132,7 @@ def test_a_copy_replacing_every_row_of_a_table_leaves_only_its_own_files(spark, 
     rows = pa.table({"id": pa.array([10, 11], pa.int64()), "v": pa.array(["new", "new"])}).cast(schema)
     write_parquet(rows.to_batches(), local_path(path), schema, parquet_compression(table))
     replace_with_files(spark, table, [(path, os.path.getsize(local_path(path)))], {"pgcdc.lsn": "0/10"})
-    assert chosen == [read_in_turn > 0]
+    assert commit_steps_chosen == [read_in_turn > 0]
     assert sorted(tuple(row) for row in spark.table(identifier).collect()) == [(10, "new"), (11, "new")]
     assert [row.file_path for row in spark.sql(f"SELECT file_path FROM {identifier}.files").collect()] == [path]
 
