@@ -42,12 +42,7 @@ def archive_directory() -> Path:
 
 
 def suite_archive() -> Path:
-    """The archive the suite's JVMs map."""
-    return archive_path(archive_directory())
-
-
-def archive_path(directory: Path) -> Path:
-    """Where the archive of this Java, this Spark and pgcdc's jars lives in ``directory``."""
+    """The archive the suite's JVMs map: this Java's, this Spark's and pgcdc's jars'."""
     import pyspark
 
     from pgcdc.spark.session import LOCAL_FILE_SYSTEM_JAR, ensure_java, iceberg_runtime_jar
@@ -61,7 +56,7 @@ def archive_path(directory: Path) -> Path:
         with contextlib.suppress(OSError):
             parts.append(f"{os.stat(jar).st_size}:{os.stat(jar).st_mtime_ns}")
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-    return directory / f"spark-{digest}.jsa"
+    return archive_directory() / f"spark-{digest}.jsa"
 
 
 def java_options(archive: Path) -> str:
