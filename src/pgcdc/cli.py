@@ -877,6 +877,9 @@ def _interrupted() -> None:
 
 def _interrupt(signum: int, frame: Any) -> None:
     _state["interrupted"] = True
+    # the interrupt may land inside a call to the JVM: py4j then tears that connection down while the exception
+    # unwinds, and logs the reset as an error before any handler of pgcdc's runs
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
     _stop_spark_jobs()
     raise KeyboardInterrupt
 
