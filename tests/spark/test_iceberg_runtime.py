@@ -117,7 +117,7 @@ def test_a_copy_replacing_every_row_of_a_table_leaves_only_its_own_files(spark, 
     import pyarrow as pa
 
     from pgcdc.spark import iceberg
-    from pgcdc.spark.files import layout_schema, local_path, write_parquet
+    from pgcdc.spark.files import layout_schema, local_path, parquet_footer, write_parquet
     from pgcdc.spark.iceberg import parquet_compression, parquet_layout, replace_with_files
 
     monkeypatch.setattr(iceberg, "MANIFESTS_READ_IN_TURN", read_in_turn)
@@ -131,7 +131,9 @@ def test_a_copy_replacing_every_row_of_a_table_leaves_only_its_own_files(spark, 
     os.makedirs(os.path.dirname(local_path(path)), exist_ok=True)
     rows = pa.table({"id": pa.array([10, 11], pa.int64()), "v": pa.array(["new", "new"])}).cast(schema)
     write_parquet(rows.to_batches(), local_path(path), schema, parquet_compression(table))
-    replace_with_files(spark, table, [(path, os.path.getsize(local_path(path)))], {"pgcdc.lsn": "0/10"})
+    size = os.path.getsize(local_path(path))
+    with open(local_path(path), "rb") as file:
+        replace_with_files(spark, table, [(path, size, parquet_footer(file, size))], {"pgcdc.lsn": "0/10"})
     assert commit_steps_chosen == [read_in_turn > 0]
     assert sorted(tuple(row) for row in spark.table(identifier).collect()) == [(10, "new"), (11, "new")]
     assert [row.file_path for row in spark.sql(f"SELECT file_path FROM {identifier}.files").collect()] == [path]

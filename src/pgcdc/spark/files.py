@@ -120,3 +120,26 @@ def write_parquet(batches: Iterable[pa.RecordBatch], sink: Any, schema: pa.Schem
         if pending or rows == 0:
             writer.write_table(in_layout(pending, schema), row_group_size=1 << 30)
     return rows
+
+
+PARQUET_MAGIC = b"PAR1"
+FOOTER_READ_BYTES = 64 << 10  # one read of a file's end holds the footer of any file pgcdc writes
+
+
+def parquet_footer(file: Any, size: int) -> bytes:
+    """The footer of the Parquet ``file`` (seekable: a local file, an object store's input file, a buffer) of
+    ``size`` bytes: its metadata, Thrift-encoded, as stored before the footer's length and the closing magic.
+    Iceberg's column metrics are read from it (:func:`pgcdc.spark.iceberg.data_file`), without opening the file
+    again in the JVM."""
+    if size < 12:
+        raise ValueError(f"a Parquet file of {size} bytes has no footer")
+    tail_size = min(size, FOOTER_READ_BYTES)
+    file.seek(size - tail_size)
+    tail = bytes(file.read(tail_size))
+    length = int.from_bytes(tail[-8:-4], "little")
+    if tail[-4:] != PARQUET_MAGIC or length + 12 > size:
+        raise ValueError("not a Parquet file with a plain footer (an encrypted footer ends in PARE)")
+    if length + 8 <= tail_size:
+        return tail[tail_size - 8 - length:tail_size - 8]
+    file.seek(size - 8 - length)
+    return bytes(file.read(length))

@@ -61,7 +61,10 @@ class IcebergClasses:
         self.schema_json = iceberg.SchemaParser.toJson
         self.metrics_for_table = iceberg.MetricsConfig.forTable
         self.metrics_for_position_deletes = iceberg.MetricsConfig.forPositionDelete
-        self.file_metrics = iceberg.parquet.ParquetUtil.fileMetrics
+        self.footer_metrics = iceberg.parquet.ParquetUtil.footerMetrics
+        self.FooterReader = iceberg.shaded.org.apache.parquet.format.converter.ParquetMetadataConverter
+        self.BytesInput = jvm.java.io.ByteArrayInputStream
+        self.no_field_metrics = jvm.java.util.stream.Stream.empty
         self.delete_file_builder = iceberg.FileMetadata.deleteFileBuilder
         self.data_file_builder = iceberg.DataFiles.builder
         self.PARQUET = iceberg.FileFormat.PARQUET
@@ -393,15 +396,15 @@ def dictionary_columns(rows: Any) -> list[str]:
     return chosen
 
 
-def data_file(spark: SparkSession, table: Any, path: str, size: int, *, equality_ids: list[int] | None = None,
-              metrics_config: Any = None) -> Any:
+def data_file(spark: SparkSession, table: Any, path: str, size: int, footer: bytes, *,
+              equality_ids: list[int] | None = None, metrics_config: Any = None) -> Any:
     """The Iceberg ``DataFile`` (or, with ``equality_ids``, equality ``DeleteFile`` on those field ids) of the
-    Parquet file at ``path``, its column metrics read from the file's footer (``metrics_config``: the table's
+    Parquet file at ``path``, its column metrics read from the file's ``footer`` (``metrics_config``: the table's
     ``MetricsConfig``, when the caller has it already)."""
     classes = iceberg_classes()
     if metrics_config is None:
         metrics_config = classes.metrics_for_table(table)
-    metrics = classes.file_metrics(table.io().newInputFile(path), metrics_config)
+    metrics = footer_metrics(footer, metrics_config)
     if equality_ids is None:
         builder = classes.data_file_builder(table.spec())
     else:
@@ -412,6 +415,17 @@ def data_file(spark: SparkSession, table: Any, path: str, size: int, *, equality
         builder = classes.delete_file_builder(table.spec()).ofEqualityDeletes(ids)
     return (builder.withPath(path).withFormat(classes.PARQUET).withFileSizeInBytes(size)
             .withMetrics(metrics).build())
+
+
+def footer_metrics(footer: bytes, metrics_config: Any) -> Any:
+    """Iceberg's column ``Metrics`` of a Parquet file whose writer holds its ``footer``
+    (:func:`pgcdc.spark.files.parquet_footer`), as ``ParquetUtil.fileMetrics`` reads them from the file: that
+    opens the file again, and builds Parquet's read options from a new Hadoop configuration, which parses Hadoop's
+    default XML files and searches the whole class path for the site files each time (measured here: ~10 ms of the
+    JVM's CPU a file, ~1 ms from the footer; a batch writes a file or two per mirror)."""
+    classes = iceberg_classes()
+    metadata = classes.FooterReader().readParquetMetadata(classes.BytesInput(bytearray(footer)))
+    return classes.footer_metrics(metadata, classes.no_field_metrics(), metrics_config)
 
 
 # Manifests a commit that removes files reads in its own thread, at most (about a millisecond each when small):
@@ -438,17 +452,17 @@ def steps_in_calling_thread(table: Any, snapshot: Any, removes_files: bool) -> b
     return java_count(snapshot.allManifests(table.io())) <= MANIFESTS_READ_IN_TURN
 
 
-def replace_with_files(spark: SparkSession, table: Any, files: list[tuple[str, int]],
+def replace_with_files(spark: SparkSession, table: Any, files: list[tuple[str, int, bytes]],
                        properties: Mapping[str, str]) -> None:
-    """One commit: every row of ``table`` replaced by the Parquet ``files`` (path, size in bytes), with
+    """One commit: every row of ``table`` replaced by the Parquet ``files`` (path, size in bytes, footer), with
     ``properties`` in the snapshot summary. Column metrics come from each file's footer."""
     classes = iceberg_classes()
     current = table.currentSnapshot()
     overwrite = steps_where_cheapest(table.newOverwrite().overwriteByRowFilter(classes.always_true), table, current,
                                      removes_files=current is not None)
     metrics_config = classes.metrics_for_table(table)
-    for path, size in files:
-        overwrite = overwrite.addFile(data_file(spark, table, path, size, metrics_config=metrics_config))
+    for path, size, footer in files:
+        overwrite = overwrite.addFile(data_file(spark, table, path, size, footer, metrics_config=metrics_config))
     for key, value in properties.items():
         overwrite = overwrite.set(str(key), str(value))
     overwrite.commit()

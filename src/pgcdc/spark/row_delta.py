@@ -21,6 +21,7 @@ part of the table).
 
 from __future__ import annotations
 
+import io
 import logging
 import uuid
 from collections.abc import Sequence
@@ -31,10 +32,11 @@ import numpy as np
 import pyarrow as pa
 
 from pgcdc.faults import injection_point
-from pgcdc.spark.files import layout_schema, local_path, write_parquet
+from pgcdc.spark.files import layout_schema, local_path, parquet_footer, write_parquet
 from pgcdc.spark.iceberg import (
     commit_outcome_unknown,
     data_file,
+    footer_metrics,
     iceberg_classes,
     parquet_compression,
     parquet_layout,
@@ -134,8 +136,8 @@ class RowDeltaWriter:
             injection_point("apply.delta-write")
             data = None
             if rows is not None and rows.num_rows:
-                data_path, size = self._write(rows, self.schema, written)
-                data = data_file(self.spark, self.table, data_path, size,
+                data_path, size, footer = self._write(rows, self.schema, written)
+                data = data_file(self.spark, self.table, data_path, size, footer,
                                  metrics_config=classes.metrics_for_table(self.table))
             clock.lap("data file")
             injection_point("apply.delta-deletes")
@@ -211,9 +213,8 @@ class RowDeltaWriter:
             rows = pa.Table.from_arrays(
                 [pa.array(np.repeat(np.array(paths, dtype=object), [len(p) for p in positions]), pa.string()),
                  pa.array(np.concatenate(positions), pa.int64())], schema=POSITION_DELETE_SCHEMA)
-            path, size = self._write(rows, POSITION_DELETE_SCHEMA, written)
-            metrics = classes.file_metrics(self.table.io().newInputFile(path),
-                                                      classes.metrics_for_position_deletes(self.table))
+            path, size, footer = self._write(rows, POSITION_DELETE_SCHEMA, written)
+            metrics = footer_metrics(footer, classes.metrics_for_position_deletes(self.table))
             builder = (classes.delete_file_builder(self.table.spec()).ofPositionDeletes()
                        .withPath(path).withFormat(classes.PARQUET).withFileSizeInBytes(size)
                        .withMetrics(metrics))
@@ -224,12 +225,12 @@ class RowDeltaWriter:
             return None
         names = deletes.column_names
         key_schema = pa.schema([self.schema.field(name) for name in names])
-        path, size = self._write(deletes, key_schema, written)
-        return data_file(self.spark, self.table, path, size, equality_ids=self.field_ids(names))
+        path, size, footer = self._write(deletes, key_schema, written)
+        return data_file(self.spark, self.table, path, size, footer, equality_ids=self.field_ids(names))
 
-    def _write(self, rows: pa.Table, schema: pa.Schema, written: list[str]) -> tuple[str, int]:
+    def _write(self, rows: pa.Table, schema: pa.Schema, written: list[str]) -> tuple[str, int, bytes]:
         """``rows`` as one Parquet file in ``schema`` (field ids, Iceberg's types) at a new location of the
-        table; returns its path and size."""
+        table; returns its path, size and footer."""
         path = str(self.table.locationProvider().newDataLocation(f"{uuid.uuid4()}.parquet"))
         written.append(path)
         local = local_path(path)
@@ -238,16 +239,19 @@ class RowDeltaWriter:
 
             os.makedirs(os.path.dirname(local), exist_ok=True)
             write_parquet(rows.to_batches(), local, schema, self.compression)
-            return path, os.path.getsize(local)
+            size = os.path.getsize(local)
+            with open(local, "rb") as file:
+                return path, size, parquet_footer(file, size)
         sink = pa.BufferOutputStream()
         write_parquet(rows.to_batches(), sink, schema, self.compression)
         content = sink.getvalue().to_pybytes()
+        footer = parquet_footer(io.BytesIO(content), len(content))
         stream = self.table.io().newOutputFile(path).create()
         try:
             stream.write(bytearray(content))
         finally:
             stream.close()
-        return path, len(content)
+        return path, len(content), footer
 
     def _remove(self, paths: list[str]) -> None:
         for path in paths:

@@ -37,7 +37,7 @@ from pgcdc import errors
 from pgcdc.errors import ConfigError, ConversionError, PgcdcError, SourceChangedError
 from pgcdc.lsn import Lsn
 from pgcdc.positions import carried_summary
-from pgcdc.spark.files import layout_schema, local_path, object_path, write_parquet
+from pgcdc.spark.files import layout_schema, local_path, object_path, parquet_footer, write_parquet
 from pgcdc.spark.iceberg import (
     data_directory,
     load_table,
@@ -459,8 +459,16 @@ def _copy_with_arrow(spark: SparkSession, table: Any, source: _CopySource, range
             if not rows:  # an empty page range: no data file
                 _remove(target, filesystem)
                 continue
-            size = os.path.getsize(target) if filesystem is None else filesystem.get_file_info(target).size
-            yield ("file", path, int(size))
+            # the footer read where the file was written, beside its rows: the driver builds the commit from it
+            if filesystem is None:
+                size = os.path.getsize(target)
+                with open(target, "rb") as file:
+                    footer = parquet_footer(file, size)
+            else:
+                with filesystem.open_input_file(target) as remote:
+                    size = remote.size()
+                    footer = parquet_footer(remote, size)
+            yield ("file", path, int(size), footer)
 
     # plain Python tasks (an RDD, one range each): no SQL plan, shuffle or code generation to pay for; a copy that
     # fails leaves its files to the next copy of the table (spark/orphans.py): tasks being cancelled may still
@@ -468,11 +476,11 @@ def _copy_with_arrow(spark: SparkSession, table: Any, source: _CopySource, range
     with _errors_raised_in_tasks(label, source.table):
         results = (spark.sparkContext.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(write_ranges)
                    .collect())
-    written = [(path, size) for kind, path, size in results if kind == "file"]
+    written = [(path, size, footer) for kind, path, size, footer in (r for r in results if r[0] == "file")]
     if set_aside is not None:  # before the commit: a crash in between leaves the mirror without this copy
         set_aside([row for _, _, rows in sorted(r for r in results if r[0] == "set-aside") for row in rows])
     replace_with_files(spark, table, written, carried_summary(consistent_lsn))
-    _remove_uncommitted_attempts(prefix, {path for path, _ in written}, s3)
+    _remove_uncommitted_attempts(prefix, {path for path, _, _ in written}, s3)
 
 
 _SET_ASIDE_COLUMN = "_pgcdc_set_aside"  # a copy's row the mirror cannot hold, as JSON (the spark writer's path)
