@@ -476,7 +476,7 @@ def _copy_with_arrow(spark: SparkSession, table: Any, source: _CopySource, range
     with _errors_raised_in_tasks(label, source.table):
         results = (spark.sparkContext.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(write_ranges)
                    .collect())
-    written = [(path, size, footer) for kind, path, size, footer in (r for r in results if r[0] == "file")]
+    written = [result[1:] for result in results if result[0] == "file"]  # (path, size, footer)
     if set_aside is not None:  # before the commit: a crash in between leaves the mirror without this copy
         set_aside([row for _, _, rows in sorted(r for r in results if r[0] == "set-aside") for row in rows])
     replace_with_files(spark, table, written, carried_summary(consistent_lsn))
