@@ -95,3 +95,28 @@ def test_column_metrics_from_the_footer_are_the_ones_iceberg_reads_from_the_file
         assert lower.get(name_id) in (None, b"", b"a na") and upper.get(name_id) in (None, b"", b"a nb")
         assert raw_id not in lower and raw_id not in from_footer[2]
         assert big_id not in lower and big_id in from_footer[2]
+
+
+def test_a_copys_footers_are_read_in_order_and_only_a_few_ahead_of_the_commit(tmp_path, monkeypatch):
+    """The copy's commit takes its files' footers one by one: the driver reads them a few at once, never all of a
+    copy of tens of thousands of files before the first is taken."""
+    from pgcdc.spark import snapshot
+
+    files = []
+    for index in range(100):
+        path = tmp_path / f"{index}.parquet"
+        pq.write_table(pa.table({"id": [index]}), path)
+        files.append((f"file:{path}", path.stat().st_size))
+    read = []
+    footer = snapshot.parquet_footer
+    monkeypatch.setattr(snapshot, "parquet_footer", lambda file, size: read.append(size) or footer(file, size))
+
+    taken = snapshot._with_footers(files, None)
+    first = next(taken)
+    assert len(read) <= 2 * snapshot.FOOTERS_READ_AT_ONCE
+    rest = list(taken)
+    assert [(path, size) for path, size, _ in [first, *rest]] == files
+    for (path, size, found), index in zip([first, *rest], range(100), strict=True):
+        assert as_metadata_file(found).num_rows == 1
+        with open(local_path(path), "rb") as file:
+            assert found == parquet_footer(file, size), index

@@ -7,7 +7,7 @@ import re
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pgcdc.errors import MetadataUnreadable
@@ -452,7 +452,7 @@ def steps_in_calling_thread(table: Any, snapshot: Any, removes_files: bool) -> b
     return java_count(snapshot.allManifests(table.io())) <= MANIFESTS_READ_IN_TURN
 
 
-def replace_with_files(spark: SparkSession, table: Any, files: list[tuple[str, int, bytes]],
+def replace_with_files(spark: SparkSession, table: Any, files: Iterable[tuple[str, int, bytes]],
                        properties: Mapping[str, str]) -> None:
     """One commit: every row of ``table`` replaced by the Parquet ``files`` (path, size in bytes, footer), with
     ``properties`` in the snapshot summary. Column metrics come from each file's footer."""

@@ -459,16 +459,8 @@ def _copy_with_arrow(spark: SparkSession, table: Any, source: _CopySource, range
             if not rows:  # an empty page range: no data file
                 _remove(target, filesystem)
                 continue
-            # the footer read where the file was written, beside its rows: the driver builds the commit from it
-            if filesystem is None:
-                size = os.path.getsize(target)
-                with open(target, "rb") as file:
-                    footer = parquet_footer(file, size)
-            else:
-                with filesystem.open_input_file(target) as remote:
-                    size = remote.size()
-                    footer = parquet_footer(remote, size)
-            yield ("file", path, int(size), footer)
+            size = os.path.getsize(target) if filesystem is None else filesystem.get_file_info(target).size
+            yield ("file", path, int(size))
 
     # plain Python tasks (an RDD, one range each): no SQL plan, shuffle or code generation to pay for; a copy that
     # fails leaves its files to the next copy of the table (spark/orphans.py): tasks being cancelled may still
@@ -476,11 +468,43 @@ def _copy_with_arrow(spark: SparkSession, table: Any, source: _CopySource, range
     with _errors_raised_in_tasks(label, source.table):
         results = (spark.sparkContext.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(write_ranges)
                    .collect())
-    written = [result[1:] for result in results if result[0] == "file"]  # (path, size, footer)
+    written = [(path, size) for kind, path, size in results if kind == "file"]
     if set_aside is not None:  # before the commit: a crash in between leaves the mirror without this copy
         set_aside([row for _, _, rows in sorted(r for r in results if r[0] == "set-aside") for row in rows])
-    replace_with_files(spark, table, written, carried_summary(consistent_lsn))
-    _remove_uncommitted_attempts(prefix, {path for path, _, _ in written}, s3)
+    replace_with_files(spark, table, _with_footers(written, s3), carried_summary(consistent_lsn))
+    _remove_uncommitted_attempts(prefix, {path for path, _ in written}, s3)
+
+
+FOOTERS_READ_AT_ONCE = 16  # on S3 each footer is a round trip of its own
+
+
+def _with_footers(files: list[tuple[str, int]], s3: dict[str, Any] | None) -> Iterator[tuple[str, int, bytes]]:
+    """Each of the copy's ``files`` (path, size) with its footer, read on the driver where the tasks wrote it, in
+    the files' order: a few at once, and only a few ahead of the commit that takes them, so that the driver never
+    holds the footers of a copy of tens of thousands of files at once (~200 bytes a column of each row group)."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    filesystem = None
+    if s3 is not None:
+        from pyarrow.fs import S3FileSystem
+
+        filesystem = S3FileSystem(**s3)
+
+    def read(path: str, size: int) -> tuple[str, int, bytes]:
+        if filesystem is None:
+            with open(_local_file(path), "rb") as file:
+                return path, size, parquet_footer(file, size)
+        with filesystem.open_input_file(object_path(path)) as remote:
+            return path, size, parquet_footer(remote, size)
+
+    with ThreadPoolExecutor(FOOTERS_READ_AT_ONCE, thread_name_prefix="pgcdc-footers") as pool:
+        ahead: list[Future[tuple[str, int, bytes]]] = []
+        for path, size in files:
+            ahead.append(pool.submit(read, path, size))
+            if len(ahead) >= 2 * FOOTERS_READ_AT_ONCE:
+                yield ahead.pop(0).result()
+        for future in ahead:
+            yield future.result()
 
 
 _SET_ASIDE_COLUMN = "_pgcdc_set_aside"  # a copy's row the mirror cannot hold, as JSON (the spark writer's path)
