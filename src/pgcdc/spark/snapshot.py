@@ -306,6 +306,15 @@ def _write_range(batches: Iterable[pa.RecordBatch], path: str, layout: list[tupl
         raise
 
 
+def _copy_filesystem(s3: dict[str, Any] | None) -> Any:
+    """pyarrow's S3 file system of the copy's ``s3`` options; None: the copy's files are on this machine."""
+    if s3 is None:
+        return None
+    from pyarrow.fs import S3FileSystem
+
+    return S3FileSystem(**s3)
+
+
 def _local_file(location: str) -> str:
     path = local_path(location)
     assert path is not None, location  # the arrow writer writes only where this machine reaches
@@ -441,11 +450,7 @@ def _copy_with_arrow(spark: SparkSession, table: Any, source: _CopySource, range
 
         task_context = TaskContext.get()
         attempt = task_context.taskAttemptId() if task_context is not None else 0
-        filesystem = None
-        if s3 is not None:
-            from pyarrow.fs import S3FileSystem
-
-            filesystem = S3FileSystem(**s3)
+        filesystem = _copy_filesystem(s3)
         for task, page_range in numbered:
             # a file per attempt: a retried or speculative attempt never writes over another's file; only the
             # files of the attempts Spark returns are committed
@@ -484,11 +489,7 @@ def _with_footers(files: list[tuple[str, int]], s3: dict[str, Any] | None) -> It
     holds the footers of a copy of tens of thousands of files at once (~200 bytes a column of each row group)."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    filesystem = None
-    if s3 is not None:
-        from pyarrow.fs import S3FileSystem
-
-        filesystem = S3FileSystem(**s3)
+    filesystem = _copy_filesystem(s3)
 
     def read(path: str, size: int) -> tuple[str, int, bytes]:
         if filesystem is None:
@@ -625,9 +626,9 @@ def _remove_uncommitted_attempts(prefix: str, committed: set[str], s3: dict[str,
             with contextlib.suppress(FileNotFoundError):  # Hadoop's checksum beside it, if any
                 os.unlink(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc"))
     else:
-        from pyarrow.fs import FileSelector, S3FileSystem
+        from pyarrow.fs import FileSelector
 
-        filesystem = S3FileSystem(**s3)
+        filesystem = _copy_filesystem(s3)
         kept = {object_path(path) for path in committed}
         object_prefix = object_path(prefix)
         listed = filesystem.get_file_info(FileSelector(object_prefix.rsplit("/", 1)[0], allow_not_found=True))
