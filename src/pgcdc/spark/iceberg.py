@@ -61,7 +61,7 @@ class IcebergClasses:
         self.schema_json = iceberg.SchemaParser.toJson
         self.metrics_for_table = iceberg.MetricsConfig.forTable
         self.metrics_for_position_deletes = iceberg.MetricsConfig.forPositionDelete
-        self.footer_metrics = iceberg.parquet.ParquetUtil.footerMetrics
+        self.metrics_from_footer = iceberg.parquet.ParquetUtil.footerMetrics
         self.FooterReader = iceberg.shaded.org.apache.parquet.format.converter.ParquetMetadataConverter
         self.BytesInput = jvm.java.io.ByteArrayInputStream
         self.no_field_metrics = jvm.java.util.stream.Stream.empty
@@ -425,7 +425,7 @@ def footer_metrics(footer: bytes, metrics_config: Any) -> Any:
     JVM's CPU a file, ~1 ms from the footer; a batch writes a file or two per mirror)."""
     classes = iceberg_classes()
     metadata = classes.FooterReader().readParquetMetadata(classes.BytesInput(bytearray(footer)))
-    return classes.footer_metrics(metadata, classes.no_field_metrics(), metrics_config)
+    return classes.metrics_from_footer(metadata, classes.no_field_metrics(), metrics_config)
 
 
 # Manifests a commit that removes files reads in its own thread, at most (about a millisecond each when small):
