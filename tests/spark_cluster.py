@@ -107,8 +107,11 @@ class StandaloneCluster:
 
 
 @contextlib.contextmanager
-def standalone_cluster(tmp: Path, workers: int = 2, worker_memory: str = "1g") -> Iterator[StandaloneCluster]:
-    """A master and ``workers`` workers of 1 core each, on 127.0.0.1 only; everything stopped on exit."""
+def standalone_cluster(tmp: Path, workers: int = 2, worker_memory: str = "1g",
+                       cores: int = 1) -> Iterator[StandaloneCluster]:
+    """A master and ``workers`` workers of ``cores`` cores each, on 127.0.0.1 only; everything stopped on exit.
+    The master and workers run with the JVM options of ``PGCDC_JAVA_OPTIONS`` too (the suite's: the quick
+    compiler, one collector thread), as the executors do through pgcdc's settings."""
     import pyspark
 
     from pgcdc.spark.session import ensure_java
@@ -116,7 +119,8 @@ def standalone_cluster(tmp: Path, workers: int = 2, worker_memory: str = "1g") -
     ensure_java()
     spark_home = Path(pyspark.__file__).parent
     env = {**os.environ, "SPARK_HOME": str(spark_home), "SPARK_LOCAL_IP": "127.0.0.1",
-           "SPARK_MASTER_HOST": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
+           "SPARK_MASTER_HOST": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1",
+           "SPARK_DAEMON_JAVA_OPTS": os.environ.get("PGCDC_JAVA_OPTIONS", "")}
     spark_class = str(spark_home / "bin" / "spark-class")
     port, web_port = free_port(), free_port()
     log_dir = tmp / "logs"
@@ -136,7 +140,7 @@ def standalone_cluster(tmp: Path, workers: int = 2, worker_memory: str = "1g") -
             work_dir.mkdir(exist_ok=True)
             cluster.workers.append(start(
                 f"worker{number}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                "--cores", "1", "--memory", worker_memory, "--work-dir", str(work_dir),
+                "--cores", str(cores), "--memory", worker_memory, "--work-dir", str(work_dir),
                 "--webui-port", str(free_port()), cluster.master_url))
         deadline = time.monotonic() + 120
         while True:
