@@ -40,7 +40,7 @@ warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 # is not swept (no JVM here lives long enough to fill it) and the heap is collected by one thread. The quick
 # compiler keeps HotSpot's thresholds: compiling later (CompileThresholdScaling=5) left more to the interpreter
 # and cost more than it saved (a `pgcdc run` that copies, one that applies a batch and a `pgcdc status`:
-# 30-35 CPU-s against 33-36; a session's maintenance test: 42-43 against 46). What the JVMs compute does not
+# 28-35 CPU-s against 33-36; a session's maintenance test: 42-43 against 46). What the JVMs compute does not
 # depend on any of this.
 os.environ.setdefault("PGCDC_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:-UseCodeCacheFlushing -XX:+UseSerialGC")
 
