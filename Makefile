@@ -38,19 +38,18 @@ $(STAMP): pyproject.toml Makefile
 	fi
 	@touch $@
 
-# The object storage parts, for the test path and make demo-object-store only (make demo stays lean): a local S3
-# server, Hadoop's s3a client jars (hadoop-aws 3.3.1 and aws-java-sdk-bundle 1.11.901, shipped in
-# sagemaker-pyspark's archive; --no-deps: it pins an old pyspark) and the PostgreSQL JDBC driver for Iceberg's
-# JDBC catalog.
-$(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q 'moto[server]==5.2.5'
-	$(PY) -m pip install -q --no-deps 'sagemaker-pyspark==1.4.5'
+# The object storage parts, for the test path and make demo-object-store only (make demo stays lean): the
+# PostgreSQL JDBC driver for Iceberg's JDBC catalog and a JDK's javac (the REST catalog tests compile their small
+# server, tests/objectstore/RestCatalogServer.java) from apt; then from PyPI a local S3 server and Hadoop's s3a
+# client jars (hadoop-aws 3.3.1 and aws-java-sdk-bundle 1.11.901, shipped in sagemaker-pyspark's archive;
+# --no-deps: it pins an old pyspark).
+TEST_SYSTEM_STAMP := $(VENV)/.pgcdc-test-system-parts-installed
+$(TEST_SYSTEM_STAMP): $(STAMP)
 	@if [ ! -f /usr/share/java/postgresql.jar ]; then \
 	  echo "installing the PostgreSQL JDBC driver (libpostgresql-jdbc-java) with apt-get"; \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q libpostgresql-jdbc-java; \
 	  else sudo apt-get update -q && sudo apt-get install -y -q libpostgresql-jdbc-java; fi; \
 	fi
-	@# the REST catalog tests compile their small server (tests/objectstore/RestCatalogServer.java): a JDK's javac
 	@if ! command -v javac >/dev/null; then \
 	  echo "installing a JDK for javac (default-jdk-headless) with apt-get"; \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q default-jdk-headless; \
@@ -58,8 +57,14 @@ $(TEST_STAMP): $(STAMP)
 	fi
 	@touch $@
 
-# the class-data archive the tests' JVMs map (tests/jvm_class_archive.py): made once per Java, Spark and jar set
-test-jvm-archive: $(STAMP) $(TEST_STAMP)
+$(TEST_STAMP): $(STAMP) $(TEST_SYSTEM_STAMP)
+	$(PY) -m pip install -q 'moto[server]==5.2.5'
+	$(PY) -m pip install -q --no-deps 'sagemaker-pyspark==1.4.5'
+	@touch $@
+
+# the class-data archive the tests' JVMs map (tests/jvm_class_archive.py): made once per Java, Spark and jar set,
+# after apt's parts (a JDK installed for javac may change which Java runs)
+test-jvm-archive: $(STAMP) $(TEST_SYSTEM_STAMP)
 	$(PY) tests/jvm_class_archive.py --ensure
 
 # -n auto: tests spread over worker processes (one more than the cores, as memory allows; conftest.py), the
@@ -70,7 +75,12 @@ test-jvm-archive: $(STAMP) $(TEST_STAMP)
 # `pgcdc` command, each worker's collection of every test module), which would each compile pgcdc's modules and
 # rewrite the tests' assertions again (measured: a collection's CPU halved with the bytecode kept)
 TEST_PY = env -u PYTHONDONTWRITEBYTECODE $(PY)
-test: $(STAMP) $(TEST_STAMP) test-jvm-archive
+# On a fresh machine the archive (a JVM's work, ~1 min on one core) is made while pip installs the test parts on
+# the other core: each needs only what the other does not touch
+test: $(STAMP) $(TEST_SYSTEM_STAMP)
+	@$(MAKE) --no-print-directory test-jvm-archive & archive=$$!; \
+	  $(MAKE) --no-print-directory $(TEST_STAMP); installed=$$?; \
+	  wait $$archive && exit $$installed
 	$(TEST_PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 # every test that starts neither PostgreSQL nor Spark (conftest.py marks tests by the fixtures they use; a test
