@@ -76,7 +76,7 @@ test-jvm-archive: $(STAMP) $(TEST_SYSTEM_STAMP)
 # rewrite the tests' assertions again (measured: a collection's CPU halved with the bytecode kept)
 TEST_PY = env -u PYTHONDONTWRITEBYTECODE $(PY)
 # On a fresh machine the archive (a JVM's work, ~1 min on one core) is made while pip installs the test parts on
-# the other core: each needs only what the other does not touch
+# the other core: the archive belongs to Java, Spark and pgcdc's jars, none of which those parts change
 test: $(STAMP) $(TEST_SYSTEM_STAMP)
 	@$(MAKE) --no-print-directory test-jvm-archive & archive=$$!; \
 	  $(MAKE) --no-print-directory $(TEST_STAMP); installed=$$?; \
