@@ -105,7 +105,7 @@ def store(conn: psycopg.Connection, type_sql: str, literals: list[str | None]) -
     if conn.info.server_version >= 160000:
         # A decoding call starts at the slot's restart point, which moves only past a running-transactions
         # record (the server logs one every 15 s): without one here, each call decodes again every example's
-        # DDL since the last (measured: the module's server CPU 53 s, 31 s with it). A superuser's function
+        # DDL since the last (measured: the module's server CPU 53 s, 31-37 s with it). A superuser's function
         # unless granted: a PGCDC_TEST_DSN role without it only reads more.
         with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT pg_log_standby_snapshot()")
