@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import psycopg
@@ -207,9 +208,14 @@ def test_run_logs_json_lines_and_never_prints_the_password(pg, spark):
                    "--warehouse", warehouse, "--namespace", f"cli_{pg.name}", "--until-caught-up", timeout=600)
     assert result.returncode == 0, _output(result)[-3000:]
     assert SECRET not in _output(result)
-    entries = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    # every line is JSON, Spark's JVM's own included (relayed through pgcdc's logging), with the event's fields as
+    # keys of their own
+    entries = [json.loads(line) for line in result.stderr.splitlines()]
     assert any(e["logger"].startswith("pgcdc") and e["level"] == "info" for e in entries)
     assert all({"ts", "level", "logger", "message"} <= set(e) for e in entries)
+    copied = [e for e in entries if e.get("event") == "snapshot.copied"]
+    assert copied and copied[0]["table"] == "public.items" and copied[0]["rows"] == 20, copied
+    assert re.fullmatch(r"[0-9A-F]+/[0-9A-F]+", copied[0]["lsn"]) and copied[0]["seconds"] >= 0, copied
     assert "applied" in result.stdout
 
 
