@@ -122,8 +122,10 @@ def test_consume_refuses_the_slot_mirrors_stream_from_unless_forced(db, tmp_path
 @pytest.mark.long
 def test_consume_refuses_a_slot_a_warehouse_records_unless_forced(db, spark, tmp_path):
     """A slot of any name backs mirrors when a warehouse's mirrors record it: --consume checks the warehouse
-    (--warehouse, else ./warehouse where pgcdc run keeps it by default) and names the mirrors that would lose."""
+    (--warehouse, else ./warehouse where pgcdc run keeps it by default) and names the mirrors that would lose. It
+    reads the mirrors' metadata itself, as a run's start does: no JVM starts for it."""
     from pgcdc.pipeline import Pipeline, PipelineConfig
+    from start_support import JavaStarts
 
     table, publication = published_table(db)
     slot = fresh(db, "recorded")
@@ -138,8 +140,9 @@ def test_consume_refuses_a_slot_a_warehouse_records_unless_forced(db, spark, tmp
         pending = peek_types(db, slot, publication)
         assert pending == ["Begin", "Relation", "Insert", "Commit"]
 
+        java = JavaStarts(tmp_path)
         refused = pgcdc("decode", "--dsn", db.dsn, "--slot", slot, "-p", publication, "--consume",
-                        "--warehouse", str(tmp_path / "warehouse"), timeout=300)
+                        "--warehouse", str(tmp_path / "warehouse"), timeout=300, env=java.env)
         assert refused.returncode == 2, output(refused)
         message = " ".join(refused.stderr.split())
         assert f"mirror.public.{table}" in message.replace("`", "") and "--force" in message, message
@@ -147,11 +150,12 @@ def test_consume_refuses_a_slot_a_warehouse_records_unless_forced(db, spark, tmp
         assert peek_types(db, slot, publication) == pending
 
         forced = pgcdc("decode", "--dsn", db.dsn, "--slot", slot, "-p", publication, "--consume", "--force",
-                       cwd=tmp_path, timeout=300)  # ./warehouse: found without --warehouse
+                       cwd=tmp_path, timeout=300, env=java.env)  # ./warehouse: found without --warehouse
         assert forced.returncode == 0, output(forced)
         warning = " ".join(forced.stderr.split()).replace("`", "")
         assert "warning" in warning and f"mirror.public.{table}" in warning and "--resnapshot" in warning, warning
         assert peek_types(db, slot, publication) == []
+        assert java.starts() == []
     finally:
         drop_slots(db, slot)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -22,6 +23,8 @@ ORDER BY s.slot_name
 
 if TYPE_CHECKING:
     from pgcdc.spark.destination import Destination
+
+log = logging.getLogger(__name__)
 
 
 def slot_status(dsn: str, slot: str | None) -> list[dict[str, Any]]:
@@ -66,11 +69,18 @@ def _size(size: int) -> str:
 
 
 def mirrors_streaming_from(slot: str, destination: Destination) -> list[tuple[str, Any]]:
-    """(mirror, position) of each mirror of ``destination`` that streams from ``slot`` (its ``pgcdc.slot``)."""
+    """(mirror, position) of each mirror of ``destination`` that streams from ``slot`` (its ``pgcdc.slot``): read
+    from the mirrors' metadata by this process where it can (as ``pgcdc run`` starts), else through Spark."""
+    from pgcdc.errors import MetadataUnreadable
     from pgcdc.spark.mirror import MirrorCatalog
+    from pgcdc.spark.mirror_metadata import MirrorMetadata
     from pgcdc.spark.mirror_status import mirrors_streaming_from as streaming_from
     from pgcdc.spark.session import spark_session
 
+    try:
+        return streaming_from(MirrorMetadata.of(destination), slot)
+    except MetadataUnreadable as exc:
+        log.info("reading the mirrors through Spark: %s", exc)
     spark = spark_session(destination, short_lived=True)
     return streaming_from(MirrorCatalog(spark, destination), slot)
 
