@@ -389,8 +389,16 @@ class LongestFirst:
         return 0.5 if item.get_closest_marker("slow") else 0.0
 
     @pytest.hookimpl(trylast=True)  # after pytest has grouped the tests that share a module's fixtures
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         items.sort(key=lambda item: -self.minutes(item))  # stable: collection order among equals
+        # xdist keeps a group's tests in one worker by the group's name it appends to their ids (--dist loadgroup);
+        # where it cannot (pytest-xdist 3.8 writes an attribute pytest 9 no longer reads its ids from), every test
+        # goes its own way and each worker starts the costly servers again: said, as the run goes on
+        grouped = next((item for item in items if item.get_closest_marker("xdist_group")), None)
+        if config.getoption("loadgroup", False) and grouped is not None and "@" not in grouped.nodeid:
+            warnings.warn(pytest.PytestWarning(
+                f"xdist_group marks are not applied (pytest {pytest.__version__}): the tests of a group run in "
+                "several workers, each starting their servers; install the versions pyproject.toml names"))
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
