@@ -398,7 +398,8 @@ class LongestFirst:
         if config.getoption("loadgroup", False) and grouped is not None and "@" not in grouped.nodeid:
             warnings.warn(pytest.PytestWarning(
                 f"xdist_group marks are not applied (pytest {pytest.__version__}): the tests of a group run in "
-                "several workers, each starting their servers; install the versions pyproject.toml names"))
+                "several workers, each starting their servers; install the versions pyproject.toml names"),
+                stacklevel=1)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
