@@ -18,7 +18,12 @@ from pgcdc.pipeline import PipelineConfig
 from pgcdc.spark.consistent import tag_state
 from pgcdc.spark.mirror import MirrorCatalog
 from pgcdc.spark.mirror_metadata import MirrorMetadata
-from pgcdc.spark.mirror_status import mirrors_streaming_from, namespace_positions
+from pgcdc.spark.mirror_status import (
+    describe_mirrors,
+    describe_mirrors_from_metadata,
+    mirrors_streaming_from,
+    namespace_positions,
+)
 from pipeline_support import catalog_arguments
 
 
@@ -59,14 +64,19 @@ def run_until_caught_up(config: PipelineConfig, java: JavaStarts) -> tuple[subpr
     return result, java.since(mark)
 
 
-def assert_read_alike(config: PipelineConfig, spark) -> None:
+def assert_read_alike(config: PipelineConfig, spark) -> bool:
     """What a start reads of the mirrors — which exist, their positions and slots, their tags and properties — is
-    the same read without a JVM (:class:`MirrorMetadata`) as through Spark (:class:`MirrorCatalog`)."""
+    the same read without a JVM (:class:`MirrorMetadata`) as through Spark (:class:`MirrorCatalog`); and so is what
+    ``pgcdc status`` says of them, counts included, where the metadata holds the counts. Returns whether it did."""
     through_spark = MirrorCatalog(spark, config.destination)
     read_here = MirrorMetadata.of(config.destination)
+    described = describe_mirrors_from_metadata(read_here)
+    if described is not None:
+        assert described == describe_mirrors(through_spark)
     assert read_here.source_tables() == through_spark.source_tables()
     assert namespace_positions(read_here) == namespace_positions(through_spark)
     assert mirrors_streaming_from(read_here, config.slot) == mirrors_streaming_from(through_spark, config.slot)
     for _, _, identifier in through_spark.source_tables():
         assert tag_state(read_here.table(identifier)) == tag_state(through_spark.table(identifier)), identifier
         assert read_here.properties.read(identifier) == through_spark.properties.read(identifier), identifier
+    return described is not None

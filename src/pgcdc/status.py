@@ -86,10 +86,21 @@ def mirrors_streaming_from(slot: str, destination: Destination) -> list[tuple[st
 
 
 def mirror_status(destination: Destination) -> list[dict[str, Any]]:
-    """Each mirror of ``destination``: its source table, ``pgcdc.lsn`` and row count."""
+    """Each mirror of ``destination``: its source table, ``pgcdc.lsn`` and row count. Read from the mirrors'
+    metadata by this process where it holds the counts (no delete file in the mirrors' current snapshots), else
+    through Spark, which reads the rows."""
+    from pgcdc.errors import MetadataUnreadable
     from pgcdc.spark.mirror import MirrorCatalog
-    from pgcdc.spark.mirror_status import describe_mirrors
+    from pgcdc.spark.mirror_metadata import MirrorMetadata
+    from pgcdc.spark.mirror_status import describe_mirrors, describe_mirrors_from_metadata
     from pgcdc.spark.session import spark_session
 
+    try:
+        described = describe_mirrors_from_metadata(MirrorMetadata.of(destination))
+        if described is not None:
+            return described
+        log.info("counting the mirrors' rows through Spark: a mirror's current snapshot has delete files")
+    except MetadataUnreadable as exc:
+        log.info("reading the mirrors through Spark: %s", exc)
     spark = spark_session(destination, short_lived=True)
     return describe_mirrors(MirrorCatalog(spark, destination))

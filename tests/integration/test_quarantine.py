@@ -11,7 +11,8 @@ import pytest
 
 from pgcdc.errors import ConversionError
 from pgcdc.pipeline import Pipeline
-from pgcdc.spark.mirror_status import describe_mirrors, namespace_positions
+from pgcdc.spark.mirror_metadata import MirrorMetadata
+from pgcdc.spark.mirror_status import describe_mirrors, describe_mirrors_from_metadata, namespace_positions
 from pgcdc.verify import compare_publication
 from pipeline_support import pipeline_config, run_cli
 
@@ -171,6 +172,8 @@ def test_a_copy_under_quarantine_sets_rows_aside_once_through_a_kill_and_the_str
     assert_equal_but_rows(pipeline, pg, unmirrorable=2)
     described = {row["source"]: row for row in describe_mirrors(pipeline.mirrors)}
     assert described["public.items"]["rejected"] == 2
+    # copied only, no delete file: pgcdc status reads the same counts from the metadata, without a JVM
+    assert describe_mirrors_from_metadata(MirrorMetadata.of(config.destination)) == list(described.values())
 
     # the stream: a row set aside given a value the mirror can hold arrives; one given a bad value is set aside
     pg.execute("UPDATE items SET at = '2030-01-01' WHERE id = 3; UPDATE items SET at = "

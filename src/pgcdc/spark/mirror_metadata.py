@@ -20,7 +20,7 @@ from pgcdc.errors import MetadataUnreadable
 from pgcdc.lsn import Lsn
 from pgcdc.spark.catalog_reader import CatalogReader, catalog_reader
 from pgcdc.spark.destination import Destination
-from pgcdc.spark.mirror import MirrorNames, decode_name
+from pgcdc.spark.mirror import REJECTS_SUFFIX, MirrorNames, decode_name, encode_name
 from pgcdc.spark.mirror_positions import table_position
 from pgcdc.spark.table_metadata import TableMetadata
 
@@ -74,6 +74,20 @@ class MirrorMetadata(MirrorNames):
                 raise MetadataUnreadable(f"{identifier} is not a mirror of namespace {self.namespace!r}")
             self._tables[identifier] = self.reader.load(*where)
         return self._tables[identifier]
+
+    def rejects_table(self, identifier: str) -> TableMetadata | None:
+        """The current metadata of the table holding the changes set aside for a mirror of the namespace (None:
+        it has none)."""
+        key = identifier + REJECTS_SUFFIX
+        if key not in self._tables:
+            if identifier not in self._where:
+                self.source_tables()
+            where = self._where.get(identifier)
+            if where is None:
+                raise MetadataUnreadable(f"{identifier} is not a mirror of namespace {self.namespace!r}")
+            levels, name = where
+            self._tables[key] = self.reader.load(levels, encode_name(decode_name(name) + REJECTS_SUFFIX))
+        return self._tables[key]
 
 
 class _Positions:

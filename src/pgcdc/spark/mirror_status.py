@@ -1,16 +1,19 @@
 """What ``pgcdc status`` and the pipeline's start-up checks read of a namespace's mirrors: each one's position,
-slot, rows and snapshots. Reads only."""
+slot, rows and snapshots, through Spark or from the metadata without a JVM. Reads only."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from pgcdc.errors import MetadataUnreadable
 from pgcdc.lsn import Lsn
 from pgcdc.spark.consistent import CONSISTENT_TAG, tag_state
 from pgcdc.spark.iceberg import load_table
 from pgcdc.spark.mirror import MirrorCatalog
+from pgcdc.spark.mirror_metadata import MirrorMetadata
 from pgcdc.spark.mirror_properties import SLOT_PROPERTY
+from pgcdc.spark.table_metadata import TableMetadata
 
 
 class _PositionReads(Protocol):
@@ -64,6 +67,45 @@ def describe_mirrors(mirrors: MirrorCatalog) -> list[dict[str, Any]]:
                      "snapshots": snapshots, "rejected": rejected,
                      "consistent_lsn": None if tag.lsn is None else str(tag.lsn)})
     return rows
+
+
+def describe_mirrors_from_metadata(mirrors: MirrorMetadata) -> list[dict[str, Any]] | None:
+    """:func:`describe_mirrors`, read from the mirrors' metadata without a JVM; None when a count is not in it: a
+    mirror (or its table of rows set aside) whose current snapshot has delete files, whose rows only a reader that
+    applies them can count, or whose snapshot summary carries no totals."""
+    rows = []
+    for source_schema, source_table, identifier in mirrors.source_tables():
+        table = mirrors.table(identifier)
+        if table is None:
+            raise MetadataUnreadable(f"{identifier} disappeared while read")
+        rejects = mirrors.rejects_table(identifier)
+        count = live_rows(table)
+        rejected = 0 if rejects is None else live_rows(rejects)
+        if count is None or rejected is None:
+            return None
+        position = mirrors.positions.read(identifier)
+        tag = tag_state(table)
+        rows.append({"mirror": identifier, "source": f"{source_schema}.{source_table}",
+                     "slot": mirrors.properties.read(identifier).get(SLOT_PROPERTY),
+                     "lsn": str(position) if position is not None else None, "rows": count,
+                     "snapshots": len(table.snapshots()), "rejected": rejected,
+                     "consistent_lsn": None if tag.lsn is None else str(tag.lsn)})
+    return rows
+
+
+def live_rows(table: TableMetadata) -> int | None:
+    """The rows of ``table``'s current snapshot, from its summary's totals when no delete file takes any away (None:
+    there are delete files, or no totals)."""
+    snapshot = table.currentSnapshot()
+    if snapshot is None:
+        return 0
+    summary = snapshot.summary()
+    try:
+        if int(summary["total-delete-files"]) == 0:
+            return int(summary["total-records"])
+    except (KeyError, ValueError):
+        pass
+    return None
 
 
 def consistent_point(described: list[dict[str, Any]]) -> str | None:
