@@ -66,28 +66,25 @@ class MirrorMetadata(MirrorNames):
 
     def table(self, identifier: str) -> TableMetadata | None:
         """The current metadata of a mirror of the namespace (None: it is gone since it was listed)."""
-        if identifier not in self._tables:
-            if identifier not in self._where:
-                self.source_tables()
-            where = self._where.get(identifier)
-            if where is None:
-                raise MetadataUnreadable(f"{identifier} is not a mirror of namespace {self.namespace!r}")
-            self._tables[identifier] = self.reader.load(*where)
-        return self._tables[identifier]
+        return self._load(identifier, "")
 
     def rejects_table(self, identifier: str) -> TableMetadata | None:
         """The current metadata of the table holding the changes set aside for a mirror of the namespace (None:
         it has none)."""
-        key = identifier + REJECTS_SUFFIX
-        if key not in self._tables:
+        return self._load(identifier, REJECTS_SUFFIX)
+
+    def _load(self, identifier: str, suffix: str) -> TableMetadata | None:
+        """A mirror's table (``suffix`` ""), or the table beside it whose source name carries ``suffix``."""
+        if identifier + suffix not in self._tables:
             if identifier not in self._where:
                 self.source_tables()
             where = self._where.get(identifier)
             if where is None:
                 raise MetadataUnreadable(f"{identifier} is not a mirror of namespace {self.namespace!r}")
             levels, name = where
-            self._tables[key] = self.reader.load(levels, encode_name(decode_name(name) + REJECTS_SUFFIX))
-        return self._tables[key]
+            named = encode_name(decode_name(name) + suffix) if suffix else name
+            self._tables[identifier + suffix] = self.reader.load(levels, named)
+        return self._tables[identifier + suffix]
 
 
 class _Positions:

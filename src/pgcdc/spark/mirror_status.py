@@ -56,17 +56,22 @@ def describe_mirrors(mirrors: MirrorCatalog) -> list[dict[str, Any]]:
     for source_schema, source_table, identifier in mirrors.source_tables():
         count = spark.sql(f"SELECT count(*) AS n FROM {identifier}").collect()[0].n
         snapshots = spark.sql(f"SELECT count(*) AS n FROM {identifier}.snapshots").collect()[0].n
-        position = mirrors.positions.read(identifier)
         rejects = mirrors.rejects_identifier_for(source_schema, source_table)
         rejected = (spark.sql(f"SELECT count(*) AS n FROM {rejects}").collect()[0].n
                     if spark.catalog.tableExists(rejects) else 0)
-        tag = tag_state(load_table(spark, identifier))
-        rows.append({"mirror": identifier, "source": f"{source_schema}.{source_table}",
-                     "slot": mirrors.properties.read(identifier).get(SLOT_PROPERTY),
-                     "lsn": str(position) if position is not None else None, "rows": count,
-                     "snapshots": snapshots, "rejected": rejected,
-                     "consistent_lsn": None if tag.lsn is None else str(tag.lsn)})
+        rows.append(_described(mirrors, identifier, f"{source_schema}.{source_table}", load_table(spark, identifier),
+                               count=count, snapshots=snapshots, rejected=rejected))
     return rows
+
+
+def _described(mirrors: MirrorReads, identifier: str, source: str, table: Any, *, count: int, snapshots: int,
+               rejected: int) -> dict[str, Any]:
+    """One mirror's row of ``pgcdc status``; ``table``: its Iceberg table (Java's, or its metadata), for the tag."""
+    position = mirrors.positions.read(identifier)
+    tag = tag_state(table)
+    return {"mirror": identifier, "source": source, "slot": mirrors.properties.read(identifier).get(SLOT_PROPERTY),
+            "lsn": str(position) if position is not None else None, "rows": count, "snapshots": snapshots,
+            "rejected": rejected, "consistent_lsn": None if tag.lsn is None else str(tag.lsn)}
 
 
 def describe_mirrors_from_metadata(mirrors: MirrorMetadata) -> list[dict[str, Any]] | None:
@@ -83,13 +88,8 @@ def describe_mirrors_from_metadata(mirrors: MirrorMetadata) -> list[dict[str, An
         rejected = 0 if rejects is None else live_rows(rejects)
         if count is None or rejected is None:
             return None
-        position = mirrors.positions.read(identifier)
-        tag = tag_state(table)
-        rows.append({"mirror": identifier, "source": f"{source_schema}.{source_table}",
-                     "slot": mirrors.properties.read(identifier).get(SLOT_PROPERTY),
-                     "lsn": str(position) if position is not None else None, "rows": count,
-                     "snapshots": len(table.snapshots()), "rejected": rejected,
-                     "consistent_lsn": None if tag.lsn is None else str(tag.lsn)})
+        rows.append(_described(mirrors, identifier, f"{source_schema}.{source_table}", table, count=count,
+                               snapshots=len(table.snapshots()), rejected=rejected))
     return rows
 
 
