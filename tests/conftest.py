@@ -181,8 +181,8 @@ WHERE c.relnamespace = 'pg_catalog'::regnamespace AND c.relkind = 'r' AND NOT c.
 def recycle_database(server: TestServer, name: str) -> None:
     """Make a test's database again as CREATE DATABASE made it, for the next test: its sessions ended, emptied
     (:func:`empty_database`), its settings reset. Raises when anything of the test is left that emptying does
-    not remove (an event trigger, a grant on or a comment about the database, another owner, a temporary
-    schema): such a database is dropped instead."""
+    not remove (a cast, a large object, a grant on or a comment about the database, a role's setting in it,
+    another owner, a temporary schema): such a database is dropped instead."""
     with psycopg.connect(server.dsn, autocommit=True) as admin:
         for _ in range(100):  # the sessions the test left (a reader, a pgcdc it killed), as DROP ... (FORCE) does
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
