@@ -11,6 +11,7 @@ import pytest
 
 from cli_support import run_pgcdc
 from pgcdc.embedded import EmbeddedPostgres
+from start_support import JavaStarts
 
 SECRET = "s3cret-Passw0rd"
 
@@ -253,8 +254,6 @@ def test_snapshot_then_status_shows_each_mirror_position(pg, spark, tmp_path):
                   warehouse, "--namespace", namespace, timeout=600)
     assert "nothing to copy" in again.stdout
     # a copy leaves no delete file: status reads the counts in the mirrors' metadata, without a JVM
-    from start_support import JavaStarts
-
     java = JavaStarts(tmp_path)
     status = pgcdc("status", "--dsn", pg.dsn, "--slot", "snap_cli", "--warehouse", warehouse, "--namespace",
                    namespace, "--json", timeout=600, env=java.env)
