@@ -4,17 +4,27 @@ PyIceberg's ``SqlCatalog`` — and compared with what Iceberg's Java reader (Spa
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 
+_VERSION_FILE = re.compile(r"v(\d+)\.metadata\.json")
+
 
 def newest_metadata(table_location: str) -> str:
-    """The newest metadata file of a Hadoop-catalog table: ``v<version-hint>.metadata.json``, then each next
-    version while its file exists, as Iceberg's own Hadoop catalog looks for it."""
+    """The newest metadata file of a Hadoop-catalog table, found as Iceberg's own Hadoop catalog finds it: the
+    version ``version-hint.text`` names — or the highest version listed when the hint cannot be read, as while a
+    commit replaces it (Iceberg deletes the old hint, then renames the new one in) — then each next version while
+    its file exists."""
     directory = Path(unquote(urlparse(table_location).path)) / "metadata"
-    version = int((directory / "version-hint.text").read_text().strip())
+    try:
+        version = int((directory / "version-hint.text").read_text().strip())
+    except (FileNotFoundError, ValueError):
+        version = max((int(match.group(1)) for name in os.listdir(directory)
+                       if (match := _VERSION_FILE.fullmatch(name))), default=0)
     while (directory / f"v{version + 1}.metadata.json").exists():
         version += 1
     return str(directory / f"v{version}.metadata.json")

@@ -568,9 +568,9 @@ def test_the_initial_copy_shows_totals_percentages_and_time_left(db, tmp_path):
 
 def committed_data_files(table_location) -> int:
     """The data files the table's current snapshot holds, from its Iceberg metadata."""
-    metadata_dir = table_location / "metadata"
-    version = (metadata_dir / "version-hint.text").read_text().strip()
-    metadata = json.loads((metadata_dir / f"v{version}.metadata.json").read_text())
+    from pyiceberg_reader import newest_metadata
+
+    metadata = json.loads(Path(newest_metadata(str(table_location))).read_text())
     current = next(s for s in metadata["snapshots"] if s["snapshot-id"] == metadata["current-snapshot-id"])
     return int(current["summary"]["total-data-files"])
 
