@@ -29,25 +29,14 @@ import pytest
 from hypothesis import HealthCheck, settings
 from psycopg import sql
 
+from jvm_class_archive import SUITE_JAVA_OPTIONS
 from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.spark.destination import Destination
 
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 
-# The suite starts dozens of JVMs that live for seconds (each `pgcdc` it runs, each cold Spark) and runs each
-# worker's session JVM through thousands of small queries, on a machine whose cores are all busy: CPU spent
-# compiling code that runs a few times is CPU taken from the tests. So the quick compiler only (HotSpot's
-# optimizing one costs a cold session's first queries twice their time on a busy 2-core machine), and the heap is
-# collected by one thread. With the quick compiler alone HotSpot reserves 48 MB for compiled code, which a worker's
-# session fills in its first three minutes of tests (then it sweeps the cache at every compilation, and once it
-# is full compiles nothing more: all code new to it runs interpreted for the rest of the run): 256 MB, which a
-# whole run's session does not fill, and cold code is not flushed from it. The quick compiler keeps HotSpot's
-# thresholds: compiling later (CompileThresholdScaling=5) left more to the interpreter
-# and cost more than it saved (a `pgcdc run` that copies, one that applies a batch and a `pgcdc status`:
-# 28-35 CPU-s against 33-36; a session's maintenance test: 42-43 against 46). What the JVMs compute does not
-# depend on any of this.
-os.environ.setdefault("PGCDC_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m "
-                                            "-XX:-UseCodeCacheFlushing -XX:+UseSerialGC")
+# the suite's JVM options (jvm_class_archive.py says why)
+os.environ.setdefault("PGCDC_JAVA_OPTIONS", SUITE_JAVA_OPTIONS)
 
 # Real servers make examples slow and uneven: no per-example deadline, and a bounded example count.
 settings.register_profile("default", deadline=None, max_examples=100,
