@@ -86,9 +86,9 @@ def mirrors_streaming_from(slot: str, destination: Destination) -> list[tuple[st
 
 
 def mirror_status(destination: Destination) -> list[dict[str, Any]]:
-    """Each mirror of ``destination``: its source table, ``pgcdc.lsn`` and row count. Read from the mirrors'
-    metadata by this process where it holds the counts (no delete file in the mirrors' current snapshots), else
-    through Spark, which reads the rows."""
+    """Each mirror of ``destination``: its source table, ``pgcdc.lsn`` and row count. Read by this process from the
+    mirrors' metadata, manifests and position delete files (:mod:`pgcdc.spark.table_files`), else — a mirror with
+    equality deletes, a catalog or storage this process does not read — through Spark, which reads the rows."""
     from pgcdc.errors import MetadataUnreadable
     from pgcdc.spark.mirror import MirrorCatalog
     from pgcdc.spark.mirror_metadata import MirrorMetadata
@@ -99,7 +99,8 @@ def mirror_status(destination: Destination) -> list[dict[str, Any]]:
         described = describe_mirrors_from_metadata(MirrorMetadata.of(destination))
         if described is not None:
             return described
-        log.info("counting the mirrors' rows through Spark: a mirror's current snapshot has delete files")
+        log.info("counting the mirrors' rows through Spark: a mirror's current snapshot has equality deletes or "
+                 "deletion vectors, which only a reader of its rows applies")
     except MetadataUnreadable as exc:
         log.info("reading the mirrors through Spark: %s", exc)
     spark = spark_session(destination, short_lived=True)

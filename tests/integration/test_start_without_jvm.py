@@ -2,11 +2,15 @@
 user runs it, Java's starts noted (tests/start_support.py): with the mirrors at the slot's position it reads their
 metadata itself (pgcdc.spark.mirror_metadata) and exits without one; a table added to the publication, changes
 to apply (a table rewritten among them, copied again) start Spark and end with every mirror equal to its source;
-a damaged position is refused from the metadata as it is through Spark. The metadata read here and through Spark
-agree, mirror by mirror (hostile names: tests/reliability/test_hostile_names.py; S3 behind JDBC and REST catalogs:
+a damaged position is refused from the metadata as it is through Spark; `pgcdc status` counts the rows of mirrors
+with position deletes without one. The metadata read here and through Spark agree, mirror by mirror (hostile names: tests/reliability/test_hostile_names.py; S3 behind JDBC and REST catalogs:
 tests/objectstore/)."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -14,7 +18,7 @@ from pgcdc.errors import PositionCorruptError
 from pgcdc.pipeline import Pipeline
 from pgcdc.spark.mirror import MirrorCatalog
 from pgcdc.spark.mirror_metadata import MirrorMetadata
-from pipeline_support import assert_mirrors_equal, pipeline_config
+from pipeline_support import assert_mirrors_equal, catalog_arguments, pipeline_config
 from start_support import JavaStarts, assert_read_alike, run_until_caught_up
 
 pytestmark = pytest.mark.slow
@@ -57,8 +61,10 @@ def test_only_a_run_with_something_to_do_starts_a_jvm(pg, spark, tmp_path):
     assert started, "the copy of b started no JVM"
     assert_mirrors_equal(config, spark, pg.dsn, {"public.a", "public.b"})
 
-    # changes to apply, a rewritten table among them (copied again): Spark starts for them
+    # changes to apply, a rewritten table among them (copied again): Spark starts for them. a gains a data file too
+    # large to fold later changes into (pgcdc.spark.fold), whose rows are then updated and deleted by position
     pg.execute("INSERT INTO a VALUES (1000, 'new')")
+    pg.execute("INSERT INTO a SELECT i, 'a' || i FROM generate_series(2000, 19999) i")
     pg.execute("ALTER TABLE b ALTER COLUMN v TYPE varchar(10) USING upper(v)")
     pg.execute("UPDATE b SET v = 'changed' WHERE id = 1")
     result, started = run_until_caught_up(config, java)
@@ -67,10 +73,26 @@ def test_only_a_run_with_something_to_do_starts_a_jvm(pg, spark, tmp_path):
     assert_mirrors_equal(config, spark, pg.dsn, {"public.a", "public.b"})
 
     # b, copied again at a later point than the batch, holds no moment of it: the tags stayed, and the next start
-    # moves them (Spark writes them); once they are at rest, a start needs no JVM again
+    # moves them (Spark writes them) as it applies a's updates and deletes; once they are at rest, a start needs no
+    # JVM again
+    pg.execute("UPDATE a SET v = v || '!' WHERE id % 3 = 0")
+    pg.execute("DELETE FROM a WHERE id % 10 = 0")
     result, started = run_until_caught_up(config, java)
     assert result.returncode == 0 and started and "moving the consistent tags" in result.stderr, result.stderr[-3000:]
     result, started = run_until_caught_up(config, java)
     assert result.returncode == 0, result.stderr[-3000:]
     assert started == [], (started, result.stderr[-3000:])
-    assert_read_alike(config, spark)
+    assert_mirrors_equal(config, spark, pg.dsn, {"public.a", "public.b"})
+
+    # a's position deletes are counted from its manifests and delete files, as Spark counts them: `pgcdc status`
+    # reads every mirror's row count without a JVM
+    mirror_a = load_table(spark, MirrorCatalog(spark, config.destination).identifier_for("public", "a"))
+    assert int(mirror_a.currentSnapshot().summary()["total-position-deletes"]) > 0
+    assert assert_read_alike(config, spark)
+    mark = java.mark()
+    status = subprocess.run([sys.executable, "-m", "pgcdc.cli", "status", "--dsn", config.dsn,
+                             *catalog_arguments(config), "--namespace", config.destination.namespace, "--json"],
+                            capture_output=True, text=True, timeout=300, env=java.env)
+    assert status.returncode == 0 and java.since(mark) == [], (java.since(mark), status.stderr[-3000:])
+    assert {m["source"]: m["rows"] for m in json.loads(status.stdout)["mirrors"]} == {
+        "public.a": pg.execute("SELECT count(*) FROM a")[0][0], "public.b": 50}

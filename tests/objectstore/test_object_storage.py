@@ -16,6 +16,7 @@ from cli_support import run_pgcdc
 from objectstore_support import BUCKET, require_object_store
 from pgcdc.pipeline import Pipeline
 from pgcdc.spark.destination import Destination
+from pgcdc.spark.iceberg import load_table
 from pgcdc.spark.maintenance import MaintenancePolicy, maintain_table
 from pgcdc.spark.mirror import MirrorCatalog
 from pipeline_support import (
@@ -95,17 +96,17 @@ def test_mixed_workload_mirrors_equal_source_on_s3(pg, spark, s3, store):
 # tests/reliability/test_security.py.
 @pytest.mark.long(6)  # with the REST catalog its group (s3-rest) starts first
 @pytest.mark.parametrize("store", ["rest"], indirect=True)
-def test_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store):
-    crash_loop_on_s3(pg, spark, s3, store, CRASH_ROUNDS, "crash")
+def test_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store, tmp_path):
+    crash_loop_on_s3(pg, spark, s3, store, CRASH_ROUNDS, "crash", tmp_path)
 
 
 @pytest.mark.soak
 @pytest.mark.timeout(1800)  # longer than the suite's per-test limit on a busy machine
-def test_soak_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store):
-    crash_loop_on_s3(pg, spark, s3, store, SOAK_CRASH_ROUNDS, "soak")
+def test_soak_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store, tmp_path):
+    crash_loop_on_s3(pg, spark, s3, store, SOAK_CRASH_ROUNDS, "soak", tmp_path)
 
 
-def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) -> None:
+def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str, tmp_path) -> None:
     # a run reaches its aim later than on a local directory (a JVM start, then S3 round trips for every commit):
     # a longer wait for it
     namespace = f"{name}_{store.catalog_type}"
@@ -114,9 +115,9 @@ def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) 
     for secret in secrets_of(store, s3):
         assert all(secret not in output for output in outputs)
 
-    # status reads the mirrors back through the same catalog; with --debug nothing secret shows either. Beside it
-    # (each starts a JVM: at once, as the machine has the cores), check finds the source ready and the destination
-    # wanting: a bucket that does not exist
+    # status reads the mirrors back through the same catalog, and their metadata, manifests and delete files from
+    # S3, without a JVM; with --debug nothing secret shows either. Beside it (starting a JVM), check finds the
+    # source ready and the destination wanting: a bucket that does not exist
     config = pipeline_config(pg, spark, namespace=namespace, **store.config_overrides())
     arguments = catalog_arguments(config)
     arguments[arguments.index("--warehouse") + 1] = "s3a://no-such-bucket/mirrors"
@@ -124,8 +125,10 @@ def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) 
                                  config.publication, "--slot", config.slot, *arguments], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     try:
+        java = JavaStarts(tmp_path)
         status = run_pgcdc("--debug", "status", "--dsn", config.dsn, *catalog_arguments(config), "--namespace",
-                           config.destination.namespace, "--json", timeout=600)
+                           config.destination.namespace, "--json", timeout=600, env=java.env)
+        assert java.starts() == [], status.stderr[-3000:]
         check_out, check_err = checking.communicate(timeout=600)
     finally:
         if checking.poll() is None:
@@ -133,7 +136,12 @@ def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str) 
             checking.wait()
     assert status.returncode == 0, status.stderr[-3000:]
     assert '"shop.customers"' in status.stdout
-    positions = {m["mirror"]: (m["lsn"], m["rows"]) for m in json.loads(status.stdout)["mirrors"]}
+    described = json.loads(status.stdout)["mirrors"]
+    positions = {m["mirror"]: (m["lsn"], m["rows"]) for m in described}
+    # its counts are the sources' (every mirror equals its source once the loop has ended), whether read from the
+    # manifests and delete files on S3 or through Spark
+    assert {m["source"]: m["rows"] for m in described} == {
+        table: pg.execute(f"SELECT count(*) FROM {table}")[0][0] for table in SHOP_TABLES}
     assert checking.returncode == 3, check_out + check_err[-3000:]
     said = " ".join(check_out.split())  # as one line, however the terminal wrapped it
     assert "the bucket 'no-such-bucket' of --warehouse s3a://no-such-bucket/mirrors does not exist" in said, said
@@ -173,6 +181,18 @@ def test_a_run_with_nothing_to_do_reads_the_catalog_without_a_jvm(pg, spark, s3,
     assert result.returncode == 0 and "applied 0 changes" in result.stdout, result.stderr[-3000:]
     assert started == [], (started, result.stderr[-3000:])
     assert assert_read_alike(config, spark)  # status's counts too: the copy left no delete file
+
+    # rows of a data file too large to fold changes into (pgcdc.spark.fold), updated and deleted: position delete
+    # files on S3, which status's counts read here too
+    pg.execute("INSERT INTO items SELECT i, 'v' || i FROM generate_series(100, 17099) i")
+    Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+    pg.execute("UPDATE items SET v = v || '!' WHERE id % 3 = 0")
+    pg.execute("DELETE FROM items WHERE id % 10 = 0")
+    Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+    mirror = MirrorCatalog(spark, config.destination).identifier_for("public", "items")
+    assert int(load_table(spark, mirror).currentSnapshot().summary()["total-position-deletes"]) > 0
+    assert assert_read_alike(config, spark)
+    assert spark.table(mirror).count() == pg.execute("SELECT count(*) FROM items")[0][0]
     for secret in secrets_of(store, s3):
         assert secret not in result.stdout + result.stderr
 

@@ -42,7 +42,9 @@ _VERSION_FILE = re.compile(r"v([^.]*)\..*")  # HadoopTableOperations.VERSION_PAT
 
 
 class CatalogReader(Protocol):
-    """A catalog's tables, read-only."""
+    """A catalog's tables, read-only; ``storage``: where their files are read."""
+
+    storage: Storage
 
     def namespaces(self, parent: tuple[str, ...]) -> list[tuple[str, ...]] | None:
         """The namespaces one level below ``parent`` (None: ``parent`` does not exist)."""

@@ -13,7 +13,7 @@ from pgcdc.spark.iceberg import load_table
 from pgcdc.spark.mirror import MirrorCatalog
 from pgcdc.spark.mirror_metadata import MirrorMetadata
 from pgcdc.spark.mirror_properties import SLOT_PROPERTY
-from pgcdc.spark.table_metadata import TableMetadata
+from pgcdc.spark.table_files import live_rows
 
 
 class _PositionReads(Protocol):
@@ -76,36 +76,22 @@ def _described(mirrors: MirrorReads, identifier: str, source: str, table: Any, *
 
 def describe_mirrors_from_metadata(mirrors: MirrorMetadata) -> list[dict[str, Any]] | None:
     """:func:`describe_mirrors`, read from the mirrors' metadata without a JVM; None when a count is not in it: a
-    mirror (or its table of rows set aside) whose current snapshot has delete files, whose rows only a reader that
-    applies them can count, or whose snapshot summary carries no totals."""
+    mirror (or its table of rows set aside) whose current snapshot has delete files only a reader of its rows can
+    apply (equality deletes, deletion vectors: :func:`pgcdc.spark.table_files.live_rows` counts the rest)."""
+    storage = mirrors.reader.storage
     rows = []
     for source_schema, source_table, identifier in mirrors.source_tables():
         table = mirrors.table(identifier)
         if table is None:
             raise MetadataUnreadable(f"{identifier} disappeared while read")
         rejects = mirrors.rejects_table(identifier)
-        count = live_rows(table)
-        rejected = 0 if rejects is None else live_rows(rejects)
+        count = live_rows(table, storage)
+        rejected = 0 if rejects is None else live_rows(rejects, storage)
         if count is None or rejected is None:
             return None
         rows.append(_described(mirrors, identifier, f"{source_schema}.{source_table}", table, count=count,
                                snapshots=len(table.snapshots()), rejected=rejected))
     return rows
-
-
-def live_rows(table: TableMetadata) -> int | None:
-    """The rows of ``table``'s current snapshot, from its summary's totals when no delete file takes any away (None:
-    there are delete files, or no totals)."""
-    snapshot = table.currentSnapshot()
-    if snapshot is None:
-        return 0
-    summary = snapshot.summary()
-    try:
-        if int(summary["total-delete-files"]) == 0:
-            return int(summary["total-records"])
-    except (KeyError, ValueError):
-        pass
-    return None
 
 
 def consistent_point(described: list[dict[str, Any]]) -> str | None:
