@@ -14,6 +14,8 @@ Then pgcdc's start-up, each figure repeated (median, min, max):
   starts no JVM; beside it the same run made to read them through Spark (``PYSPARK_SUBMIT_ARGS`` set: pgcdc
   then leaves the catalog to Spark, as before it read metadata itself), and pg_recvlogical connecting to a twin
   slot and finding nothing to read (``--endpos`` at the server's position);
+- ``pgcdc status`` of the warehouse: the position-delete mirror's rows counted from its manifests and delete files
+  without a JVM, beside the same command made to count them through Spark (both must give the same counts);
 - the first batch of a fresh run: one transaction waits in the slot, a ``pgcdc run --until-caught-up`` process
   starts, and the time until the slot confirms that transaction (its batch committed to Iceberg first; Spark
   started for it), beside pg_recvlogical's time from its start to the first message of the same transaction on
@@ -44,6 +46,7 @@ from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.lsn import Lsn
 from pgcdc.pipeline import Pipeline, PipelineConfig
 from pgcdc.spark.destination import Destination
+from pgcdc.spark.mirror_metadata import MirrorMetadata
 from pgcdc.spark.session import spark_session
 
 # (name, apply writer, deletes): the default, the row-delta writer deleting by equality, and MERGE
@@ -115,6 +118,17 @@ def startup_seconds(config: PipelineConfig, env: dict[str, str] | None = None) -
     return time.perf_counter() - started
 
 
+def status_run(config: PipelineConfig, env: dict[str, str] | None = None) -> tuple[float, list[dict]]:
+    """A whole ``pgcdc status --json`` process on the warehouse of ``config``: its seconds, and the mirrors it
+    described."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "pgcdc.cli", "status", "--dsn", config.dsn, "--warehouse",
+                           str(config.destination.warehouse), "--namespace", config.destination.namespace, "--json"],
+                          check=True, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
+    return time.perf_counter() - started, json.loads(done.stdout)["mirrors"]
+
+
 def confirmed(conn: psycopg.Connection, slot: str) -> Lsn:
     row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                        (slot,)).fetchone()
@@ -176,6 +190,17 @@ def spread(label: str, seconds: list[float]) -> str:
             f"{len(seconds)} runs)")
 
 
+def mirror_summaries(config: PipelineConfig) -> list[dict[str, str]]:
+    """The current snapshot summary of each mirror of ``config``'s namespace, read from its metadata."""
+    mirrors = MirrorMetadata.of(config.destination)
+    summaries = []
+    for _, _, identifier in mirrors.source_tables():
+        table = mirrors.table(identifier)
+        snapshot = None if table is None else table.currentSnapshot()
+        summaries.append({} if snapshot is None else dict(snapshot.summary()))
+    return summaries
+
+
 def startup_figures(server: EmbeddedPostgres, config: PipelineConfig, repeats: int) -> dict[str, float]:
     """pgcdc's start-up with nothing to do and its first batch, each beside pg_recvlogical (see the module)."""
     with psycopg.connect(server.dsn, autocommit=True) as conn:
@@ -184,6 +209,11 @@ def startup_figures(server: EmbeddedPostgres, config: PipelineConfig, repeats: i
     nothing = [startup_seconds(config) for _ in range(repeats)]
     through_spark = [startup_seconds(config, {"PYSPARK_SUBMIT_ARGS": "pyspark-shell"}) for _ in range(repeats)]
     recvlogical_nothing = [recvlogical_nothing_seconds(server, "twin_start") for _ in range(repeats)]
+    status_here = [status_run(config) for _ in range(repeats)]
+    status_spark = [status_run(config, {"PYSPARK_SUBMIT_ARGS": "pyspark-shell"}) for _ in range(repeats)]
+    counted = {json.dumps(mirrors, sort_keys=True) for _, mirrors in status_here + status_spark}
+    assert len(counted) == 1, f"status counted differently with and without Spark: {counted}"
+    position_deletes = sum(int(summary.get("total-position-deletes", 0)) for summary in mirror_summaries(config))
     first_batch, recvlogical_first = [], []
     for repeat in range(repeats):
         first_batch.append(first_batch_seconds(server, config, 10_000_000 + repeat * 100))
@@ -191,6 +221,9 @@ def startup_figures(server: EmbeddedPostgres, config: PipelineConfig, repeats: i
     print(spread("pgcdc start-up, a run --until-caught-up with nothing to do", nothing))
     print(spread("  the same, the mirrors read through Spark", through_spark))
     print(spread("  pg_recvlogical connecting and finding nothing to read", recvlogical_nothing))
+    print(spread(f"pgcdc status, rows counted through {position_deletes:,} position deletes, no JVM",
+                 [seconds for seconds, _ in status_here]))
+    print(spread("  the same, counted through Spark", [seconds for seconds, _ in status_spark]))
     print(spread("pgcdc's first batch of a fresh run, committed and confirmed", first_batch))
     print(spread("  pg_recvlogical from its start to the transaction's first message", recvlogical_first))
     return {"startup_s": round(statistics.median(nothing), 2), "startup_min_s": round(min(nothing), 2),
@@ -198,6 +231,9 @@ def startup_figures(server: EmbeddedPostgres, config: PipelineConfig, repeats: i
             "startup_through_spark_s": round(statistics.median(through_spark), 2),
             "startup_ratio_vs_through_spark": round(statistics.median(nothing) / statistics.median(through_spark), 2),
             "pg_recvlogical_nothing_s": round(statistics.median(recvlogical_nothing), 2),
+            "status_s": round(statistics.median(seconds for seconds, _ in status_here), 2),
+            "status_through_spark_s": round(statistics.median(seconds for seconds, _ in status_spark), 2),
+            "status_position_deletes": position_deletes,
             "first_batch_s": round(statistics.median(first_batch), 2), "first_batch_min_s": round(min(first_batch), 2),
             "first_batch_max_s": round(max(first_batch), 2),
             "pg_recvlogical_first_message_s": round(statistics.median(recvlogical_first), 2)}
