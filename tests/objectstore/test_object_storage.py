@@ -15,6 +15,7 @@ import pytest
 from cli_support import run_pgcdc
 from objectstore_support import BUCKET, require_object_store
 from pgcdc.pipeline import Pipeline
+from pgcdc.spark import fold
 from pgcdc.spark.destination import Destination
 from pgcdc.spark.iceberg import load_table
 from pgcdc.spark.maintenance import MaintenancePolicy, maintain_table
@@ -166,7 +167,7 @@ def crash_loop_on_s3(pg, spark, s3, store, rounds: list[str | None], name: str, 
         assert secret not in status.stdout + status.stderr + maintain.stdout + maintain.stderr + check_out + check_err
 
 
-def test_a_run_with_nothing_to_do_reads_the_catalog_without_a_jvm(pg, spark, s3, store, tmp_path):
+def test_a_run_with_nothing_to_do_reads_the_catalog_without_a_jvm(pg, spark, s3, store, tmp_path, monkeypatch):
     """Behind either catalog, on S3: a ``run --until-caught-up`` with the mirrors at the slot's position reads
     their metadata itself (the JDBC catalog's table, or the REST catalog, then S3) and starts no JVM; what it reads
     is what Spark reads."""
@@ -182,10 +183,9 @@ def test_a_run_with_nothing_to_do_reads_the_catalog_without_a_jvm(pg, spark, s3,
     assert started == [], (started, result.stderr[-3000:])
     assert assert_read_alike(config, spark)  # status's counts too: the copy left no delete file
 
-    # rows of a data file too large to fold changes into (pgcdc.spark.fold), updated and deleted: position delete
-    # files on S3, which status's counts read here too
-    pg.execute("INSERT INTO items SELECT i, 'v' || i FROM generate_series(100, 17099) i")
-    Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+    # rows updated and deleted, none folded into a new data file (pgcdc.spark.fold): position delete files on S3,
+    # which status's counts read here too
+    monkeypatch.setattr(fold, "FOLD_MAX_ROWS", 0)
     pg.execute("UPDATE items SET v = v || '!' WHERE id % 3 = 0")
     pg.execute("DELETE FROM items WHERE id % 10 = 0")
     Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)

@@ -75,7 +75,7 @@ def _described(mirrors: MirrorReads, identifier: str, source: str, table: Any, *
 
 
 def describe_mirrors_from_metadata(mirrors: MirrorMetadata) -> list[dict[str, Any]] | None:
-    """:func:`describe_mirrors`, read from the mirrors' metadata without a JVM; None when a count is not in it: a
+    """:func:`describe_mirrors`, read from the mirrors' metadata without a JVM; None when a count cannot be read: a
     mirror (or its table of rows set aside) whose current snapshot has delete files only a reader of its rows can
     apply (equality deletes, deletion vectors: :func:`pgcdc.spark.table_files.live_rows` counts the rest)."""
     storage = mirrors.reader.storage

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pgcdc.spark.catalog_reader import Storage
 
 DATA, POSITION_DELETES, EQUALITY_DELETES = 0, 1, 2  # a file's content (the spec's data_file.content)
-DELETED = 2  # a manifest entry's status: the file left the table in that manifest's snapshot
+ADDED, DELETED = 1, 2  # a manifest entry's status: the file came, or left, in that manifest's snapshot
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def _manifest_files(location: str, spec_id: int, manifest_sequence: int, storage
             if sequence is None:
                 # inherited from the manifest by the files it added (or by all, in a table without sequence
                 # numbers), as Iceberg's readers inherit it
-                if int(entry["status"]) != 1 and manifest_sequence != 0:
+                if int(entry["status"]) != ADDED and manifest_sequence != 0:
                     raise MetadataUnreadable(f"{location}: an existing file without its data sequence number")
                 sequence = manifest_sequence
             partition = file.get("partition") or {}

@@ -45,7 +45,6 @@ class Snapshot:
     operation_name: str | None
     summary_entries: Mapping[str, str]
     manifest_list: str | None = None  # where the Avro list of its manifests is (pgcdc.spark.table_files)
-    sequence_number: int = 0  # format v1 has none: 0, as Iceberg reads it
 
     def snapshotId(self) -> int:
         return self.snapshot_id
@@ -120,5 +119,4 @@ def _snapshot(entry: Mapping[str, Any]) -> Snapshot:
     parent = entry.get("parent-snapshot-id")
     manifest_list = entry.get("manifest-list")
     return Snapshot(int(entry["snapshot-id"]), None if parent is None else int(parent), operation,
-                    MappingProxyType(summary), None if manifest_list is None else str(manifest_list),
-                    int(entry.get("sequence-number") or 0))
+                    MappingProxyType(summary), None if manifest_list is None else str(manifest_list))
