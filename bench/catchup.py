@@ -110,23 +110,26 @@ def run_command(config: PipelineConfig) -> list[str]:
             "--until-caught-up"]
 
 
+def timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
+    """A whole ``pgcdc`` process: its seconds and its output."""
+    started = time.perf_counter()
+    done = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
+    return time.perf_counter() - started, done.stdout
+
+
 def startup_seconds(config: PipelineConfig, env: dict[str, str] | None = None) -> float:
     """A whole ``pgcdc run --until-caught-up`` process on a slot with nothing to do."""
-    started = time.perf_counter()
-    subprocess.run(run_command(config), check=True, capture_output=True, timeout=600,
-                   env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
-    return time.perf_counter() - started
+    return timed(run_command(config), env)[0]
 
 
 def status_run(config: PipelineConfig, env: dict[str, str] | None = None) -> tuple[float, list[dict]]:
     """A whole ``pgcdc status --json`` process on the warehouse of ``config``: its seconds, and the mirrors it
     described."""
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pgcdc.cli", "status", "--dsn", config.dsn, "--warehouse",
-                           str(config.destination.warehouse), "--namespace", config.destination.namespace, "--json"],
-                          check=True, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
-    return time.perf_counter() - started, json.loads(done.stdout)["mirrors"]
+    seconds, output = timed([sys.executable, "-m", "pgcdc.cli", "status", "--dsn", config.dsn, "--warehouse",
+                             str(config.destination.warehouse), "--namespace", config.destination.namespace, "--json"],
+                            env)
+    return seconds, json.loads(output)["mirrors"]
 
 
 def confirmed(conn: psycopg.Connection, slot: str) -> Lsn:

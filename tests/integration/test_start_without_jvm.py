@@ -9,11 +9,10 @@ tests/objectstore/)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from cli_support import run_pgcdc
 from pgcdc.errors import PositionCorruptError
 from pgcdc.pipeline import Pipeline
 from pgcdc.spark.mirror import MirrorCatalog
@@ -89,9 +88,8 @@ def test_only_a_run_with_something_to_do_starts_a_jvm(pg, spark, tmp_path):
     assert int(mirror_a.currentSnapshot().summary()["total-position-deletes"]) > 0
     assert assert_read_alike(config, spark)
     mark = java.mark()
-    status = subprocess.run([sys.executable, "-m", "pgcdc.cli", "status", "--dsn", config.dsn,
-                             *catalog_arguments(config), "--namespace", config.destination.namespace, "--json"],
-                            capture_output=True, text=True, timeout=300, env=java.env)
+    status = run_pgcdc("status", "--dsn", config.dsn, *catalog_arguments(config), "--namespace",
+                       config.destination.namespace, "--json", env=java.env)
     assert status.returncode == 0 and java.since(mark) == [], (java.since(mark), status.stderr[-3000:])
     assert {m["source"]: m["rows"] for m in json.loads(status.stdout)["mirrors"]} == {
         "public.a": pg.execute("SELECT count(*) FROM a")[0][0], "public.b": 50}

@@ -125,6 +125,13 @@ def _full_name(name: str, namespace: str | None) -> str:
     return name if "." in name or not namespace else f"{namespace}.{name}"
 
 
+def _define(schema: dict[str, Any], namespace: str | None, named: dict[str, _Decode], decode: _Decode) -> str:
+    """Names the type ``schema`` defines (a record, enum or fixed), by full and by short name; its full name."""
+    full = _full_name(schema["name"], schema.get("namespace", namespace))
+    named[full] = named[full.rsplit(".", 1)[-1]] = decode
+    return full
+
+
 def _decoder(schema: Any, named: dict[str, _Decode], namespace: str | None, location: str) -> _Decode:
     """A function decoding one value of ``schema`` from a reader; ``named``: the named types (records, enums,
     fixed) defined so far, by full and by short name."""
@@ -149,13 +156,12 @@ def _decoder(schema: Any, named: dict[str, _Decode], namespace: str | None, loca
         raise MetadataUnreadable(f"{location}: {schema!r} is not an Avro schema")
     kind = schema.get("type")
     if kind in ("record", "error"):
-        full = _full_name(schema["name"], schema.get("namespace", namespace))
-        inner = full.rsplit(".", 1)[0] if "." in full else None
         fields: list[tuple[str, _Decode]] = []
 
         def record(reader: _Reader) -> dict[str, Any]:
             return {name: decode(reader) for name, decode in fields}
-        named[full] = named[full.rsplit(".", 1)[-1]] = record  # before the fields: a record may hold itself
+        full = _define(schema, namespace, named, record)  # before the fields: a record may hold itself
+        inner = full.rsplit(".", 1)[0] if "." in full else None
         fields.extend((field["name"], _decoder(field["type"], named, inner, location)) for field in schema["fields"])
         return record
     if kind == "enum":
@@ -166,16 +172,14 @@ def _decoder(schema: Any, named: dict[str, _Decode], namespace: str | None, loca
             if not 0 <= index < len(symbols):
                 raise MetadataUnreadable(f"{location}: enum index {index} is not one of its {len(symbols)} symbols")
             return symbols[index]
-        full = _full_name(schema["name"], schema.get("namespace", namespace))
-        named[full] = named[full.rsplit(".", 1)[-1]] = enum
+        _define(schema, namespace, named, enum)
         return enum
     if kind == "fixed":
         size = int(schema["size"])
 
         def fixed(reader: _Reader) -> bytes:
             return reader.take(size)
-        full = _full_name(schema["name"], schema.get("namespace", namespace))
-        named[full] = named[full.rsplit(".", 1)[-1]] = fixed
+        _define(schema, namespace, named, fixed)
         return fixed
     if kind == "array":
         item = _decoder(schema["items"], named, namespace, location)

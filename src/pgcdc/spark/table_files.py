@@ -26,7 +26,7 @@ from pgcdc.spark.table_metadata import Snapshot, TableMetadata
 if TYPE_CHECKING:
     from pgcdc.spark.catalog_reader import Storage
 
-DATA, POSITION_DELETES, EQUALITY_DELETES = 0, 1, 2  # a file's content (the spec's data_file.content)
+DATA, POSITION_DELETES = 0, 1  # a file's content (the spec's data_file.content; 2: equality deletes)
 ADDED, DELETED = 1, 2  # a manifest entry's status: the file came, or left, in that manifest's snapshot
 
 
@@ -91,12 +91,11 @@ def _records(location: str, storage: Storage) -> list[dict[str, Any]]:
     return read_container(data, location)[1]
 
 
-def live_rows(table: TableMetadata, storage: Storage | None) -> int | None:
+def live_rows(table: TableMetadata, storage: Storage) -> int | None:
     """The rows a reader reads in ``table``'s current snapshot: its summary's total when no delete file takes any
     away, else its data files' records less the positions its position delete files take away (read at
-    ``storage``; None: no storage given). None too when only a reader of the rows could count them: equality
-    deletes, deletion vectors, delete files in another format than Parquet, or a summary without totals and no
-    storage."""
+    ``storage``). None when only a reader of the rows could count them: equality deletes, deletion vectors,
+    delete files in another format than Parquet."""
     snapshot = table.currentSnapshot()
     if snapshot is None:
         return 0
@@ -106,8 +105,6 @@ def live_rows(table: TableMetadata, storage: Storage | None) -> int | None:
             return int(summary["total-records"])
     except (KeyError, ValueError):
         pass
-    if storage is None:
-        return None
     files = snapshot_files(snapshot, storage)
     deletes = [file for file in files if file.content != DATA]
     if any(file.content != POSITION_DELETES or file.file_format != "PARQUET" or file.content_offset is not None
@@ -124,6 +121,7 @@ def _deleted_positions(data: list[TableFile], deletes: list[TableFile], storage:
     if not deletes or not data:
         return 0
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     targets = pa.table({
@@ -147,8 +145,6 @@ def _deleted_positions(data: list[TableFile], deletes: list[TableFile], storage:
                                                                                       pa.int64()), count))
                       .append_column("delete_partition", pa.repeat(pa.scalar(repr(file.partition), pa.string()),
                                                                    count)))
-    import pyarrow.compute as pc
-
     joined = pa.concat_tables(pieces).join(targets, keys="file_path", join_type="inner")
     applies = pc.and_(pc.and_(pc.greater_equal(joined["delete_sequence"], joined["data_sequence"]),
                               pc.equal(joined["delete_partition"], joined["data_partition"])),
