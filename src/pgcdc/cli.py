@@ -548,7 +548,7 @@ def status(
     destination: Destination,
 ) -> None:
     """Slots (confirmed LSN, lag, WAL retained, wal_status) and, with --warehouse, each mirror's position."""
-    from pgcdc.status import idle_slot_warnings, mirror_status, slot_status
+    from pgcdc.status import gone_source_warnings, idle_slot_warnings, mirror_status, slot_status
 
     if destination.warehouse:
         from pgcdc.warehouse import require_existing_warehouse
@@ -557,6 +557,7 @@ def status(
     slots = slot_status(dsn, slot)
     warnings = idle_slot_warnings(slots)
     mirrors = mirror_status(destination) if destination.warehouse else []
+    warnings += gone_source_warnings(dsn, slots, mirrors) if mirrors else []
     if as_json:
         out.print_json(json.dumps({"slots": slots, "mirrors": mirrors, "warnings": warnings}, default=str))
         return

@@ -59,6 +59,28 @@ def idle_slot_warnings(slots: list[dict[str, Any]]) -> list[dict[str, str]]:
     return warnings
 
 
+def gone_source_warnings(dsn: str, slots: list[dict[str, Any]], mirrors: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Mirrors (from :func:`mirror_status`) streamed from a slot of the database ``dsn`` connects to whose table
+    that database no longer has: dropped, renamed or moved to another schema. No message in the stream tells
+    so, and the mirror stays as it was. Mirrors of other databases' slots are not judged here."""
+    with psycopg.connect(dsn, autocommit=True, application_name="pgcdc status",
+                         client_encoding=CLIENT_ENCODING) as conn:
+        database = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+        slots_here = {row["slot"] for row in slots if row["database"] == database}
+        sources = sorted({row["source"] for row in mirrors if row["slot"] in slots_here and row["lsn"] is not None})
+        if not sources:
+            return []
+        existing = {name for name, in conn.execute(
+            "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind IN ('r', 'p') AND n.nspname || '.' || c.relname = ANY(%s)", (sources,))}
+    return [{"mirror": row["mirror"],
+             "warning": f"the source table {row['source']} of mirror {row['mirror']} no longer exists in database "
+                        f"{database} (dropped, renamed or moved to another schema): the mirror keeps the rows it held "
+                        f"at {row['lsn']} and is no longer written",
+             "fix": "drop the mirror if it is not wanted; a table published under that name again is copied again"}
+            for row in mirrors if row["source"] in set(sources) - existing and row["slot"] in slots_here]
+
+
 def _size(size: int) -> str:
     value = float(max(size, 0))
     for unit in ("bytes", "kB", "MB", "GB"):

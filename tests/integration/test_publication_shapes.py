@@ -4,12 +4,15 @@ and the generated columns it publishes. A real server, the session's Spark, ever
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
 
+from cli_support import run_pgcdc
 from pgcdc.pipeline import Pipeline
-from pipeline_support import assert_mirrors_equal, pipeline_config
+from pgcdc.spark.mirror_status import namespace_positions
+from pipeline_support import assert_mirrors_equal, catalog_arguments, pipeline_config
 
 pytestmark = pytest.mark.slow
 
@@ -208,7 +211,9 @@ def test_a_changed_column_list_or_row_filter_copies_the_table_again(pg, spark, c
 
 
 def test_a_table_taken_out_of_the_publication_and_put_back_is_copied_again(pg, spark, caplog):
-    """Its changes while out were never sent: put back, it is copied again (as a table added later is)."""
+    """Its changes while out were never sent: the run says its mirror is no longer written, once; put back, it is
+    copied again (as a table added later is). A table dropped, or renamed (copied under its new name), leaves
+    its mirror as it was, said alike."""
     pg.server.require(15, "publication membership read with column lists")
     pg.execute("""
         CREATE TABLE t (id int PRIMARY KEY, v text);
@@ -223,14 +228,51 @@ def test_a_table_taken_out_of_the_publication_and_put_back_is_copied_again(pg, s
     pg.execute("ALTER PUBLICATION pub DROP TABLE t")
     pg.execute("UPDATE t SET v = 'while out' WHERE id = 1; DELETE FROM t WHERE id = 2; INSERT INTO t VALUES (6, 'x')")
     pg.execute("INSERT INTO u VALUES (2)")
-    pipeline.run(until_caught_up=True, handle_signals=False)
+    t_position = namespace_positions(pipeline.mirrors)[("public", "t")]
+
+    def unpublished() -> list[str]:
+        return [r.getMessage() for r in caplog.records if " is no longer in publication " in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="pgcdc"):
+        pipeline.run(until_caught_up=True, handle_signals=False)
+        pipeline.run(until_caught_up=True, handle_signals=False)  # said once by a pipeline
+    t_mirror = pipeline.mirrors.identifier_for("public", "t")
+    assert unpublished() == [
+        f"public.t is no longer in publication pub (dropped, renamed, moved to another schema or taken out of it): "
+        f"its mirror {t_mirror} keeps the rows it held at {t_position} and is no longer written. Drop the mirror if "
+        "it is not wanted; if the table is published under that name again, it is copied again"], caplog.text
     pg.execute("ALTER PUBLICATION pub ADD TABLE t")
     pg.execute("UPDATE t SET v = 'back' WHERE id = 3; INSERT INTO u VALUES (3)")
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="pgcdc"):
         Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
     assert_mirrors_equal(config, spark, pg.dsn, {"public.t", "public.u"})
     copied = [r.getMessage() for r in caplog.records if r.getMessage().startswith("copying ")]
     assert len(copied) == 1 and copied[0].startswith("copying public.t again"), copied
+    assert unpublished() == []
+
+    # renamed: copied under its new name; dropped: nothing to copy; each old mirror stays as it was, said so
+    u_position = namespace_positions(pipeline.mirrors)[("public", "u")]
+    t_rows = pg.execute("SELECT count(*) FROM t")[0][0]
+    pg.execute("ALTER TABLE t RENAME TO t_renamed; INSERT INTO t_renamed VALUES (7, 'renamed'); DROP TABLE u")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pgcdc"):
+        Pipeline(config, spark=spark).run(until_caught_up=True, handle_signals=False)
+    assert_mirrors_equal(config, spark, pg.dsn, {"public.t_renamed"})
+    told = unpublished()
+    assert sorted(m.split(" is no longer")[0] for m in told) == ["public.t", "public.u"], told
+    assert any(m.startswith("public.u ") and f"keeps the rows it held at {u_position} " in m for m in told), told
+    assert spark.table(t_mirror).count() == t_rows
+    # pgcdc status names both mirrors, whose tables the database no longer has (t_renamed's has its table)
+    status = run_pgcdc("status", "--dsn", config.dsn, *catalog_arguments(config), "--namespace",
+                       config.destination.namespace, "--json", timeout=600)
+    assert status.returncode == 0, status.stderr[-3000:]
+    gone = {w["mirror"]: w["warning"] for w in json.loads(status.stdout)["warnings"] if "mirror" in w}
+    u_mirror = pipeline.mirrors.identifier_for("public", "u")
+    assert set(gone) == {t_mirror, u_mirror}, gone
+    assert gone[u_mirror] == (f"the source table public.u of mirror {u_mirror} no longer exists in database "
+                              f"{pg.name} (dropped, renamed or moved to another schema): the mirror keeps the "
+                              f"rows it held at {u_position} and is no longer written"), gone
 
 
 def test_partitions_attached_detached_or_dropped_copy_the_table_and_new_empty_ones_do_not(pg, spark, caplog):

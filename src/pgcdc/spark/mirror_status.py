@@ -112,5 +112,12 @@ def consistent_point(described: list[dict[str, Any]]) -> str | None:
 
 def mirrors_streaming_from(mirrors: MirrorReads, slot: str) -> list[tuple[str, Lsn | None]]:
     """(identifier, position) of every mirror that records ``slot`` as the slot it streams from."""
-    return [(identifier, mirrors.positions.read(identifier)) for _, _, identifier in mirrors.source_tables()
+    return [(identifier, position) for _, identifier, position in slot_mirrors(mirrors, slot)]
+
+
+def slot_mirrors(mirrors: MirrorReads, slot: str) -> list[tuple[tuple[str, str], str, Lsn | None]]:
+    """((source schema, source table), identifier, position) of every mirror that records ``slot`` as the slot it
+    streams from."""
+    return [((source_schema, source_table), identifier, mirrors.positions.read(identifier))
+            for source_schema, source_table, identifier in mirrors.source_tables()
             if mirrors.properties.read(identifier).get(SLOT_PROPERTY) == slot]
