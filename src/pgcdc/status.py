@@ -70,7 +70,7 @@ def gone_source_warnings(dsn: str, slots: list[dict[str, Any]], mirrors: list[di
         sources = sorted({row["source"] for row in mirrors if row["slot"] in slots_here and row["lsn"] is not None})
         if not sources:
             return []
-        existing = {name for name, in conn.execute(
+        gone = set(sources) - {name for name, in conn.execute(
             "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.relkind IN ('r', 'p') AND n.nspname || '.' || c.relname = ANY(%s)", (sources,))}
     return [{"mirror": row["mirror"],
@@ -78,7 +78,7 @@ def gone_source_warnings(dsn: str, slots: list[dict[str, Any]], mirrors: list[di
                         f"{database} (dropped, renamed or moved to another schema): the mirror keeps the rows it held "
                         f"at {row['lsn']} and is no longer written",
              "fix": "drop the mirror if it is not wanted; a table published under that name again is copied again"}
-            for row in mirrors if row["source"] in set(sources) - existing and row["slot"] in slots_here]
+            for row in mirrors if row["source"] in gone and row["slot"] in slots_here]
 
 
 def _size(size: int) -> str:
