@@ -1,0 +1,126 @@
+"""Many tables: a publication of many small tables, mirrored by ``pgcdc run --until-caught-up`` as a user runs it
+(a new process each time, its JVM start included: a restart, or a scheduled job).
+
+1. The initial copy of every table (the first run, which copies and then catches up): its wall time, per table.
+2. Rounds: a workload of transactions that each touch every table (inserts, updates, deletes), drained by
+   pg_recvlogical from a twin slot (the peer: the server decoding and sending the same changes, nothing applied),
+   then caught up by a new ``pgcdc run --until-caught-up``. For each: wall time, and from pgcdc's log the
+   seconds its batches took to apply (the rest: the process's start, the JVM's, reading each mirror before its
+   first batch, decoding). The first round is reported apart (the warehouse's first restart); the median and
+   the spread of the others.
+
+A JSON line of the figures ends the output. ``--quick``: fewer tables and rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import psycopg
+from capture import recvlogical_drain  # the capture bench's peer (publication "pub")
+from catchup import config_for, run_command, spread
+
+from pgcdc.embedded import EmbeddedPostgres
+from pgcdc.lsn import Lsn
+
+APPLIED = re.compile(r"applied (\d+) changes of \d+ transactions up to \S+ in ([\d.]+)s")
+
+
+def create_tables(conn: psycopg.Connection, tables: int, rows: int) -> None:
+    for i in range(tables):
+        conn.execute(f"CREATE TABLE t{i} (id int PRIMARY KEY, v text, n numeric(12,2), ts timestamptz, j jsonb)")
+        conn.execute(f"INSERT INTO t{i} SELECT g, 'v' || g, g * 1.5, now(), jsonb_build_object('a', g) "
+                     f"FROM generate_series(1, {rows}) g")
+    conn.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+
+
+def workload(conn: psycopg.Connection, tables: int, transactions: int, round_: int) -> None:
+    """``transactions`` transactions, each inserting 50 rows into every table, updating a fifth of its rows and
+    deleting an eleventh of them."""
+    for k in range(transactions):
+        step = round_ * transactions + k
+        with conn.transaction():
+            for i in range(tables):
+                first = 100_000 + step * 100
+                conn.execute(f"INSERT INTO t{i} SELECT g, 'w' || g, g, now(), '{{}}' "
+                             f"FROM generate_series({first}, {first + 49}) g")
+                conn.execute(f"UPDATE t{i} SET v = v || 'u', j = j || '{{\"b\": 1}}' WHERE id % 5 = {step % 5}")
+                conn.execute(f"DELETE FROM t{i} WHERE id % 11 = {step % 11}")
+
+
+def pgcdc_run(command: list[str]) -> tuple[float, int, list[float]]:
+    """A whole ``pgcdc run --until-caught-up`` process: its seconds, the changes it applied, and each batch's
+    apply seconds (from its log)."""
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600,
+                          env={**os.environ, "PGCDC_LOG_LEVEL": "INFO"})
+    seconds = time.perf_counter() - started
+    if done.returncode:
+        sys.exit(f"pgcdc run failed:\n{done.stderr[-3000:]}")
+    batches = [(int(changes), float(took)) for changes, took in APPLIED.findall(done.stderr)]
+    return seconds, sum(changes for changes, _ in batches), [took for _, took in batches]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="30 tables, 3 rounds")
+    parser.add_argument("--tables", type=int, default=None, help="tables in the publication (default 100)")
+    parser.add_argument("--rows", type=int, default=500, help="rows per table before the copy")
+    parser.add_argument("--rounds", type=int, default=None, help="workload rounds (default 4)")
+    parser.add_argument("--transactions", type=int, default=3, help="transactions per round, each touching "
+                                                                     "every table")
+    args = parser.parse_args()
+    tables = args.tables or (30 if args.quick else 100)
+    rounds = args.rounds or (3 if args.quick else 4)
+    figures: dict[str, object] = {"tables": tables, "rows_per_table": args.rows}
+    with EmbeddedPostgres() as server, tempfile.TemporaryDirectory(prefix="pgcdc-many-") as warehouse, \
+            psycopg.connect(server.dsn, autocommit=True) as conn:
+        create_tables(conn, tables, args.rows)
+        config = config_for(server, warehouse, "many", "delta", "position")
+        command = run_command(config)
+        copy_seconds, _, _ = pgcdc_run(command)
+        print(f"initial copy of {tables} tables of {args.rows} rows: {copy_seconds:.1f} s "
+              f"({copy_seconds / tables:.2f} s per table)", flush=True)
+        figures.update(copy_s=round(copy_seconds, 2), copy_s_per_table=round(copy_seconds / tables, 3))
+        walls, applies, peers, rates, peer_rates = [], [], [], [], []
+        for round_ in range(rounds):
+            peer = f"peer_{round_}"
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (peer,))
+            workload(conn, tables, args.transactions, round_)
+            end = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
+            peer_seconds = recvlogical_drain(server, peer, end)
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (peer,))
+            wall, changes, batches = pgcdc_run(command)
+            apply = sum(batches)
+            print(f"round {round_ + 1}: {changes:,} changes into {tables} mirrors: pgcdc {wall:.1f} s (its "
+                  f"{len(batches)} batches applying {apply:.1f} s, {apply / max(1, len(batches)) / tables:.3f} s per "
+                  f"table per batch), pg_recvlogical {peer_seconds:.1f} s", flush=True)
+            walls.append(wall)
+            applies.append(apply / max(1, len(batches)) / tables)
+            peers.append(peer_seconds)
+            rates.append(changes / wall)
+            peer_rates.append(changes / peer_seconds)
+    print("first round (the warehouse's first restart) apart; the others:")
+    for label, values in [("pgcdc run --until-caught-up, whole process", walls[1:]),
+                          ("pg_recvlogical draining the same changes", peers[1:])]:
+        print(spread(label, values))
+    figures.update(
+        first_round_s=round(walls[0], 2), first_round_changes_per_s=round(rates[0]),
+        round_s=round(statistics.median(walls[1:]), 2), round_s_min=round(min(walls[1:]), 2),
+        round_s_max=round(max(walls[1:]), 2), changes_per_s=round(statistics.median(rates[1:])),
+        apply_s_per_table_batch=round(statistics.median(applies[1:]), 3),
+        pg_recvlogical_changes_per_s=round(statistics.median(peer_rates[1:])),
+        ratio_vs_pg_recvlogical=round(statistics.median(rates[1:]) / statistics.median(peer_rates[1:]), 3))
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
