@@ -23,7 +23,7 @@ from pgcdc.pipeline.spark_on_demand import SparkOnDemand
 from pgcdc.pipeline.tables import SourceTables
 from pgcdc.replication import SlotManager, source_connection
 from pgcdc.replication.published import PublishedTable, published_tables, server_lsn, two_phase_by_default
-from pgcdc.spark.mirror_status import namespace_positions, slot_mirrors
+from pgcdc.spark.mirror_status import namespace_positions, slot_mirrors_of
 from pgcdc.types import SESSION_SETTINGS
 
 log = logging.getLogger("pgcdc.pipeline")
@@ -80,22 +80,24 @@ class Snapshotter:
                 published = {(t.schema, t.name) for t in published_tables(conn, self.config.publication)}
                 refuse_positions_ahead({name: lsn for name, lsn in positions.items() if name in published},
                                        server_lsn(conn))
-            if set(positions) - published:
-                self._tell_unpublished(published)
+            unpublished = {name: lsn for name, lsn in positions.items() if name not in published}
+            if unpublished:
+                self._tell_unpublished(unpublished)
 
-    def _tell_unpublished(self, published: set[tuple[str, str]]) -> None:
-        """Warn of each mirror of this slot whose table is no longer published: no change of it comes any more, so
-        the mirror stays as it was, which nothing else would tell (a table dropped, renamed or moved to another
-        schema gets no message in the stream; a renamed or moved one is copied under its new name)."""
+    def _tell_unpublished(self, unpublished: dict[tuple[str, str], Lsn]) -> None:
+        """Warn of each mirror of this slot among ``unpublished`` (source table: the position its mirror holds): no
+        change of it comes any more, so the mirror stays as it was, which nothing else would tell (a table dropped,
+        renamed or moved to another schema gets no message in the stream; a renamed or moved one is copied under
+        its new name)."""
         slot = self.config.slot
-        for (schema, table), identifier, position in self.tables.read_mirrors(lambda m: slot_mirrors(m, slot)):
-            if (schema, table) in published or position is None or identifier in self._told_unpublished:
+        for schema, table, identifier in self.tables.read_mirrors(lambda m: slot_mirrors_of(m, slot, unpublished)):
+            if identifier in self._told_unpublished:
                 continue
             self._told_unpublished.add(identifier)
             log.warning("%s.%s is no longer in publication %s (dropped, renamed, moved to another schema or taken "
                         "out of it): its mirror %s keeps the rows it held at %s and is no longer written. Drop the "
                         "mirror if it is not wanted; if the table is published under that name again, it is copied "
-                        "again", schema, table, self.config.publication, identifier, position)
+                        "again", schema, table, self.config.publication, identifier, unpublished[(schema, table)])
 
     def copy_missing(self, tables: list[PublishedTable]) -> dict[str, int]:
         """Copy published tables that have no mirror position yet at a fresh consistent point of a temporary

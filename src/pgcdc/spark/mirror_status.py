@@ -3,7 +3,7 @@ slot, rows and snapshots, through Spark or from the metadata without a JVM. Read
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
 from pgcdc.errors import MetadataUnreadable
@@ -112,12 +112,14 @@ def consistent_point(described: list[dict[str, Any]]) -> str | None:
 
 def mirrors_streaming_from(mirrors: MirrorReads, slot: str) -> list[tuple[str, Lsn | None]]:
     """(identifier, position) of every mirror that records ``slot`` as the slot it streams from."""
-    return [(identifier, position) for _, identifier, position in slot_mirrors(mirrors, slot)]
-
-
-def slot_mirrors(mirrors: MirrorReads, slot: str) -> list[tuple[tuple[str, str], str, Lsn | None]]:
-    """((source schema, source table), identifier, position) of every mirror that records ``slot`` as the slot it
-    streams from."""
-    return [((source_schema, source_table), identifier, mirrors.positions.read(identifier))
-            for source_schema, source_table, identifier in mirrors.source_tables()
+    return [(identifier, mirrors.positions.read(identifier)) for _, _, identifier in mirrors.source_tables()
             if mirrors.properties.read(identifier).get(SLOT_PROPERTY) == slot]
+
+
+def slot_mirrors_of(mirrors: MirrorReads, slot: str, sources: Collection[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(source schema, source table, identifier) of the mirrors of ``sources`` that record ``slot`` as the slot
+    they stream from (the properties of the others are not read)."""
+    return [(source_schema, source_table, identifier)
+            for source_schema, source_table, identifier in mirrors.source_tables()
+            if (source_schema, source_table) in sources
+            and mirrors.properties.read(identifier).get(SLOT_PROPERTY) == slot]
