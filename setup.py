@@ -9,5 +9,5 @@ from setuptools import Extension, setup
 setup(ext_modules=[
     Extension("pgcdc.pgoutput._tuple", sources=["src/pgcdc/pgoutput/_tuple.c"], optional=True),
     Extension("pgcdc.types._columns", sources=["src/pgcdc/types/_columns.c"], optional=True),
-    Extension("pgcdc.spark._keyhash", sources=["src/pgcdc/spark/_keyhash.c"], optional=True),
+    Extension("pgcdc.index._keyhash", sources=["src/pgcdc/index/_keyhash.c"], optional=True),
 ])

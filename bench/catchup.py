@@ -44,9 +44,9 @@ from capture import FILL, TABLE, recvlogical_drain  # the capture bench's table,
 
 from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.lsn import Lsn
+from pgcdc.mirrors.metadata import MirrorMetadata
 from pgcdc.pipeline import Pipeline, PipelineConfig
 from pgcdc.spark.destination import Destination
-from pgcdc.spark.mirror_metadata import MirrorMetadata
 from pgcdc.spark.session import spark_session
 
 # (name, apply writer, deletes): the default, the row-delta writer deleting by equality, and MERGE

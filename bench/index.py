@@ -34,8 +34,8 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pgcdc.spark import key_codes
-from pgcdc.spark.key_index import KeyIndex, Located
+from pgcdc.index import key_codes
+from pgcdc.index.key_index import KeyIndex, Located
 
 ROWS_PER_FILE = 500_000
 BATCH = 50_000

@@ -38,13 +38,13 @@ import pyarrow as pa
 
 from pgcdc.change_table import C, change_schema
 from pgcdc.lsn import Lsn
+from pgcdc.mirrors.catalog import TableSpec
+from pgcdc.mirrors.maintenance import MaintenancePolicy, table_health
 from pgcdc.pipeline import PipelineConfig, Progress
 from pgcdc.pipeline.applier import Applier
 from pgcdc.pipeline.tables import SourceTables
 from pgcdc.spark.destination import Destination
-from pgcdc.spark.iceberg import load_table
-from pgcdc.spark.maintenance import MaintenancePolicy, table_health
-from pgcdc.spark.mirror import TableSpec
+from pgcdc.spark.iceberg_java import load_table
 from pgcdc.spark.schema import spark_schema
 from pgcdc.spark.session import spark_session
 

@@ -50,13 +50,14 @@ import psycopg
 import pyarrow as pa
 from catchup import cpu_per_change, cpu_seconds  # CPU of this bench's process tree, by program
 
+from pgcdc.apply.batch import DELETES, WRITERS
 from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.lsn import Lsn
+from pgcdc.mirrors.maintenance import MaintenancePolicy
 from pgcdc.pipeline import Pipeline, PipelineConfig
-from pgcdc.spark.apply import DELETES, WRITERS
 from pgcdc.spark.destination import Destination
-from pgcdc.spark.maintenance import MaintenancePolicy
-from pgcdc.spark.session import iceberg_runtime_jar, spark_session
+from pgcdc.spark.session import spark_session
+from pgcdc.spark.settings import iceberg_runtime_jar
 
 TABLE = """
 CREATE TABLE big (id bigint PRIMARY KEY, a int, b text, c numeric(12, 2), d timestamptz, e bool, f float8,
@@ -223,7 +224,7 @@ class Phase:
     written_per_s: float  # what the writer committed while it ran
     batches: int
     beside: dict[str, float]  # what ran beside the apply meanwhile (BESIDE), GC, the machine's load
-    steps: dict[str, float]  # the apply thread's seconds per step of the applies (pgcdc.spark.steps)
+    steps: dict[str, float]  # the apply thread's seconds per step of the applies (pgcdc.apply.steps)
     cpu: dict[str, float]  # µs per applied row, by program of this bench
     first_applied_s: float  # from the writer's first commit to the first applied batch
     seconds: float  # from the writer's start to the mirror holding its last commit
@@ -495,7 +496,7 @@ class RoundTrips:
 def apply_as_pipeline(spark, mirrors, mirror, writer: str, lsn: int, changes: pa.Table) -> dict[str, float]:
     """``changes`` applied to ``mirror`` and its position recorded, as the pipeline's apply thread does
     (pgcdc.pipeline.applier.SparkMirrors); returns the seconds of each step."""
-    from pgcdc.spark.apply import apply_changes
+    from pgcdc.apply.batch import apply_changes
 
     with mirrors.positions.recording(mirror.identifier, before=mirror.position, upto=Lsn(lsn),
                                      held=lambda: mirror.position, whole=False, deferred=True) as recording:
@@ -513,7 +514,7 @@ def commit_cost(spark, store: dict, applies: int, figures: dict[str, object]) ->
     100,000 rows, by each writer (the MERGE writer is the peer), after a few applies that warm the JVM up."""
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-    from pgcdc.spark.mirror import MirrorCatalog, TableSpec
+    from pgcdc.mirrors.catalog import MirrorCatalog, TableSpec
 
     trips = RoundTrips()
     threads = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getThreadMXBean()

@@ -332,8 +332,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 def commit_steps_chosen(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Where each of the test's Iceberg commits ran its steps, in order: True in the calling thread, False on
-    Iceberg's worker pool (pgcdc.spark.iceberg.steps_where_cheapest)."""
-    from pgcdc.spark import iceberg
+    Iceberg's worker pool (pgcdc.spark.iceberg_java.steps_where_cheapest)."""
+    from pgcdc.spark import iceberg_java as iceberg
 
     chosen: list[bool] = []
     decide = iceberg.steps_in_calling_thread

@@ -61,7 +61,8 @@ def suite_archive() -> Path:
     """The archive the suite's JVMs map: this Java's, this Spark's and pgcdc's jars'."""
     import pyspark
 
-    from pgcdc.spark.session import LOCAL_FILE_SYSTEM_JAR, ensure_java, iceberg_runtime_jar
+    from pgcdc.spark.session import ensure_java
+    from pgcdc.spark.settings import LOCAL_FILE_SYSTEM_JAR, iceberg_runtime_jar
 
     java = os.path.realpath(ensure_java())
     jars = [str(LOCAL_FILE_SYSTEM_JAR), str(iceberg_runtime_jar())]

@@ -80,7 +80,8 @@ def compiled_rest_server(javac: str, classpath: str) -> Path:
 def rest_catalog(server, s3: S3Server, bucket: str) -> Iterator[CatalogSetup]:
     """A REST catalog (``RestCatalogServer.java``) over a JDBC catalog in a database of the server under test,
     its tables in ``s3a://bucket/rest``; every request must carry the catalog's token."""
-    from pgcdc.spark.session import ensure_java, iceberg_runtime_jar
+    from pgcdc.spark.session import ensure_java
+    from pgcdc.spark.settings import iceberg_runtime_jar
 
     javac = shutil.which("javac")
     if javac is None:

@@ -17,9 +17,9 @@ import psycopg
 from cli_support import Command, start_pgcdc
 from pgcdc.demo import SCHEMA, seed_rows
 from pgcdc.lsn import Lsn
+from pgcdc.mirrors.status import namespace_positions
 from pgcdc.pipeline import Pipeline, PipelineConfig
 from pgcdc.spark.destination import Destination
-from pgcdc.spark.mirror_status import namespace_positions
 from pgcdc.verify import compare_publication
 
 # small enough that the workload's larger transactions are streamed (protocol 2+) while in progress
@@ -358,7 +358,7 @@ def crash_loop(pg, spark, rounds: list[str | None], seed: int, *, aim_timeout: f
     figures = assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
     if config.destination.catalog_type is None:  # the session's local Hadoop-catalog warehouse
         # a reader that is not pgcdc reads every mirror as Spark does (on S3: tests/objectstore, via the catalog)
-        from pgcdc.spark.mirror import MirrorCatalog
+        from pgcdc.mirrors.catalog import MirrorCatalog
         from pyiceberg_reader import assert_reads_alike, hadoop_table
 
         mirrors = MirrorCatalog(spark, config.destination)

@@ -14,16 +14,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pgcdc.pipeline import PipelineConfig
-from pgcdc.spark.consistent import tag_state
-from pgcdc.spark.mirror import MirrorCatalog
-from pgcdc.spark.mirror_metadata import MirrorMetadata
-from pgcdc.spark.mirror_status import (
+from pgcdc.mirrors.catalog import MirrorCatalog
+from pgcdc.mirrors.consistent import tag_state
+from pgcdc.mirrors.metadata import MirrorMetadata
+from pgcdc.mirrors.status import (
     describe_mirrors,
     describe_mirrors_from_metadata,
     mirrors_streaming_from,
     namespace_positions,
 )
+from pgcdc.pipeline import PipelineConfig
 from pipeline_support import catalog_arguments
 
 

@@ -16,13 +16,8 @@ from cli_support import run_pgcdc
 from pgcdc import ConfigError
 from pgcdc.secrets import holds_secret, is_secret_setting, redact, register_conf_secrets
 from pgcdc.spark.destination import Destination
-from pgcdc.spark.session import (
-    _private_properties,
-    catalog_settings,
-    iceberg_runtime_jar,
-    jars_on_the_class_path,
-    spark_settings,
-)
+from pgcdc.spark.session import _private_properties, jars_on_the_class_path
+from pgcdc.spark.settings import catalog_settings, iceberg_runtime_jar, spark_settings
 
 PREFIX = "spark.sql.catalog.pgcdc"
 
@@ -116,7 +111,7 @@ def test_a_local_jvms_jars_go_on_its_class_path_all_of_them_or_none(tmp_path, mo
 
 
 def test_jvm_options_come_from_the_environment_and_short_lived_commands(monkeypatch):
-    from pgcdc.spark.session import SHORT_LIVED_JVM
+    from pgcdc.spark.settings import SHORT_LIVED_JVM
 
     monkeypatch.delenv("PGCDC_JAVA_OPTIONS", raising=False)
     plain = spark_settings("/w")

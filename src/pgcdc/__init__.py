@@ -32,11 +32,11 @@ def __getattr__(name: str):
 
         return Destination
     if name == "consistent_tables":
-        from pgcdc.spark.consistent import consistent_tables
+        from pgcdc.mirrors.consistent import consistent_tables
 
         return consistent_tables
     if name == "spark_settings":
-        from pgcdc.spark.session import spark_settings
+        from pgcdc.spark.settings import spark_settings
 
         return spark_settings
     raise AttributeError(f"module 'pgcdc' has no attribute {name!r}")

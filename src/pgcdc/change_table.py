@@ -70,7 +70,7 @@ def build_change_table(changes: Iterable[Pending], converter: TableConverter, ke
                        ) -> pa.Table:
     """Turn one table's changes — single :class:`~pgcdc.transactions.Change` objects or runs of them
     (:class:`~pgcdc.transactions.ChangeRun`), each with its transaction — into the change table
-    :func:`pgcdc.spark.apply.apply_changes` takes. Runs are gathered column by column from the bytes the server sent,
+    :func:`pgcdc.apply.batch.apply_changes` takes. Runs are gathered column by column from the bytes the server sent,
     with no Python object per value."""
     relation = converter.relation
     width = len(relation.columns)

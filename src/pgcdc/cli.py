@@ -37,11 +37,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from pgcdc.errors import ConfigError, PgcdcError
+from pgcdc.mirrors.maintenance import MaintenancePolicy
 from pgcdc.observability import configure_logging, redact, redact_dsn
 from pgcdc.pipeline.config import PipelineConfig
 from pgcdc.secrets import holds_secret, parse_dsn, register_conf_secrets
-from pgcdc.spark.destination import DEFAULT_CATALOG, DEFAULT_NAMESPACE, DEFAULT_WAREHOUSE, Destination
-from pgcdc.spark.maintenance import MaintenancePolicy
+from pgcdc.spark.destination import Destination
+from pgcdc.spark.settings import DEFAULT_CATALOG, DEFAULT_NAMESPACE, DEFAULT_WAREHOUSE
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -491,8 +492,8 @@ def maintain(
 ) -> None:
     """Maintain the mirrors now: compact data and delete files, rewrite manifests, expire snapshots, remove orphan
     files. Safe beside a running pipeline: positions are kept, and a commit conflict is retried by the pipeline."""
-    from pgcdc.spark.maintenance import maintain_table
-    from pgcdc.spark.mirror import MirrorCatalog
+    from pgcdc.mirrors.catalog import MirrorCatalog
+    from pgcdc.mirrors.maintenance import maintain_table
     from pgcdc.spark.session import spark_session
     from pgcdc.warehouse import require_existing_warehouse
 
@@ -578,7 +579,7 @@ def status(
             mirror_table.add_row(row["mirror"], row["source"], str(row["slot"]), str(row["lsn"]), str(row["rows"]),
                                  str(row["snapshots"]), str(row["rejected"]))
         out.print(mirror_table)
-        from pgcdc.spark.mirror_status import consistent_point
+        from pgcdc.mirrors.status import consistent_point
 
         point = consistent_point(mirrors)
         if point is not None:

@@ -37,7 +37,7 @@ POINTS = (
     "apply.between-mirrors",  # one mirror of a batch committed, the next not yet
     "apply.before-confirm",   # every mirror of a batch committed, the slot not yet told
     "assembler.prepared",     # a prepared transaction is held, its COMMIT PREPARED not yet seen
-    # table maintenance (pgcdc.spark.maintenance): each step about to run, and every step done
+    # table maintenance (pgcdc.mirrors.maintenance): each step about to run, and every step done
     "maintain.compact-data",
     "maintain.compact-deletes",
     "maintain.rewrite-manifests",

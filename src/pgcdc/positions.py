@@ -33,7 +33,7 @@ position on, and one it does not run leaves the older summaries in the lineage u
 property answers. Nothing here reads rows: the position is metadata only.
 
 The Spark side (reading the lineage through Iceberg's Java API, writing the property) is
-:mod:`pgcdc.spark.mirror_positions`; what the slot may confirm is :mod:`pgcdc.checkpoint`'s.
+:mod:`pgcdc.mirrors.positions`; what the slot may confirm is :mod:`pgcdc.checkpoint`'s.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def record_to_write(current: str | None, position: Lsn, *, pending: Lsn | None =
 
 
 class PositionStore(Protocol):
-    """Where :class:`PositionRecording` writes the property (:class:`pgcdc.spark.mirror_positions.MirrorPositions`)."""
+    """Where :class:`PositionRecording` writes the property (:class:`pgcdc.mirrors.positions.MirrorPositions`)."""
 
     def exists(self, identifier: str) -> bool: ...
 

@@ -94,9 +94,9 @@ def mirrors_streaming_from(slot: str, destination: Destination) -> list[tuple[st
     """(mirror, position) of each mirror of ``destination`` that streams from ``slot`` (its ``pgcdc.slot``): read
     from the mirrors' metadata by this process where it can (as ``pgcdc run`` starts), else through Spark."""
     from pgcdc.errors import MetadataUnreadable
-    from pgcdc.spark.mirror import MirrorCatalog
-    from pgcdc.spark.mirror_metadata import MirrorMetadata
-    from pgcdc.spark.mirror_status import mirrors_streaming_from as streaming_from
+    from pgcdc.mirrors.catalog import MirrorCatalog
+    from pgcdc.mirrors.metadata import MirrorMetadata
+    from pgcdc.mirrors.status import mirrors_streaming_from as streaming_from
     from pgcdc.spark.session import spark_session
 
     try:
@@ -109,12 +109,12 @@ def mirrors_streaming_from(slot: str, destination: Destination) -> list[tuple[st
 
 def mirror_status(destination: Destination) -> list[dict[str, Any]]:
     """Each mirror of ``destination``: its source table, ``pgcdc.lsn`` and row count. Read by this process from the
-    mirrors' metadata, manifests and position delete files (:mod:`pgcdc.spark.table_files`), else — a mirror with
+    mirrors' metadata, manifests and position delete files (:mod:`pgcdc.iceberg.table_files`), else — a mirror with
     equality deletes, a catalog or storage this process does not read — through Spark, which reads the rows."""
     from pgcdc.errors import MetadataUnreadable
-    from pgcdc.spark.mirror import MirrorCatalog
-    from pgcdc.spark.mirror_metadata import MirrorMetadata
-    from pgcdc.spark.mirror_status import describe_mirrors, describe_mirrors_from_metadata
+    from pgcdc.mirrors.catalog import MirrorCatalog
+    from pgcdc.mirrors.metadata import MirrorMetadata
+    from pgcdc.mirrors.status import describe_mirrors, describe_mirrors_from_metadata
     from pgcdc.spark.session import spark_session
 
     try:

@@ -20,10 +20,10 @@ import pyarrow.csv as pa_csv
 from psycopg import sql
 
 from pgcdc.errors import ConversionError
+from pgcdc.mirrors.catalog import quote
 from pgcdc.replication.options import with_session_settings
 from pgcdc.replication.published import published_tables
 from pgcdc.spark.arrow import plain_rows
-from pgcdc.spark.mirror import quote
 
 if TYPE_CHECKING:
     from pgcdc.pipeline import Pipeline

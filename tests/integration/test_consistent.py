@@ -16,7 +16,7 @@ import time
 import psycopg
 import pytest
 
-from pgcdc.spark.consistent import CONSISTENT_PROPERTY, CONSISTENT_TAG, consistent_tables
+from pgcdc.mirrors.consistent import CONSISTENT_PROPERTY, CONSISTENT_TAG, consistent_tables
 from pipeline_support import pipeline_config, run_cli, wait_for
 from pyiceberg_reader import hadoop_table
 
@@ -134,7 +134,7 @@ def test_the_consistent_tag_never_shows_half_a_transaction_where_the_newest_snap
 
 
 def _tagged(spark, identifiers: list[str]) -> bool:
-    from pgcdc.spark.iceberg import load_table
+    from pgcdc.spark.iceberg_java import load_table
 
     return all(load_table(spark, identifier).refs().containsKey(CONSISTENT_TAG) for identifier in identifiers)
 
@@ -149,9 +149,9 @@ def test_expiry_keeps_the_tagged_snapshot_readable_and_exact(pg, spark):
     """The tag stays on an old snapshot while later batches land and every expiry runs — pgcdc's maintenance and
     Iceberg's expire_snapshots keeping one snapshot — and the tagged snapshot still reads, through Spark and
     PyIceberg, exactly the rows the source held at the LSN the tag records."""
-    from pgcdc.spark.consistent import tag_state
-    from pgcdc.spark.iceberg import load_table
-    from pgcdc.spark.maintenance import MaintenancePolicy, maintain_table, table_health
+    from pgcdc.mirrors.consistent import tag_state
+    from pgcdc.mirrors.maintenance import MaintenancePolicy, maintain_table, table_health
+    from pgcdc.spark.iceberg_java import load_table
     from pipeline_support import catch_up_in_process, expire_all_but_the_newest
 
     pg.execute(SCHEMA)
@@ -195,7 +195,7 @@ def test_expiry_keeps_the_tagged_snapshot_readable_and_exact(pg, spark):
         assert sorted(read) == at_tag[name]
     point = consistent_tables(spark, config.destination.namespace)
     assert point.lsn == tagged[mirrors[0]].lsn
-    from pgcdc.spark.mirror_status import consistent_point, describe_mirrors
+    from pgcdc.mirrors.status import consistent_point, describe_mirrors
 
     shown = consistent_point(describe_mirrors(pipeline.mirrors))  # pgcdc status's line
     assert shown is not None and f"{point.lsn} on 2 of 2 mirrors" in shown, shown

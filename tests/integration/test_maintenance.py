@@ -13,18 +13,18 @@ import pytest
 
 from pgcdc.errors import PositionCorruptError
 from pgcdc.lsn import Lsn
-from pgcdc.pipeline import Pipeline
-from pgcdc.positions import RECORD_PROPERTY
-from pgcdc.spark.destination import Destination
-from pgcdc.spark.iceberg import load_table
-from pgcdc.spark.maintenance import (
+from pgcdc.mirrors.catalog import MirrorCatalog
+from pgcdc.mirrors.maintenance import (
     MaintainedTable,
     Maintainer,
     MaintenancePolicy,
     maintain_table,
     table_health,
 )
-from pgcdc.spark.mirror import MirrorCatalog
+from pgcdc.pipeline import Pipeline
+from pgcdc.positions import RECORD_PROPERTY
+from pgcdc.spark.destination import Destination
+from pgcdc.spark.iceberg_java import load_table
 from pipeline_support import (
     SHOP_TABLES,
     Workload,
@@ -81,7 +81,7 @@ def test_positions_survive_compaction_and_expiry_of_every_snapshot_that_carried_
     # no consistent tags: a tag keeps the snapshot it points at, which carries the position (test_consistent.py)
     config = pipeline_config(pg, spark, changelog=True, maintenance=EAGER, consistent_seconds=None)
     catch_up_in_process(config, spark)
-    with caplog.at_level(logging.INFO, logger="pgcdc.spark.maintenance"):
+    with caplog.at_level(logging.INFO, logger="pgcdc.mirrors.maintenance"):
         for round_ in range(2):
             pg.execute(CHANGES.format(start=10_000 + 100 * round_))
             pipeline = catch_up_in_process(config, spark)
@@ -307,7 +307,7 @@ def test_maintenance_beside_or_between_the_row_delta_writers_applies(pg, spark, 
 
     def maintenances() -> list[tuple[float, float]]:
         return [(record.created - float(record.args[1]), record.created) for record in caplog.records
-                if record.name == "pgcdc.spark.maintenance" and record.msg.startswith("maintained")]
+                if record.name == "pgcdc.mirrors.maintenance" and record.msg.startswith("maintained")]
 
     def applied_during_maintenance() -> list[tuple[str, float]]:
         """(table, seconds into the maintenance) of every data commit made while a maintenance ran."""
@@ -334,7 +334,7 @@ def test_maintenance_beside_or_between_the_row_delta_writers_applies(pg, spark, 
             return bool(applied_during_maintenance())
         return len(maintenances()) >= 4
 
-    with caplog.at_level(logging.INFO, logger="pgcdc.spark.maintenance"), Workload(pg.dsn, seed=5):
+    with caplog.at_level(logging.INFO, logger="pgcdc.mirrors.maintenance"), Workload(pg.dsn, seed=5):
         runner, failures = run_in_background(pipeline)
         try:
             wait_for(lambda: bool(failures) or done(), 400,
@@ -355,7 +355,7 @@ def test_a_commit_conflicting_after_its_change_log_landed_is_retried_without_log
     """The change log's append commits first; a compaction of the mirror lands between the moment the mirror's
     batch resolved its rows' positions and its commit, which conflicts (its deletes name the files the compaction
     replaced). The retry appends nothing to the log again: it holds every change once, and the mirror every row."""
-    from pgcdc.spark.row_delta import RowDeltaWriter
+    from pgcdc.apply.row_delta import RowDeltaWriter
 
     prepare_source(pg, rows=200)
     config = pipeline_config(pg, spark, changelog=True, maintenance=MaintenancePolicy(enabled=False))

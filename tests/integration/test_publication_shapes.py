@@ -10,8 +10,8 @@ import logging
 import pytest
 
 from cli_support import run_pgcdc
+from pgcdc.mirrors.status import namespace_positions
 from pgcdc.pipeline import Pipeline
-from pgcdc.spark.mirror_status import namespace_positions
 from pipeline_support import assert_mirrors_equal, catalog_arguments, pipeline_config
 
 pytestmark = pytest.mark.slow

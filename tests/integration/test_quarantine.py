@@ -10,9 +10,9 @@ import psycopg
 import pytest
 
 from pgcdc.errors import ConversionError
+from pgcdc.mirrors.metadata import MirrorMetadata
+from pgcdc.mirrors.status import describe_mirrors, describe_mirrors_from_metadata, namespace_positions
 from pgcdc.pipeline import Pipeline
-from pgcdc.spark.mirror_metadata import MirrorMetadata
-from pgcdc.spark.mirror_status import describe_mirrors, describe_mirrors_from_metadata, namespace_positions
 from pgcdc.verify import compare_publication
 from pipeline_support import pipeline_config, run_cli
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pgcdc.demo import workload
+from pgcdc.mirrors.maintenance import MaintenancePolicy
 from pgcdc.pipeline import Pipeline
-from pgcdc.spark.maintenance import MaintenancePolicy
 from pipeline_support import SHOP_TABLES, assert_mirrors_equal, pipeline_config, prepare_source
 from pyiceberg_reader import assert_reads_alike, hadoop_table
 

@@ -9,8 +9,8 @@ import psycopg
 import pytest
 
 from pgcdc.errors import IdentityChangedError
+from pgcdc.mirrors.status import namespace_positions
 from pgcdc.pipeline import Pipeline
-from pgcdc.spark.mirror_status import namespace_positions
 from pgcdc.verify import compare_publication
 from pipeline_support import pipeline_config
 

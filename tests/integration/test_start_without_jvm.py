@@ -1,6 +1,6 @@
 """A start with nothing to do starts no JVM; whatever needs Spark starts it. ``pgcdc run --until-caught-up`` as a
 user runs it, Java's starts noted (tests/start_support.py): with the mirrors at the slot's position it reads their
-metadata itself (pgcdc.spark.mirror_metadata) and exits without one; a table added to the publication, changes
+metadata itself (pgcdc.mirrors.metadata) and exits without one; a table added to the publication, changes
 to apply (a table rewritten among them, copied again) start Spark and end with every mirror equal to its source;
 a damaged position is refused from the metadata as it is through Spark; `pgcdc status` counts the rows of mirrors
 with position deletes without one. The metadata read here and through Spark agree, mirror by mirror (hostile names: tests/reliability/test_hostile_names.py; S3 behind JDBC and REST catalogs:
@@ -14,9 +14,9 @@ import pytest
 
 from cli_support import run_pgcdc
 from pgcdc.errors import PositionCorruptError
+from pgcdc.mirrors.catalog import MirrorCatalog
+from pgcdc.mirrors.metadata import MirrorMetadata
 from pgcdc.pipeline import Pipeline
-from pgcdc.spark.mirror import MirrorCatalog
-from pgcdc.spark.mirror_metadata import MirrorMetadata
 from pipeline_support import assert_mirrors_equal, catalog_arguments, pipeline_config
 from start_support import JavaStarts, assert_read_alike, run_until_caught_up
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_only_a_run_with_something_to_do_starts_a_jvm(pg, spark, tmp_path):
-    from pgcdc.spark.iceberg import load_table, with_commit_properties
+    from pgcdc.spark.iceberg_java import load_table, with_commit_properties
 
     pg.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
     pg.execute("CREATE TABLE b (id int PRIMARY KEY, v text)")
@@ -71,7 +71,7 @@ def test_only_a_run_with_something_to_do_starts_a_jvm(pg, spark, tmp_path):
 
     # b, copied again at a later point than the batch, holds no moment of it: the tags stayed, and the next start
     # moves them (Spark writes them) as it applies updates and deletes of a's copied rows (by position: a new
-    # process folds none of the files before it, pgcdc.spark.fold); once they are at rest, a start needs no JVM
+    # process folds none of the files before it, pgcdc.apply.fold); once they are at rest, a start needs no JVM
     # again
     pg.execute("UPDATE a SET v = v || '!' WHERE id % 3 = 0")
     pg.execute("DELETE FROM a WHERE id % 10 = 0")

@@ -14,12 +14,12 @@ import pytest
 
 from cli_support import run_pgcdc
 from objectstore_support import BUCKET, require_object_store
+from pgcdc.apply import fold
+from pgcdc.mirrors.catalog import MirrorCatalog
+from pgcdc.mirrors.maintenance import MaintenancePolicy, maintain_table
 from pgcdc.pipeline import Pipeline
-from pgcdc.spark import fold
 from pgcdc.spark.destination import Destination
-from pgcdc.spark.iceberg import load_table
-from pgcdc.spark.maintenance import MaintenancePolicy, maintain_table
-from pgcdc.spark.mirror import MirrorCatalog
+from pgcdc.spark.iceberg_java import load_table
 from pipeline_support import (
     SHOP_TABLES,
     assert_mirrors_equal,
@@ -183,7 +183,7 @@ def test_a_run_with_nothing_to_do_reads_the_catalog_without_a_jvm(pg, spark, s3,
     assert started == [], (started, result.stderr[-3000:])
     assert assert_read_alike(config, spark)  # status's counts too: the copy left no delete file
 
-    # rows updated and deleted, none folded into a new data file (pgcdc.spark.fold): position delete files on S3,
+    # rows updated and deleted, none folded into a new data file (pgcdc.apply.fold): position delete files on S3,
     # which status's counts read here too
     monkeypatch.setattr(fold, "FOLD_MAX_ROWS", 0)
     pg.execute("UPDATE items SET v = v || '!' WHERE id % 3 = 0")

@@ -11,12 +11,12 @@ import pyarrow.compute as pc
 import pytest
 from batches import ITEMS, OTHER, batcher, collected, row, transactions
 
+from pgcdc.apply.batch import AppliedChanges
+from pgcdc.apply.rejects import SetAside
 from pgcdc.lsn import Lsn
 from pgcdc.pgoutput.messages import Insert, Relation
 from pgcdc.pipeline.applier import Applier
 from pgcdc.pipeline.config import Progress
-from pgcdc.spark.apply import AppliedChanges
-from pgcdc.spark.rejects import SetAside
 
 pytestmark = pytest.mark.usefixtures("accelerators")  # with the C modules and without
 

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from pgcdc.mirrors.properties import SourceShape
 from pgcdc.pgoutput.messages import Column, Relation
 from pgcdc.pipeline.copy_reasons import (
     MirrorFacts,
@@ -18,7 +19,6 @@ from pgcdc.pipeline.copy_reasons import (
     refreshed_shape,
 )
 from pgcdc.replication.published import TableStorage
-from pgcdc.spark.mirror_properties import SourceShape
 
 INT4, INT8, TEXT = 23, 20, 25
 OID = 16_400

@@ -124,7 +124,7 @@ def test_an_unwritable_spill_directory_stops_with_what_to_do(big_transaction, tm
 
 def test_a_corrupt_stored_position_stops_the_pipeline(pg, spark):
     from pgcdc.pipeline import Pipeline, PipelineConfig
-    from pgcdc.spark.iceberg import load_table, with_commit_properties
+    from pgcdc.spark.iceberg_java import load_table, with_commit_properties
 
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pg.execute("INSERT INTO t VALUES (1, 'a')")

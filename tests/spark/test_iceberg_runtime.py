@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pgcdc.spark.iceberg import java_count, java_items, load_table, metadata_view, with_commit_properties
-from pgcdc.spark.table_metadata import TableMetadata
+from pgcdc.iceberg.table_metadata import TableMetadata
+from pgcdc.spark.iceberg_java import java_count, java_items, load_table, metadata_view, with_commit_properties
 
 
 def test_create_merge_and_snapshot_property(spark, iceberg_namespace):
@@ -98,7 +98,7 @@ def test_a_metadata_file_is_read_once_and_every_new_version_or_table_made_again_
     assert metadata_view(again).properties()["made"] == "again"
 
     # views are kept up to a number of snapshots in all: one holding more is read each time
-    from pgcdc.spark import iceberg
+    from pgcdc.spark import iceberg_java as iceberg
 
     spark.sql(f"INSERT INTO {identifier} VALUES (1)")
     monkeypatch.setattr(iceberg, "_VIEWS_SNAPSHOTS_KEPT", 0)
@@ -116,9 +116,10 @@ def test_a_copy_replacing_every_row_of_a_table_leaves_only_its_own_files(spark, 
 
     import pyarrow as pa
 
-    from pgcdc.spark import iceberg
-    from pgcdc.spark.files import layout_schema, local_path, parquet_footer, write_parquet
-    from pgcdc.spark.iceberg import parquet_compression, parquet_layout, replace_with_files
+    from pgcdc.iceberg.locations import local_path
+    from pgcdc.iceberg.parquet import layout_schema, parquet_footer, write_parquet
+    from pgcdc.spark import iceberg_java as iceberg
+    from pgcdc.spark.iceberg_java import parquet_compression, parquet_layout, replace_with_files
 
     monkeypatch.setattr(iceberg, "MANIFESTS_READ_IN_TURN", read_in_turn)
     identifier = f"pgcdc.{iceberg_namespace}.recopied"
@@ -248,8 +249,8 @@ FIRST_COMMITS_FROM_THREADS = """
 import json, logging, sys, threading, time
 import pytest
 
-from pgcdc.spark.iceberg import java_count, java_items, load_table, metadata_view, with_commit_properties
-from pgcdc.spark.table_metadata import TableMetadata
+from pgcdc.spark.iceberg_java import java_count, java_items, load_table, metadata_view, with_commit_properties
+from pgcdc.iceberg.table_metadata import TableMetadata
 from pgcdc.spark.destination import Destination
 from pgcdc.spark.session import spark_session
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from py4j.protocol import Py4JJavaError
 
-from pgcdc.spark.session import LOCAL_FILE_SYSTEM, LOCAL_FILE_SYSTEM_JAR, spark_settings
+from pgcdc.spark.settings import LOCAL_FILE_SYSTEM, LOCAL_FILE_SYSTEM_JAR, spark_settings
 
 SOURCES = Path(__file__).parents[2] / "src" / "pgcdc" / "spark" / "java"
 
@@ -118,7 +118,7 @@ def test_a_local_sessions_jars_are_on_its_class_path_after_sparks_own(spark):
     Iceberg runtime and every jar of its settings from its class path, after Spark's jars, and no executor
     fetches a copy of them."""
     from pgcdc.local_object_store import object_store_jars
-    from pgcdc.spark.session import iceberg_runtime_jar
+    from pgcdc.spark.settings import iceberg_runtime_jar
 
     jvm = spark._jvm
     class_path = str(jvm.java.lang.System.getProperty("java.class.path")).split(os.pathsep)

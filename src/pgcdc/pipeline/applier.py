@@ -25,20 +25,20 @@ import pyarrow as pa
 
 from pgcdc.checkpoint import held_whole, mirror_position
 from pgcdc.faults import injection_point
+from pgcdc.index.mirror_index import IndexBudget
 from pgcdc.lsn import Lsn
+from pgcdc.mirrors.maintenance import Maintainer, MaintenancePolicy, mirror_tables
 from pgcdc.pipeline.batcher import Batch
 from pgcdc.pipeline.config import Progress
 from pgcdc.pipeline.tables import SourceTables
-from pgcdc.spark.maintenance import Maintainer, MaintenancePolicy, mirror_tables
-from pgcdc.spark.mirror_index import IndexBudget
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from pgcdc.apply.batch import AppliedChanges
+    from pgcdc.apply.rejects import SetAside
+    from pgcdc.mirrors.catalog import MirrorTable
     from pgcdc.pgoutput.messages import Relation
-    from pgcdc.spark.apply import AppliedChanges
-    from pgcdc.spark.mirror import MirrorTable
-    from pgcdc.spark.rejects import SetAside
 
 log = logging.getLogger("pgcdc.pipeline")
 
@@ -108,7 +108,7 @@ class Applier:
         """``target``: what batches are applied to (default: the mirrors in Iceberg, through ``spark``, written by
         ``writer``, deleting by ``deletes``, their key indexes within ``index_memory_bytes``).
         ``consistent_seconds``: how often at most the mirrors' consistent tags move to the last batch applied
-        (0: after every batch; None: never; :mod:`pgcdc.spark.consistent`)."""
+        (0: after every batch; None: never; :mod:`pgcdc.mirrors.consistent`)."""
         self.tables = tables
         self.target = target or SparkMirrors(tables, spark, changelog=changelog, writer=writer, deletes=deletes,
                                              budget=IndexBudget(index_memory_bytes))
@@ -247,7 +247,7 @@ class Applier:
         there, and tags a stopped run left at different LSNs move together."""
         if self._consistent_seconds is None:
             return
-        from pgcdc.spark.consistent import settle_tags, settled_lsn
+        from pgcdc.mirrors.consistent import settle_tags, settled_lsn
 
         targets = self._tag_targets()
         if not targets:
@@ -274,7 +274,7 @@ class Applier:
         started = time.monotonic()
         if not now and started - self._tags_moved_at < self._consistent_seconds:
             return
-        from pgcdc.spark.consistent import move_tags
+        from pgcdc.mirrors.consistent import move_tags
 
         self._tags_moved_at, self._untagged = started, None
         targets = self._tag_targets()
@@ -300,7 +300,7 @@ class Applier:
     def _tag_targets(self) -> list[str]:
         """The mirrors streamed from this run's slot: those in the namespace at the start, and those made since."""
         if self._tagged is None:
-            from pgcdc.spark.mirror_status import mirrors_streaming_from
+            from pgcdc.mirrors.status import mirrors_streaming_from
 
             slot = self.tables.config.slot
             self._tagged = [identifier for identifier, _ in self.tables.read_mirrors(
@@ -372,7 +372,7 @@ class SparkMirrors:
         return self.tables.mirror_for(relation)
 
     def set_aside(self, mirror: MirrorTable, rejects: pa.Table) -> SetAside:
-        from pgcdc.spark.rejects import append_rejects
+        from pgcdc.apply.rejects import append_rejects
 
         rejected = append_rejects(self._spark(), mirror, rejects)
         if rejected.position is not None:
@@ -383,7 +383,7 @@ class SparkMirrors:
         """One mirror's changes (and its change log's), retried when a commit of someone else's beside pgcdc's
         (a compaction job, a catalog's optimizer) conflicts with it: the failed commit changed nothing, and the
         retry skips what the change log already holds."""
-        from pgcdc.spark.iceberg import is_commit_conflict
+        from pgcdc.spark.iceberg_java import is_commit_conflict
 
         attempt = 1
         while True:
@@ -406,7 +406,7 @@ class SparkMirrors:
             mirror.changelog_position = self.tables.mirrors.positions.read_if_exists(mirror.changelog_identifier)
 
     def _apply_once(self, mirror: MirrorTable, changes: pa.Table, position: Lsn) -> AppliedChanges:
-        from pgcdc.spark.apply import apply_changes
+        from pgcdc.apply.batch import apply_changes
 
         positions = self.tables.mirrors.positions
         # positions go into table properties too, where expiry of snapshots cannot remove them

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 from pgcdc.errors import ConfigError
 from pgcdc.lsn import Lsn
+from pgcdc.mirrors.maintenance import MaintenancePolicy
 from pgcdc.replication.slots import slot_name_problem
 from pgcdc.secrets import parse_dsn
 from pgcdc.spark.destination import Destination
-from pgcdc.spark.maintenance import MaintenancePolicy
 
 
 @dataclass
@@ -139,7 +139,7 @@ class Progress:
     stop_signal: int | None = None  # the signal (SIGINT, SIGTERM) that asked the pipeline to stop
     # tables copied again while streaming: (schema.table, the kind of reason, the reason)
     copies_again: list[tuple[str, str, str]] = field(default_factory=list)
-    consistent_lsn: Lsn | None = None  # where the mirrors' consistent tags stand (pgcdc.spark.consistent)
+    consistent_lsn: Lsn | None = None  # where the mirrors' consistent tags stand (pgcdc.mirrors.consistent)
     # what runs beside the batches, each a share of the lag: maintenance turns on the apply thread (turns that
     # maintained a table; seconds of every turn, the looks at tables included), moves of the consistent tags, and
     # the catalog read before each batch on the stream's thread (rewrites and publication changes)
@@ -149,7 +149,7 @@ class Progress:
     tag_move_seconds: float = 0.0
     catalog_checks: int = 0
     catalog_check_seconds: float = 0.0
-    # where the applies' time went, summed over the run: wall seconds per step (pgcdc.spark.steps)
+    # where the applies' time went, summed over the run: wall seconds per step (pgcdc.apply.steps)
     apply_step_seconds: dict[str, float] = field(default_factory=dict)
 
     @property

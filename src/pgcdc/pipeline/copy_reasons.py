@@ -14,9 +14,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+from pgcdc.mirrors.properties import SourceShape, describe_key, key_tokens
 from pgcdc.pgoutput.messages import Relation
 from pgcdc.replication.published import TableStorage
-from pgcdc.spark.mirror_properties import SourceShape, describe_key, key_tokens
 from pgcdc.types.kinds import type_change_keeps_values
 
 

@@ -45,8 +45,8 @@ from pgcdc.types import TableConverter
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from pgcdc.mirrors.catalog import MirrorCatalog
     from pgcdc.pgoutput.messages import Relation
-    from pgcdc.spark.mirror import MirrorCatalog
 
 log = logging.getLogger("pgcdc.pipeline")
 

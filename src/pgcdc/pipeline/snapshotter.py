@@ -16,6 +16,7 @@ from pgcdc.checkpoint import refuse_lost_slot, refuse_positions_ahead
 from pgcdc.errors import ConversionError
 from pgcdc.faults import injection_point
 from pgcdc.lsn import Lsn
+from pgcdc.mirrors.status import namespace_positions, slot_mirrors_of
 from pgcdc.pgoutput.messages import Relation
 from pgcdc.pipeline.config import PipelineConfig, Progress
 from pgcdc.pipeline.copy_reasons import CopyReason
@@ -23,7 +24,6 @@ from pgcdc.pipeline.spark_on_demand import SparkOnDemand
 from pgcdc.pipeline.tables import SourceTables
 from pgcdc.replication import SlotManager, source_connection
 from pgcdc.replication.published import PublishedTable, published_tables, server_lsn, two_phase_by_default
-from pgcdc.spark.mirror_status import namespace_positions, slot_mirrors_of
 from pgcdc.types import SESSION_SETTINGS
 
 log = logging.getLogger("pgcdc.pipeline")
@@ -190,9 +190,9 @@ class Snapshotter:
     def _copy_table(self, table: PublishedTable, snapshot_name: str, consistent_lsn: Lsn) -> int:
         """One table's copy, committed with ``consistent_lsn`` as its mirror's position (and, under quarantine, the
         rows it set aside committed before it); returns the rows copied."""
+        from pgcdc.apply.rejects import replace_copied_rejects
         from pgcdc.change_table import copied_rejects
         from pgcdc.spark.orphans import remove_unreferenced_files
-        from pgcdc.spark.rejects import replace_copied_rejects
         from pgcdc.spark.schema import spark_schema
         from pgcdc.spark.snapshot import SetAside, copy_table
 

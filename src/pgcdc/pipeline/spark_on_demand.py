@@ -2,7 +2,7 @@
 
 Starting Spark's JVM and session takes seconds (tens on a loaded machine), and a run that finds nothing to copy,
 apply or maintain needs none of it: what it reads of the mirrors at start comes from their metadata
-(:mod:`pgcdc.spark.mirror_metadata`). The session starts the first time a copy, a batch or a maintenance asks for
+(:mod:`pgcdc.mirrors.metadata`). The session starts the first time a copy, a batch or a maintenance asks for
 it — or sooner, on a thread of its own, once one is known to be coming (a table to copy, the first transaction
 of a batch), so that the JVM starts while the slot is created or the batch fills.
 """

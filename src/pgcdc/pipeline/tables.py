@@ -45,9 +45,9 @@ from pgcdc.types import ConversionOptions, TableConverter, TypeRegistry
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from pgcdc.spark.mirror import MirrorCatalog, MirrorTable, TableSpec
-    from pgcdc.spark.mirror_metadata import MirrorMetadata
-    from pgcdc.spark.mirror_status import MirrorReads
+    from pgcdc.mirrors.catalog import MirrorCatalog, MirrorTable, TableSpec
+    from pgcdc.mirrors.metadata import MirrorMetadata
+    from pgcdc.mirrors.status import MirrorReads
 
 log = logging.getLogger("pgcdc.pipeline")
 
@@ -83,7 +83,7 @@ class SourceTables:
     @property
     def mirrors(self) -> MirrorCatalog:
         if self._mirrors is None:
-            from pgcdc.spark.mirror import MirrorCatalog
+            from pgcdc.mirrors.catalog import MirrorCatalog
 
             self._mirrors = MirrorCatalog(self._spark(), self.config.destination, slot=self.config.slot)
         return self._mirrors
@@ -93,9 +93,9 @@ class SourceTables:
         return [] if self._mirrors is None else self._mirrors.known()
 
     def read_mirrors(self, reading: Callable[[MirrorReads], T]) -> T:
-        """``reading`` of the namespace's mirrors (:func:`pgcdc.spark.mirror_status.namespace_positions`, ...): from
+        """``reading`` of the namespace's mirrors (:func:`pgcdc.mirrors.status.namespace_positions`, ...): from
         their metadata, read by this process, while Spark's session is not up and the catalog allows it
-        (:mod:`pgcdc.spark.mirror_metadata`); else, or when that meets anything it does not read by itself,
+        (:mod:`pgcdc.mirrors.metadata`); else, or when that meets anything it does not read by itself,
         through Spark. The metadata is read once per start (:meth:`read_afresh`)."""
         from pgcdc.errors import MetadataUnreadable
 
@@ -118,7 +118,7 @@ class SourceTables:
             return None
         if self._metadata is None:
             from pgcdc.errors import MetadataUnreadable
-            from pgcdc.spark.mirror_metadata import MirrorMetadata
+            from pgcdc.mirrors.metadata import MirrorMetadata
 
             try:
                 self._metadata = MirrorMetadata.of(self.config.destination)
@@ -172,8 +172,8 @@ class SourceTables:
     def spec_for(self, relation: Relation, storage: TableStorage | None = None) -> TableSpec:
         """What the mirror of a relation version must look like (with ``storage``: the source shape a copy of the
         table records)."""
-        from pgcdc.spark.mirror import TableSpec
-        from pgcdc.spark.mirror_properties import SourceShape
+        from pgcdc.mirrors.catalog import TableSpec
+        from pgcdc.mirrors.properties import SourceShape
         from pgcdc.spark.schema import spark_schema
 
         return TableSpec(source_schema=relation.namespace, source_table=relation.name,
@@ -192,7 +192,7 @@ class SourceTables:
         """The mirror of a relation version, created or evolved to it. A mirror keyed otherwise, or with a column
         of a type it cannot take in place, is refused (the way out is a new copy), or, with ``replacing_rows``
         (a copy is about to replace its rows with the table's, whose ``storage`` it records), made again."""
-        from pgcdc.spark.column_fills import expect_fill, fill, forget_fill
+        from pgcdc.mirrors.column_fills import expect_fill, fill, forget_fill
 
         spec = self.spec_for(relation, storage)
         if spec.append_only and relation.relation_id not in self._append_only_told:
@@ -263,8 +263,8 @@ class SourceTables:
 
     def mirror_facts(self, relation: Relation) -> MirrorFacts | None:
         """What the relation's mirror holds now, read without evolving it (None: it has no mirror)."""
-        from pgcdc.spark.mirror import cannot_widen
-        from pgcdc.spark.mirror_properties import SHAPE_PROPERTY, SourceShape, recorded_key
+        from pgcdc.mirrors.catalog import cannot_widen
+        from pgcdc.mirrors.properties import SHAPE_PROPERTY, SourceShape, recorded_key
         from pgcdc.spark.schema import spark_schema
 
         mirrors = self.mirrors

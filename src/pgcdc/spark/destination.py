@@ -16,6 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from pgcdc.errors import ConfigError
 from pgcdc.secrets import redact, register_conf_secrets
+from pgcdc.spark.settings import (
+    DEFAULT_CATALOG,
+    DEFAULT_NAMESPACE,
+    DEFAULT_WAREHOUSE,
+    catalog_settings,
+    spark_settings,
+    warehouse_uri,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -31,9 +39,6 @@ FAST_FAILURE_SETTINGS = {
 }
 
 
-DEFAULT_WAREHOUSE = "warehouse"
-DEFAULT_CATALOG = "pgcdc"
-DEFAULT_NAMESPACE = "mirror"
 
 
 @dataclass(frozen=True)
@@ -67,8 +72,6 @@ class Destination:
 
     def problems(self) -> list[str]:
         """What is wrong with these settings, each with the fix (empty: nothing)."""
-        from pgcdc.spark.session import catalog_settings
-
         problems = []
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.catalog):
             problems.append(f"catalog name {self.catalog!r} must be a plain identifier (letters, digits, _)")
@@ -82,9 +85,7 @@ class Destination:
         return problems
 
     def spark_settings(self, *, local: bool = True, short_lived: bool = False) -> dict[str, str]:
-        """The settings of a Spark session that writes these mirrors (:func:`pgcdc.spark.session.spark_settings`)."""
-        from pgcdc.spark.session import spark_settings
-
+        """The settings of a Spark session that writes these mirrors (:func:`pgcdc.spark.settings.spark_settings`)."""
         return spark_settings(self.warehouse, self.catalog, local=local, conf=self.conf,
                               catalog_type=self.catalog_type, catalog_uri=self.catalog_uri, short_lived=short_lived,
                               java_options=self.java_options)
@@ -105,8 +106,6 @@ def check_destination(spark: SparkSession, warehouse: str, catalog: str, namespa
 
 
 def _check_storage(spark: SparkSession, warehouse: str, catalog: str) -> list[DestinationProblem]:
-    from pgcdc.spark.session import warehouse_uri
-
     jvm: Any = spark.sparkContext._jvm
     location = spark.conf.get(f"spark.sql.catalog.{catalog}.warehouse", None) or warehouse_uri(warehouse)
     hadoop = spark._jsparkSession.sessionState().newHadoopConf()

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pgcdc.spark.files import local_path
+from pgcdc.iceberg.locations import local_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

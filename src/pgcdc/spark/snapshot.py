@@ -35,10 +35,11 @@ from psycopg import sql
 
 from pgcdc import errors
 from pgcdc.errors import ConfigError, ConversionError, PgcdcError, SourceChangedError
+from pgcdc.iceberg.locations import local_path, object_path
+from pgcdc.iceberg.parquet import layout_schema, parquet_footer, write_parquet
 from pgcdc.lsn import Lsn
 from pgcdc.positions import carried_summary
-from pgcdc.spark.files import layout_schema, local_path, object_path, parquet_footer, write_parquet
-from pgcdc.spark.iceberg import (
+from pgcdc.spark.iceberg_java import (
     data_directory,
     load_table,
     local_data_directory,

@@ -1,0 +1,262 @@
+"""The row-delta writer (the default): a batch's rows written as Iceberg data files and equality-delete files by
+Arrow, committed by Iceberg's Java API in one commit that carries ``pgcdc.lsn`` — no Spark query per batch.
+
+:mod:`pgcdc.apply.reduce` decides what a batch means (the last change per key, unchanged TOAST values, key
+changes, TRUNCATE); this module makes it durable:
+
+- the new row images go to one Parquet data file, the keys they replace or remove to one Parquet
+  equality-delete file on the key's field ids (Iceberg format v2), both in the mirror's layout (field ids,
+  Iceberg's stored types, codec), at paths the table's location provider gives, through the table's FileIO
+  (Arrow writes a local warehouse's files directly);
+- one ``RowDelta`` adds both. Iceberg applies an equality delete only to data files of a *lower* data sequence
+  number, so a row written in the same commit as the delete of its key survives it, while every older row
+  with that key is gone;
+- a batch that begins by emptying the mirror (TRUNCATE) is one overwrite of every row by the new file.
+
+A commit that loses a race with another writer (a maintenance commit) is retried by Iceberg on the new
+table state with the same files; the position is in the same commit, so it lands once or not at all. The
+files of a commit that failed for sure are deleted; when the outcome is unknown they are left (they may be
+part of the table).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from pgcdc.apply.steps import StepClock
+from pgcdc.faults import injection_point
+from pgcdc.iceberg.locations import local_path
+from pgcdc.iceberg.parquet import layout_schema, parquet_footer, write_parquet
+from pgcdc.spark.iceberg_java import (
+    commit_outcome_unknown,
+    data_file,
+    footer_metrics,
+    iceberg_classes,
+    parquet_compression,
+    parquet_layout,
+    steps_where_cheapest,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("pgcdc.apply.row_delta")
+
+
+# a position-delete file's columns and their reserved field ids (the Iceberg spec)
+POSITION_DELETE_SCHEMA = pa.schema([
+    pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": b"2147483546"}),
+    pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": b"2147483545"}),
+])
+
+
+@dataclass(frozen=True)
+class PositionDeletes:
+    """Rows removed by their place: per data file (its location exactly as the table's manifests hold it, which
+    is how readers match them), the positions of its rows that go."""
+
+    files: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A commit that landed: its snapshot and that snapshot's parent (another writer's, when Iceberg retried the
+    commit on top of a commit made meanwhile), the data file it added (None: none) and its Iceberg ``DataFile``,
+    and the position-delete file's ``DeleteFile``."""
+
+    snapshot_id: int
+    parent_id: int | None
+    data_path: str | None
+    data_file: Any = None
+    delete_file: Any = None
+
+
+class RowDeltaWriter:
+    """One mirror as the row-delta writer sees it for one batch: the Iceberg table as it stands now (its schema
+    and field ids read fresh, so a schema change between batches is followed), and its Parquet layout."""
+
+    def __init__(self, spark: SparkSession, table: Any) -> None:
+        """``table``: the mirror's ``org.apache.iceberg.Table``, loaded or refreshed for this batch."""
+        self.spark = spark
+        self.table = table
+        self.start_snapshot = self.table.currentSnapshot()
+        self.layout_problem: str | None = None
+        try:
+            layout = parquet_layout(self.table)
+        except NotImplementedError as exc:
+            self.layout_problem, layout = str(exc), []
+        self.schema = layout_schema(layout)
+        self.compression = parquet_compression(self.table)
+
+    def unwritable(self, key_columns: list[str]) -> str | None:
+        """Why the row-delta writer cannot write this mirror (the MERGE writer does), or None when it can.
+        ``key_columns``: the columns its equality deletes would name (every column of a table without a key;
+        none when it deletes by position)."""
+        if self.table.spec().isPartitioned():
+            return "it is partitioned"
+        if int(self.table.operations().current().formatVersion()) < 2:
+            return "it is an Iceberg format-version 1 table, which has no delete files"
+        if self.layout_problem is not None:
+            return self.layout_problem
+        nested = [name for name in key_columns if pa.types.is_nested(self.schema.field(name).type)]
+        if nested:
+            return f"rows are matched on {', '.join(nested)}, which equality deletes cannot name (nested types)"
+        return None
+
+    def field_ids(self, names: list[str]) -> list[int]:
+        return [int(self.schema.field(name).metadata[b"PARQUET:field_id"]) for name in names]
+
+    def commit(self, rows: pa.Table | None, deletes: pa.Table | PositionDeletes | None,
+               properties: Mapping[str, str], *, table_properties: Mapping[str, str] | None = None,
+               replace_all: bool = False, validate_from: int | None = None, removed: Sequence[Any] = (),
+               removed_deletes: Sequence[Any] = (), clock: StepClock | None = None) -> Committed:
+        """One commit: ``rows`` added, and removed either every older row equal to a row of ``deletes`` (an Arrow
+        table: equality deletes on its columns) or the rows at ``deletes``' positions (:class:`PositionDeletes`)
+        — or, with ``replace_all``, every row of the table replaced by ``rows`` — ``properties`` in its snapshot
+        summary and ``table_properties`` set on the table, all in one metadata commit. Concurrent commits are
+        validated from ``validate_from`` (default: the snapshot this writer loaded): for position deletes, the
+        snapshot their positions were read from, and every data file they name must still be live. ``removed``
+        and ``removed_deletes`` (Iceberg ``DataFile``/``DeleteFile`` objects) leave the table in the same commit
+        (apply/fold.py): no data or delete file may have been added since ``validate_from``.
+        ``clock`` times the files and the commit."""
+        clock = clock or StepClock()
+        classes = iceberg_classes()
+        written: list[str] = []
+        data_path = None
+        try:
+            injection_point("apply.delta-write")
+            data = None
+            if rows is not None and rows.num_rows:
+                data_path, size, footer = self._write(rows, self.schema, written)
+                data = data_file(self.spark, self.table, data_path, size, footer,
+                                 metrics_config=classes.metrics_for_table(self.table))
+            clock.lap("data file")
+            injection_point("apply.delta-deletes")
+            delete_file = None if replace_all else self._delete_file(deletes, written)
+            clock.lap("delete file")
+            injection_point("apply.delta-commit")
+            # one transaction: the snapshot and the table properties land in one metadata file, or neither
+            transaction = self.table.newTransaction()
+            if replace_all:
+                operation = transaction.newOverwrite().overwriteByRowFilter(classes.always_true)
+                if data is not None:
+                    operation = operation.addFile(data)
+            else:
+                operation = transaction.newRowDelta()
+                start = validate_from if validate_from is not None else (
+                    None if self.start_snapshot is None else int(self.start_snapshot.snapshotId()))
+                if start is not None:
+                    # conflicts are checked from the state the batch was built on: equality deletes need no data
+                    # file of it to survive (a compaction meanwhile is no conflict); position deletes need every
+                    # data file they name, and a commit that removed one makes this one fail, to be resolved again
+                    operation = operation.validateFromSnapshot(start)
+                if isinstance(deletes, PositionDeletes) and deletes.files:
+                    referenced = classes.ArrayList()
+                    for path in deletes.files:
+                        referenced.add(path)
+                    operation = operation.validateDataFilesExist(referenced).validateDeletedFiles()
+                if removed:
+                    # the rows of a removed file are rewritten here: no data file (a compaction of it) nor delete
+                    # file (a delete of its rows) may have been added since, or they would count twice or come back
+                    operation = operation.validateNoConflictingDataFiles().validateNoConflictingDeleteFiles()
+                for old in removed:
+                    operation = operation.removeRows(old)
+                for old in removed_deletes:
+                    operation = operation.removeDeletes(old)
+                if data is not None:
+                    operation = operation.addRows(data)
+                if delete_file is not None:
+                    operation = operation.addDeletes(delete_file)
+            # a truncate's overwrite removes every file, as replace_with_files's does
+            operation = steps_where_cheapest(operation, self.table, self.start_snapshot,
+                                             removes_files=replace_all or bool(removed) or bool(removed_deletes))
+            for key, value in properties.items():
+                operation = operation.set(str(key), str(value))
+            operation.commit()
+            if table_properties:
+                update = transaction.updateProperties()
+                for key, value in table_properties.items():
+                    update = update.set(str(key), str(value))
+                update.commit()
+            transaction.commitTransaction()
+            # the transaction's own view names the snapshot it committed, wherever the table has moved on since
+            snapshot = transaction.table().currentSnapshot()
+            parent = snapshot.parentId()
+            clock.lap("commit")
+            return Committed(int(snapshot.snapshotId()), None if parent is None else int(parent), data_path, data,
+                             delete_file if isinstance(deletes, PositionDeletes) else None)
+        except Exception as exc:
+            if commit_outcome_unknown(exc):
+                log.error("the commit's outcome is unknown; its files are kept: %s", ", ".join(written))
+            else:
+                self._remove(written)
+            raise
+
+    def _delete_file(self, deletes: pa.Table | PositionDeletes | None, written: list[str]) -> Any:
+        """The delete file of ``deletes`` (None: nothing to delete): equality deletes on the table's columns, or
+        position deletes (``file_path``, ``pos`` sorted, as the spec asks), their metrics from the footer."""
+        classes = iceberg_classes()
+        if isinstance(deletes, PositionDeletes):
+            if not deletes.files:
+                return None
+            paths = sorted(deletes.files)
+            positions = [np.sort(deletes.files[path]) for path in paths]
+            rows = pa.Table.from_arrays(
+                [pa.array(np.repeat(np.array(paths, dtype=object), [len(p) for p in positions]), pa.string()),
+                 pa.array(np.concatenate(positions), pa.int64())], schema=POSITION_DELETE_SCHEMA)
+            path, size, footer = self._write(rows, POSITION_DELETE_SCHEMA, written)
+            metrics = footer_metrics(footer, classes.metrics_for_position_deletes(self.table))
+            builder = (classes.delete_file_builder(self.table.spec()).ofPositionDeletes()
+                       .withPath(path).withFormat(classes.PARQUET).withFileSizeInBytes(size)
+                       .withMetrics(metrics))
+            if len(paths) == 1:  # readers that match delete files to data files by it go straight to the one
+                builder = builder.withReferencedDataFile(paths[0])
+            return builder.build()
+        if deletes is None or not deletes.num_rows:
+            return None
+        names = deletes.column_names
+        key_schema = pa.schema([self.schema.field(name) for name in names])
+        path, size, footer = self._write(deletes, key_schema, written)
+        return data_file(self.spark, self.table, path, size, footer, equality_ids=self.field_ids(names))
+
+    def _write(self, rows: pa.Table, schema: pa.Schema, written: list[str]) -> tuple[str, int, bytes]:
+        """``rows`` as one Parquet file in ``schema`` (field ids, Iceberg's types) at a new location of the
+        table; returns its path, size and footer."""
+        path = str(self.table.locationProvider().newDataLocation(f"{uuid.uuid4()}.parquet"))
+        written.append(path)
+        local = local_path(path)
+        if local is not None:
+            import os
+
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            write_parquet(rows.to_batches(), local, schema, self.compression)
+            size = os.path.getsize(local)
+            with open(local, "rb") as file:
+                return path, size, parquet_footer(file, size)
+        sink = pa.BufferOutputStream()
+        write_parquet(rows.to_batches(), sink, schema, self.compression)
+        content = sink.getvalue().to_pybytes()
+        footer = parquet_footer(io.BytesIO(content), len(content))
+        stream = self.table.io().newOutputFile(path).create()
+        try:
+            stream.write(bytearray(content))
+        finally:
+            stream.close()
+        return path, len(content), footer
+
+    def _remove(self, paths: list[str]) -> None:
+        for path in paths:
+            try:
+                self.table.io().deleteFile(path)
+            except Exception as exc:
+                log.warning("could not remove %s of a failed commit: %s", path, exc)

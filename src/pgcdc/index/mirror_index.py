@@ -1,0 +1,343 @@
+"""A mirror's key index kept equal to its Iceberg metadata: where each row is, so a batch deletes by position.
+
+The index (:class:`pgcdc.index.key_index.KeyIndex`) maps each row's key — the replica identity's columns, or the
+whole row of a keyless table, as a multiset — to the data file and row position that hold it. It describes one
+snapshot of the mirror (:attr:`MirrorIndex.snapshot_id`):
+
+- **Built** when first needed, from the live data files of the current snapshot (Iceberg plans them, with the
+  delete files that apply to each: the sequence-number rules are Iceberg's own), their key columns read with
+  Arrow by field id (several files at once: :meth:`FileReader.read_each`), the rows their position and equality
+  deletes remove left out.
+- **Moved forward by pgcdc's own commits**: the rows a batch deleted leave the index, the rows of its new data
+  file enter it at their positions, and the index describes the new snapshot.
+- **Brought up to date with every snapshot someone else committed** (a compaction — pgcdc's own maintenance, a
+  user's ``rewrite_data_files``, a catalog's optimizer — or the MERGE writer): the snapshots between the indexed
+  one and the current one are walked, the data files they removed leave the index, those they added are read,
+  and the rows their position deletes remove leave it. When the walk cannot reach the indexed snapshot (expired,
+  rolled back) or meets what it cannot follow (equality deletes), the index is built again from scratch.
+
+Why a position never points at the wrong row: Iceberg data files are immutable, so (file, position) names one row
+for as long as the file is live; a batch resolves its positions against the snapshot the index describes, and its
+commit names that snapshot (``validateFromSnapshot``) and every data file its deletes refer to
+(``validateDataFilesExist``): a commit racing a compaction that removed one of them fails Iceberg's validation,
+and is resolved again against the new files and retried — it never deletes against a file that is gone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import defaultdict, deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pgcdc.errors import Unindexable
+from pgcdc.iceberg.locations import local_path, object_path
+from pgcdc.index.key_codes import Codes, KeyCoder
+from pgcdc.index.key_index import KeyIndex, Located
+from pgcdc.spark.iceberg_java import holds_equality_deletes, java_items
+
+log = logging.getLogger("pgcdc.index.mirror_index")
+
+POSITION_DELETE_PATH_ID, POSITION_DELETE_POS_ID = 2147483546, 2147483545  # Iceberg's reserved field ids
+
+
+class MirrorIndex:
+    """The key index of one mirror and the snapshot it describes (see the module)."""
+
+    def __init__(self, key_names: list[str], layout: pa.Schema, *, multiset: bool) -> None:
+        """``key_names``: the key's columns (every column of a keyless mirror); ``layout``: the mirror's Parquet
+        layout (field ids and stored types), which data files' columns are read in."""
+        self.key_names = key_names
+        self.layout = layout
+        self.multiset = multiset
+        self.keys = KeyIndex(multiset=multiset)
+        self.snapshot_id: int | None = None
+        self.files: FileReader  # set by index_for
+
+    # -- reading what the metadata says ----------------------------------------------------------------------
+    def build(self, table: Any, files: FileReader) -> None:
+        """The index of ``table``'s current snapshot, from its live data files and the deletes applying to them."""
+        self.keys = KeyIndex(multiset=self.multiset)
+        snapshot = table.currentSnapshot()
+        self.snapshot_id = None if snapshot is None else int(snapshot.snapshotId())
+        if snapshot is None:
+            return
+        deletes = _DeleteFiles(self, files)
+        tasks = table.newScan().useSnapshot(snapshot.snapshotId()).planFiles()
+        try:  # (data file, the delete files applying to it), in the order Iceberg plans them
+            planned = [(str(task.file().location()), java_items(task.deletes())) for task in java_items(tasks)]
+        finally:
+            tasks.close()
+        paths = [path for path, _ in planned]
+        for (path, applying), keys in zip(planned, files.read_each(paths, self.key_fields(), self.layout),
+                                          strict=True):
+            keep = deletes.surviving(path, keys, applying)
+            positions = np.flatnonzero(keep) if keep is not None else None
+            self.keys.add(path, keys if keep is None else keys.filter(pa.array(keep)), positions)
+        log.info("indexed %d rows of %s", self.keys.rows, table.name())
+
+    def refresh(self, table: Any, files: FileReader) -> None:
+        """Bring the index up to ``table``'s current snapshot (see the module); built again when the snapshots in
+        between cannot be followed."""
+        current = table.currentSnapshot()
+        current_id = None if current is None else int(current.snapshotId())
+        if current_id == self.snapshot_id:
+            return
+        between = _snapshots_after(table, current, self.snapshot_id)
+        if between is not None and holds_equality_deletes(current):
+            # a file a compaction wrote keeps the sequence number it started from, so equality deletes newer than
+            # that still apply to its rows: only a build, which lets Iceberg say what applies, reads them right
+            between = None
+        if between is None:
+            log.info("%s: its index describes a snapshot no longer in its history; indexing it again",
+                     table.name())
+            self.build(table, files)
+            return
+        io = table.io()
+        try:
+            for snapshot in between:
+                self._follow(snapshot, io, files)
+        except _CannotFollow as exc:
+            log.info("%s: indexing it again (%s)", table.name(), exc)
+            self.build(table, files)
+            return
+        self.snapshot_id = current_id
+
+    def _follow(self, snapshot: Any, io: Any, files: FileReader) -> None:
+        """One snapshot someone else committed, followed: the rows it added and removed (added first: a keyed
+        entry then moves within its slot when a compaction rewrites its row)."""
+        added = [str(data.location()) for data in java_items(snapshot.addedDataFiles(io))]
+        for path, keys in zip(added, files.read_each(added, self.key_fields(), self.layout), strict=True):
+            self.keys.add(path, keys)
+        for data in java_items(snapshot.removedDataFiles(io)):
+            self.keys.drop_file(str(data.location()))
+        for delete in java_items(snapshot.addedDeleteFiles(io)):
+            if str(delete.content()) != "POSITION_DELETES":
+                raise _CannotFollow(f"snapshot {snapshot.snapshotId()} added equality deletes")
+            for path, positions in files.read_position_deletes(str(delete.location())).items():
+                self.keys.drop_positions(path, positions)
+
+    def key_fields(self) -> list[pa.Field]:
+        return [self.layout.field(name) for name in self.key_names]
+
+    # -- a batch ---------------------------------------------------------------------------------------------
+    def committed(self, snapshot_id: int, deleted: Located | None, path: str | None, rows: pa.Table | None) -> None:
+        """pgcdc's own commit landed as ``snapshot_id``: the ``deleted`` entries are gone, the rows of the data
+        file at ``path`` are there at their positions."""
+        if deleted is not None:
+            self.keys.forget(deleted)
+        if path is not None and rows is not None and rows.num_rows:
+            self.keys.add(path, rows.select(self.key_names))
+        self.snapshot_id = snapshot_id
+
+    def replaced(self, snapshot_id: int, path: str | None, rows: pa.Table | None) -> None:
+        """pgcdc's own commit replaced every row (a TRUNCATE): the index holds the new file's rows only."""
+        self.keys = KeyIndex(multiset=self.multiset)
+        self.committed(snapshot_id, None, path, rows)
+
+
+class _CannotFollow(Exception):
+    pass
+
+
+class _DeleteFiles:
+    """The delete files of a build, each read once: which rows of a data file they leave."""
+
+    def __init__(self, index: MirrorIndex, files: FileReader) -> None:
+        self._index = index
+        self._files = files
+        self._positions: dict[str, dict[str, np.ndarray]] = {}
+        self._equality: dict[str, np.ndarray] = {}  # the codes of each equality delete file's rows
+
+    def surviving(self, path: str, keys: pa.Table, deletes: list[Any]) -> np.ndarray | None:
+        """A mask of the rows of the data file at ``path`` (its ``keys``) that ``deletes`` leave (None: all)."""
+        if not deletes:
+            return None
+        keep = np.ones(keys.num_rows, dtype=bool)
+        for delete in deletes:
+            location = str(delete.location())
+            if str(delete.content()) == "POSITION_DELETES":
+                if location not in self._positions:
+                    self._positions[location] = self._files.read_position_deletes(location)
+                positions = self._positions[location].get(path)
+                if positions is not None:
+                    keep[positions[positions < len(keep)]] = False
+            else:
+                keep &= ~self._equality_matches(delete, keys)
+        return keep
+
+    def _equality_matches(self, delete: Any, keys: pa.Table) -> np.ndarray:
+        """Which rows of ``keys`` an equality delete file removes (its columns must be the index's key): equal on
+        every column, NULL matching NULL, as Iceberg applies them — by their 128-bit codes."""
+        location = str(delete.location())
+        ids = sorted(int(i) for i in delete.equalityFieldIds())
+        if ids != sorted(_field_id(f) for f in self._index.key_fields()):
+            raise Unindexable(f"an equality delete file on other columns than its key ({location})")
+        coder = KeyCoder.for_schema(keys.schema, integer_allowed=False)
+        if location not in self._equality:
+            deleted = self._files.read_columns(location, self._index.key_fields(), self._index.layout)
+            self._equality[location] = np.unique(_code_pairs(coder.codes(deleted)))
+        return np.isin(_code_pairs(coder.codes(keys)), self._equality[location])
+
+
+def _code_pairs(codes: Codes) -> np.ndarray:
+    """Hash-form codes as one array of (h1, h2) pairs, comparable as wholes."""
+    h1, h2 = codes
+    pairs = np.empty(len(h1), dtype=[("h1", np.uint64), ("h2", np.uint64)])
+    pairs["h1"], pairs["h2"] = h1, h2
+    return pairs
+
+
+def _field_id(field: pa.Field) -> int:
+    return int(field.metadata[b"PARQUET:field_id"])
+
+
+def _snapshots_after(table: Any, current: Any, indexed: int | None) -> list[Any] | None:
+    """The snapshots from the one after ``indexed`` to ``current``, oldest first; None when ``indexed`` is not an
+    ancestor of ``current`` (expired, or a rollback)."""
+    found = []
+    snapshot = current
+    while snapshot is not None and (indexed is None or int(snapshot.snapshotId()) != indexed):
+        found.append(snapshot)
+        parent = snapshot.parentId()
+        snapshot = table.snapshot(parent) if parent is not None else None
+    if indexed is not None and snapshot is None:
+        return None
+    return list(reversed(found))
+
+
+READ_AHEAD = 8  # data files read at once while an index is built or follows someone else's commits
+
+
+class FileReader:
+    """Reads a mirror's Parquet files with Arrow, where this machine reaches them: a local or mounted directory, or
+    S3 with the table's own Hadoop settings (:func:`pgcdc.spark.iceberg_java.s3_options`)."""
+
+    def __init__(self, table: Any) -> None:
+        from pgcdc.spark.iceberg_java import data_directory, s3_options
+
+        self._filesystem = None
+        directory = data_directory(table) or str(table.location())
+        if local_path(directory) is None:
+            options = s3_options(table, directory)
+            if options is None:
+                raise Unindexable(f"its files ({directory}) are out of this machine's reach")
+            from pyarrow.fs import S3FileSystem
+
+            self._filesystem = S3FileSystem(**options)
+
+    def _open(self, location: str) -> Any:
+        import pyarrow.parquet as pq
+
+        if self._filesystem is None:
+            local = local_path(location)
+            if local is None:
+                raise Unindexable(f"{location} is out of this machine's reach")
+            return pq.ParquetFile(local)
+        return pq.ParquetFile(object_path(location), filesystem=self._filesystem)
+
+    def read_columns(self, location: str, fields: list[pa.Field], layout: pa.Schema,
+                     rows: np.ndarray | None = None) -> pa.Table:
+        """The columns of ``fields`` (by their field ids) of the Parquet file at ``location``, in their stored
+        types now (a column a file predates is NULL; one widened since is cast); only ``rows`` when given."""
+        parquet = self._open(location)
+        by_id = {int(f.metadata[b"PARQUET:field_id"]): f.name
+                 for f in parquet.schema_arrow if f.metadata and b"PARQUET:field_id" in f.metadata}
+        wanted = [by_id.get(_field_id(field)) for field in fields]
+        present = [name for name in wanted if name is not None]
+        table = parquet.read(columns=present) if present else pa.table({})
+        if rows is not None:
+            table = table.take(pa.array(rows))
+        count = table.num_rows if present else (len(rows) if rows is not None else parquet.metadata.num_rows)
+        columns = [table.column(name).cast(field.type) if name is not None else pa.nulls(count, field.type)
+                   for name, field in zip(wanted, fields, strict=True)]
+        return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+    def read_each(self, locations: list[str], fields: list[pa.Field], layout: pa.Schema) -> Iterator[pa.Table]:
+        """:meth:`read_columns` of each of ``locations``, in their order, with up to ``READ_AHEAD`` files read at
+        once: each read mostly waits on storage (on S3, a few round trips per file; Arrow waits without holding
+        the interpreter), so an index is built at the storage's parallelism rather than one file at a time. At
+        most ``READ_AHEAD`` files' columns are held beyond the one handed out."""
+        if len(locations) <= 1:
+            yield from (self.read_columns(location, fields, layout) for location in locations)
+            return
+        remaining = iter(locations)
+        with ThreadPoolExecutor(max_workers=min(READ_AHEAD, len(locations)),
+                                thread_name_prefix="pgcdc-index-read") as pool:
+            reading = deque(pool.submit(self.read_columns, location, fields, layout)
+                            for location in itertools.islice(remaining, READ_AHEAD))
+            while reading:
+                keys = reading.popleft().result()
+                following = next(remaining, None)
+                if following is not None:
+                    reading.append(pool.submit(self.read_columns, following, fields, layout))
+                yield keys
+
+    def read_position_deletes(self, location: str) -> dict[str, np.ndarray]:
+        """A position-delete file's positions, per data file it names."""
+        table = self._open(location).read(columns=["file_path", "pos"])
+        grouped: dict[str, list[np.ndarray]] = defaultdict(list)
+        for path in pc.unique(table.column("file_path")).to_pylist():
+            selected = table.filter(pc.equal(table.column("file_path"), path))
+            grouped[path].append(selected.column("pos").to_numpy())
+        return {path: np.concatenate(parts) for path, parts in grouped.items()}
+
+
+BYTES_PER_ROW = 24  # what an index is planned at per row before it is built (KeyIndex holds 16-24)
+
+
+class IndexBudget:
+    """The memory the mirrors' key indexes may take together (None: no limit). A mirror whose index would not fit
+    keeps equality deletes, with a warning: every reader but PyIceberg reads them, more slowly."""
+
+    def __init__(self, limit_bytes: int | None) -> None:
+        self.limit_bytes = limit_bytes
+        self._indexes: list[MirrorIndex] = []
+
+    def admits(self, rows: int) -> bool:
+        """Whether an index of about ``rows`` rows fits beside the indexes built so far."""
+        return self.limit_bytes is None or self.held_bytes() + rows * BYTES_PER_ROW <= self.limit_bytes
+
+    def held_bytes(self) -> int:
+        return sum(index.keys.memory_bytes for index in self._indexes)
+
+    def exceeded(self) -> bool:
+        """Whether the indexes, grown with their mirrors, take more than the limit together."""
+        return self.limit_bytes is not None and self.held_bytes() > self.limit_bytes
+
+    def add(self, index: MirrorIndex) -> None:
+        self._indexes.append(index)
+
+    def release(self, index: MirrorIndex) -> None:
+        self._indexes = [held for held in self._indexes if held is not index]
+
+
+def index_for(mirror_index: MirrorIndex | None, table: Any, key_names: list[str], layout: pa.Schema, *,
+              multiset: bool, budget: IndexBudget | None) -> MirrorIndex:
+    """The mirror's index, built when it has none, brought up to ``table``'s current snapshot. Raises
+    :class:`Unindexable` when its files are out of reach or the index would not fit the budget."""
+    if mirror_index is None:
+        snapshot = table.currentSnapshot()
+        rows = 0 if snapshot is None else int(snapshot.summary().getOrDefault("total-records", "0"))
+        if budget is not None and not budget.admits(rows):
+            raise Unindexable(f"an index of its {rows:,} rows (about {rows * BYTES_PER_ROW >> 20:,} MB) would not fit "
+                              f"the {(budget.limit_bytes or 0) >> 20:,} MB the key indexes may take (--index-memory-mb)")
+        mirror_index = MirrorIndex(key_names, layout, multiset=multiset)
+        mirror_index.files = FileReader(table)
+        mirror_index.build(table, mirror_index.files)
+        if budget is not None:
+            budget.add(mirror_index)
+        return mirror_index
+    mirror_index.refresh(table, mirror_index.files)
+    if budget is not None and budget.exceeded():  # the mirror grew: this index makes way, its memory freed
+        held = budget.held_bytes()
+        budget.release(mirror_index)
+        raise Unindexable(f"the key indexes grew to {held >> 20:,} MB with their mirrors, past the "
+                          f"{(budget.limit_bytes or 0) >> 20:,} MB they may take (--index-memory-mb)")
+    return mirror_index

@@ -1,0 +1,458 @@
+"""Iceberg mirror tables: their names, their creation and schema evolution, and the listing of a namespace.
+
+What a mirror records beside its rows lives with its own module: the position (:mod:`pgcdc.positions`, read and
+written by :mod:`.positions`), and the key, slot, source shape and fill promises
+(:mod:`.properties`); a mirror opened here is read once, its state kept in :class:`MirrorTable`.
+
+A source table ``schema.table`` is mirrored as ``<catalog>.<namespace>.<schema>.<table>``: the
+source schema becomes a nested Iceberg namespace, so names stay readable and distinct, case
+included. Characters that would break a file-system path in path-based catalogs are
+percent-encoded (``/`` → ``%2F``, ``\\`` → ``%5C``, ``%`` → ``%25``); everything else, dots,
+spaces, quotes and unicode included, is kept and back-quoted in SQL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pgcdc.errors import ConfigError, IdentityChangedError
+from pgcdc.lsn import Lsn
+from pgcdc.mirrors.positions import MirrorPositions
+from pgcdc.mirrors.properties import (
+    FILL_PROPERTY,
+    KEY_PROPERTY,
+    SHAPE_PROPERTY,
+    SLOT_PROPERTY,
+    SOURCE_PROPERTY,
+    MirrorProperties,
+    SourceShape,
+    describe_key,
+    key_tokens,
+    recorded_key,
+    sql_string,
+)
+from pgcdc.spark.destination import Destination
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import DataType, StructType
+
+    from pgcdc.index.mirror_index import MirrorIndex
+
+log = logging.getLogger("pgcdc.mirrors.catalog")
+
+CHANGELOG_SUFFIX = "__changes"
+REJECTS_SUFFIX = "__rejects"  # changes whose values could not be converted (--on-conversion-error quarantine)
+_PATH_UNSAFE = {"%": "%25", "/": "%2F", "\\": "%5C"}
+
+
+def quote(identifier: str) -> str:
+    """A Spark SQL identifier part, back-quoted with back-quotes doubled."""
+    return "`" + identifier.replace("`", "``") + "`"
+
+
+def encode_name(name: str) -> str:
+    return "".join(_PATH_UNSAFE.get(ch, ch) for ch in name)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """What a mirror must look like: the source's name, the Spark schema of its columns, its key."""
+
+    source_schema: str
+    source_table: str
+    spark_schema: StructType
+    key_columns: tuple[str, ...] = ()
+    replica_identity: str = "d"
+    shape: SourceShape | None = None
+
+    @property
+    def source(self) -> str:
+        return f"{self.source_schema}.{self.source_table}"
+
+    @property
+    def append_only(self) -> bool:
+        """Rows the server never identifies (REPLICA IDENTITY NOTHING, or DEFAULT without a primary key): PostgreSQL
+        refuses UPDATE and DELETE on such a table while they are published, so its mirror only takes inserts.
+        Without a key under FULL, rows are identified by every column instead."""
+        return not self.key_columns and self.replica_identity != "f"
+
+
+@dataclass
+class MirrorTable:
+    """An Iceberg table mirroring one source table; ``position`` is its ``pgcdc.lsn`` (None before any)."""
+
+    identifier: str
+    changelog_identifier: str
+    spec: TableSpec
+    schema: StructType
+    position: Lsn | None = None
+    changelog_position: Lsn | None = None
+    pending_fill: dict[str, str | None] = field(default_factory=dict)  # see FILL_PROPERTY
+    rejects_identifier: str = ""  # <table>__rejects: changes set aside (--on-conversion-error quarantine)
+    rejects_position: tuple[int, int] | None = None  # (commit LSN, ordinal) of the last change set aside
+    shape: SourceShape | None = None  # see SHAPE_PROPERTY
+    changelog_image: StructType | None = None  # the row image the change log was last written with
+    index: MirrorIndex | None = None  # where each row is (deleting by position), built when first needed
+    iceberg_table: Any = None  # its org.apache.iceberg.Table, kept between batches by the row-delta writer
+    deletes: str | None = None  # "equality" when this mirror cannot delete by position (why was logged)
+    # the small files of its last commit (pgcdc.apply.fold.SmallFiles), which the apply makes at its first batch:
+    # folding is the apply's to know, a room above this one
+    small_files: Any = None
+
+
+def stored_type(data_type: DataType) -> DataType:
+    """The type Iceberg stores for a Spark type: it has no 8- or 16-bit integers (they become int)."""
+    from pyspark.sql.types import (
+        ArrayType,
+        ByteType,
+        IntegerType,
+        MapType,
+        ShortType,
+        StructField,
+        StructType,
+    )
+
+    if isinstance(data_type, ByteType | ShortType):
+        return IntegerType()
+    if isinstance(data_type, ArrayType):
+        return ArrayType(stored_type(data_type.elementType), data_type.containsNull)
+    if isinstance(data_type, MapType):
+        return MapType(stored_type(data_type.keyType), stored_type(data_type.valueType), data_type.valueContainsNull)
+    if isinstance(data_type, StructType):
+        return StructType([StructField(f.name, stored_type(f.dataType), f.nullable) for f in data_type.fields])
+    return data_type
+
+
+def _can_identify(data_type: Any) -> bool:
+    """Whether Iceberg takes a column of ``data_type`` as an identifier field: primitive, not floating-point."""
+    from pyspark.sql.types import ArrayType, DoubleType, FloatType, MapType, StructType
+
+    return not isinstance(data_type, ArrayType | DoubleType | FloatType | MapType | StructType)
+
+
+def _widens(old: DataType, new: DataType) -> bool:
+    from pyspark.sql.types import DecimalType, DoubleType, FloatType, IntegerType, LongType, ShortType
+
+    if old == new:
+        return True
+    if isinstance(old, ShortType | IntegerType) and isinstance(new, IntegerType | LongType):
+        return True
+    if isinstance(old, FloatType) and isinstance(new, DoubleType):
+        return True
+    return (isinstance(old, DecimalType) and isinstance(new, DecimalType) and old.scale == new.scale
+            and new.precision >= old.precision)
+
+
+def cannot_widen(current: StructType, target: StructType) -> list[str]:
+    """The fields of ``current`` whose type Iceberg cannot change in place to ``target``'s."""
+    wanted = {f.name: f for f in target.fields}
+    return [f.name for f in current.fields if f.name in wanted
+            and not _widens(stored_type(f.dataType), stored_type(wanted[f.name].dataType))]
+
+
+class MirrorNames:
+    """The names of a namespace's mirrors: ``<catalog>.<namespace>.<source schema>.<source table>``."""
+
+    def __init__(self, catalog: str, namespace: str) -> None:
+        self.catalog = catalog
+        self.namespace = namespace
+
+    def identifier_for(self, source_schema: str, source_table: str) -> str:
+        return f"{self.namespace_for(source_schema)}.{quote(encode_name(source_table))}"
+
+    def namespace_for(self, source_schema: str) -> str:
+        """The Iceberg namespace holding the mirrors of one source schema."""
+        return ".".join([quote(self.catalog), quote(self.namespace), quote(encode_name(source_schema))])
+
+    def changelog_identifier_for(self, source_schema: str, source_table: str) -> str:
+        return self.identifier_for(source_schema, source_table + CHANGELOG_SUFFIX)
+
+    def rejects_identifier_for(self, source_schema: str, source_table: str) -> str:
+        return self.identifier_for(source_schema, source_table + REJECTS_SUFFIX)
+
+    @staticmethod
+    def mirrored(table_name: str) -> str | None:
+        """The source table an Iceberg table of a source schema's namespace mirrors, by its name (None: a change
+        log or a ``__rejects`` table)."""
+        return None if table_name.endswith((CHANGELOG_SUFFIX, REJECTS_SUFFIX)) else decode_name(table_name)
+
+
+class MirrorCatalog(MirrorNames):
+    """The mirrors of one pgcdc pipeline, through Spark: ``<catalog>.<namespace>.<source schema>.<source table>``."""
+
+    def __init__(self, spark: SparkSession, destination: Destination, *, slot: str | None = None) -> None:
+        """The mirrors of ``destination``'s namespace. ``slot``: the replication slot the mirrors stream from,
+        recorded in each mirror it creates or opens (None: a reader such as ``pgcdc status``, which records
+        nothing)."""
+        super().__init__(destination.catalog, destination.namespace)
+        self.spark = spark
+        self.slot = slot
+        self._tables: dict[tuple[str, str], MirrorTable] = {}
+        self._readable: set[str] = set()  # tables found usable; only this catalog drops them (_drop)
+        self.properties = MirrorProperties(spark)
+        self.positions = MirrorPositions(spark)
+
+    def _exists(self, identifier: str) -> bool:
+        return self.positions.exists(identifier)
+
+    def table(self, identifier: str) -> Any:
+        """Iceberg's ``Table`` of ``identifier``, loaded through the JVM."""
+        from pgcdc.spark.iceberg_java import load_table
+
+        return load_table(self.spark, identifier)
+
+    def readable(self, identifier: str) -> bool:
+        """True for a usable table; a broken leftover of an interrupted creation is dropped."""
+        if identifier in self._readable:
+            return True
+        if not self._exists(identifier):
+            return False
+        from pyspark.errors import AnalysisException
+
+        try:
+            self.spark.table(identifier).schema  # noqa: B018 - loads the table's metadata
+            # its snapshots resolve too; analysed, not run: a job would cost a cold JVM seconds and tell no more
+            self.spark.table(f"{identifier}.snapshots").schema  # noqa: B018
+        except AnalysisException as exc:
+            log.warning("dropping mirror %s left unusable by an interrupted run (%s)", identifier,
+                        str(exc).splitlines()[0])
+            self._drop(identifier, if_exists=True)
+            return False
+        self._readable.add(identifier)
+        return True
+
+    def _drop(self, identifier: str, *, if_exists: bool = False) -> None:
+        self._readable.discard(identifier)
+        self.positions.forget(identifier)
+        self.spark.sql(f"DROP TABLE {'IF EXISTS ' if if_exists else ''}{identifier}")
+
+    def known_table(self, source_schema: str, source_table: str) -> MirrorTable | None:
+        """The mirror as this catalog last opened it (None: not opened yet)."""
+        return self._tables.get((source_schema, source_table))
+
+    def ensure(self, spec: TableSpec, *, replacing_rows: bool = False) -> MirrorTable:
+        """The mirror of ``spec``'s source, created or evolved to ``spec.spark_schema``.
+
+        A mirror keyed on other columns than ``spec.key_columns``, or holding a column whose type Iceberg cannot
+        change in place to the new one, is refused with the way out (a new copy), or, with ``replacing_rows``
+        (the caller is about to replace every row), dropped and made again."""
+        key = (spec.source_schema, spec.source_table)
+        known = self._tables.get(key)
+        if known is not None and known.spec == spec:
+            return known
+        identifier = self.identifier_for(spec.source_schema, spec.source_table)
+        properties = {} if known is not None or not self.readable(identifier) else self.properties.read(identifier)
+        exists = known is not None or bool(properties)
+        recorded = known.spec.key_columns if known is not None else recorded_key(properties)
+        if exists and recorded is not None and key_tokens(recorded) != key_tokens(spec.key_columns):
+            if not replacing_rows:  # the pipeline copies such a table first (pgcdc.pipeline.copy_reasons)
+                raise IdentityChangedError(
+                    f"{spec.source}: its mirror {identifier} is keyed on {describe_key(recorded)}, but the "
+                    f"table's replica identity now identifies rows by {describe_key(spec.key_columns)}; applying "
+                    "its changes by the old key would leave wrong rows in the mirror. Copy that table again with "
+                    "the new key: DROP TABLE it in Spark and run pgcdc, which copies it while the others stream")
+            self._drop_for_copy(identifier, spec, f"was keyed on {describe_key(recorded)}; making it again keyed "
+                                                  f"on {describe_key(spec.key_columns)}")
+            known, exists = None, False
+        current = None if not exists else known.schema if known is not None else self.spark.table(identifier).schema
+        if current is not None and replacing_rows and cannot_widen(current, spec.spark_schema):
+            self._drop_for_copy(identifier, spec, f"holds {', '.join(cannot_widen(current, spec.spark_schema))} of "
+                                                  "types Iceberg cannot change in place to the source's new ones")
+            known, current = None, None
+        if current is None:
+            self._create(identifier, spec)
+            mirror = self._table(spec, self.spark.table(identifier).schema)
+            mirror.shape = spec.shape
+        else:
+            mirror = self._table(spec, self._evolve(identifier, spec, current))
+            self._open(mirror, known, properties, replacing_rows=replacing_rows)
+        self._tables[key] = mirror
+        return mirror
+
+    def _table(self, spec: TableSpec, schema: StructType) -> MirrorTable:
+        return MirrorTable(self.identifier_for(spec.source_schema, spec.source_table),
+                           self.changelog_identifier_for(spec.source_schema, spec.source_table), spec, schema,
+                           rejects_identifier=self.rejects_identifier_for(spec.source_schema, spec.source_table))
+
+    def _open(self, mirror: MirrorTable, known: MirrorTable | None, properties: Mapping[str, str], *,
+              replacing_rows: bool) -> None:
+        """An existing mirror's state: as this catalog knew it, else read from its metadata (once per mirror);
+        its slot and source shape recorded when they changed."""
+        if known is not None:
+            mirror.position, mirror.changelog_position = known.position, known.changelog_position
+            mirror.rejects_position, mirror.shape = known.rejects_position, known.shape
+        else:
+            mirror.position = self.positions.read(mirror.identifier)
+            mirror.changelog_position = self.positions.read_if_exists(mirror.changelog_identifier)
+            mirror.rejects_position = self.positions.read_rejects(mirror.rejects_identifier)
+            pending = properties.get(FILL_PROPERTY)
+            mirror.pending_fill = json.loads(pending) if pending else {}
+            mirror.shape = SourceShape.decode(properties.get(SHAPE_PROPERTY))
+        updates = {}
+        if known is None and self.slot is not None and properties.get(SLOT_PROPERTY) != self.slot:
+            updates[SLOT_PROPERTY] = self.slot
+        shape = mirror.spec.shape.following(mirror.shape) if mirror.spec.shape is not None else None
+        # rows about to be replaced keep their shape until the copy replacing them commits (record_shape)
+        if shape is not None and shape != mirror.shape and not replacing_rows:
+            updates[SHAPE_PROPERTY] = shape.encode()
+            mirror.shape = shape
+        self.properties.set(mirror.identifier, updates)
+
+    def record_shape(self, source_schema: str, source_table: str, shape: SourceShape) -> None:
+        """Record ``shape`` as the source shape the rows of the mirror (which exists) hold: after a copy replaced
+        them, or when the catalog told more of it."""
+        self.properties.set(self.identifier_for(source_schema, source_table), {SHAPE_PROPERTY: shape.encode()})
+        known = self._tables.get((source_schema, source_table))
+        if known is not None:
+            known.shape = shape
+
+    def cannot_take(self, source_schema: str, source_table: str, spark_schema: StructType) -> bool:
+        """Whether the mirror has a column whose type Iceberg cannot change in place to ``spark_schema``'s."""
+        known = self._tables.get((source_schema, source_table))
+        identifier = self.identifier_for(source_schema, source_table)
+        current = known.schema if known is not None else self.spark.table(identifier).schema
+        return bool(cannot_widen(current, spark_schema))
+
+    def _drop_for_copy(self, identifier: str, spec: TableSpec, why: str) -> None:
+        log.warning("%s: mirror %s %s, for a new copy", spec.source, identifier, why)
+        self._drop(identifier)
+        self._tables.pop((spec.source_schema, spec.source_table), None)
+
+    def columns_of(self, source_schema: str, source_table: str) -> set[str] | None:
+        """The columns the mirror of a source table has now (before :meth:`ensure` evolves it); None when there
+        is no mirror yet."""
+        known = self._tables.get((source_schema, source_table))
+        if known is not None:
+            return set(known.schema.names)
+        identifier = self.identifier_for(source_schema, source_table)
+        return set(self.spark.table(identifier).schema.names) if self.readable(identifier) else None
+
+    def _create(self, identifier: str, spec: TableSpec) -> None:
+        missing = [k for k in spec.key_columns if k not in spec.spark_schema.names]
+        if missing:
+            raise ConfigError(f"{spec.source}: key columns {missing} are not among its columns")
+        # Iceberg identifier fields must be required columns.
+        columns = ", ".join(
+            f"{quote(f.name)} {ddl_type(f.dataType)}{' NOT NULL' if f.name in spec.key_columns else ''}"
+            for f in spec.spark_schema.fields)
+        properties = {
+            "format-version": "2",
+            # merge-on-read: a batch's MERGE writes delete files instead of rewriting data files
+            "write.delete.mode": "merge-on-read",
+            "write.update.mode": "merge-on-read",
+            "write.merge.mode": "merge-on-read",
+            SOURCE_PROPERTY: spec.source,
+            KEY_PROPERTY: ",".join(spec.key_columns),
+            **({SLOT_PROPERTY: self.slot} if self.slot is not None else {}),
+            **({SHAPE_PROPERTY: spec.shape.encode()} if spec.shape is not None else {}),
+        }
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.namespace_for(spec.source_schema)}")
+        self.spark.sql(f"CREATE TABLE {identifier} ({columns}) USING iceberg TBLPROPERTIES ("
+                       + ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items()) + ")")
+        refused = [k for k in spec.key_columns if not _can_identify(spec.spark_schema[k].dataType)]
+        if spec.key_columns and not refused:
+            self.spark.sql(f"ALTER TABLE {identifier} SET IDENTIFIER FIELDS "
+                           + ", ".join(quote(k) for k in spec.key_columns))
+        elif refused:  # the key stays pgcdc's (pgcdc.key); Iceberg's identifier fields are only a declaration
+            log.info("%s: no Iceberg identifier fields for %s: its key holds %s, which Iceberg does not take as "
+                     "identifier fields (floating-point or nested types)", identifier, spec.source, ", ".join(refused))
+        log.info("created mirror %s for %s (key: %s)", identifier, spec.source, ", ".join(spec.key_columns) or "none")
+
+    def _evolve(self, identifier: str, spec: TableSpec, current: StructType) -> StructType:
+        wanted = {f.name: f for f in spec.spark_schema.fields}
+        existing = {f.name: f for f in current.fields}
+        for name in cannot_widen(current, spec.spark_schema)[:1]:
+            raise ConfigError(
+                f"{spec.source}.{name} changed from {existing[name].dataType.simpleString()} to "
+                f"{wanted[name].dataType.simpleString()}, which Iceberg cannot express in place; resnapshot the "
+                f"table: DROP TABLE {identifier} in Spark (and its {CHANGELOG_SUFFIX} table if kept), then "
+                "run pgcdc again, which copies it at a fresh consistent point")
+        statements = []
+        for name, field_ in existing.items():
+            target = wanted.get(name)
+            if target is None:
+                if name in spec.key_columns:
+                    continue
+                statements.append(f"ALTER TABLE {identifier} DROP COLUMN {quote(name)}")
+            elif stored_type(target.dataType) != stored_type(field_.dataType):
+                statements.append(f"ALTER TABLE {identifier} ALTER COLUMN {quote(name)} TYPE "
+                                  f"{ddl_type(stored_type(target.dataType))}")
+        for name, target in wanted.items():
+            if name not in existing:
+                statements.append(f"ALTER TABLE {identifier} ADD COLUMN {quote(name)} {ddl_type(target.dataType)}")
+        for statement in statements:
+            log.info("schema change: %s", statement)
+            self.spark.sql(statement)
+        return self.spark.table(identifier).schema if statements else current
+
+    def all_tables(self) -> list[tuple[str, bool]]:
+        """(identifier, is a __rejects table) of every table in the namespace: mirrors, change logs, rejects."""
+        found = []
+        for source_schema, source_table, identifier in self.source_tables():
+            found.append((identifier, False))
+            for other, rejects in ((self.changelog_identifier_for(source_schema, source_table), False),
+                                   (self.rejects_identifier_for(source_schema, source_table), True)):
+                if self._exists(other):
+                    found.append((other, rejects))
+        return found
+
+    def forget(self, source_schema: str, source_table: str) -> None:
+        """Open the mirror of this source table afresh the next time (its metadata changed behind this catalog)."""
+        self._tables.pop((source_schema, source_table), None)
+
+    def known(self) -> list[MirrorTable]:
+        """The mirrors this catalog has opened (or created) so far, in the order it did."""
+        return list(self._tables.values())
+
+    def source_tables(self) -> list[tuple[str, str, str]]:
+        """(source schema, source table, identifier) of every mirror in the namespace, from the catalog's
+        own listing (exact names, no parsing of SQL output)."""
+        from pgcdc.spark.iceberg_java import iceberg_classes
+
+        session: Any = self.spark._jsparkSession
+        classes = iceberg_classes()
+        # the catalog plug-ins are read from the thread's active session: set it for threads Spark did not start
+        classes.set_active_session(session)
+        catalog = session.sessionState().catalogManager().catalog(self.catalog)
+        gateway: Any = self.spark.sparkContext._gateway
+        root = gateway.new_array(classes.String, 1)
+        root[0] = self.namespace
+        if not catalog.namespaceExists(root):
+            return []
+        found = []
+        for namespace in catalog.listNamespaces(root):
+            parts = list(namespace)
+            source_schema = decode_name(parts[-1])
+            for identifier in catalog.listTables(namespace):
+                source_table = self.mirrored(identifier.name())
+                if source_table is not None:
+                    found.append((source_schema, source_table, self.identifier_for(source_schema, source_table)))
+        return sorted(found)
+
+
+def decode_name(name: str) -> str:
+    """A source schema's or table's name from its Iceberg name (:func:`encode_name`)."""
+    for raw, encoded in _PATH_UNSAFE.items():
+        if raw != "%":
+            name = name.replace(encoded, raw)
+    return name.replace("%25", "%")
+
+
+def ddl_type(data_type: DataType) -> str:
+    """A Spark SQL type for DDL, with nested field names quoted (``simpleString`` does not quote them)."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(data_type, StructType):
+        return "STRUCT<" + ", ".join(f"{quote(f.name)}: {ddl_type(f.dataType)}" for f in data_type.fields) + ">"
+    if isinstance(data_type, ArrayType):
+        return f"ARRAY<{ddl_type(data_type.elementType)}>"
+    if isinstance(data_type, MapType):
+        return f"MAP<{ddl_type(data_type.keyType)}, {ddl_type(data_type.valueType)}>"
+    return data_type.simpleString()
+
+

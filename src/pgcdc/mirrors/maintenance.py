@@ -1,0 +1,485 @@
+"""Table maintenance of the mirrors: compaction, snapshot expiry, orphan files and manifests, positions kept.
+
+Every batch adds a snapshot, a data file and (merge-on-read) a delete file to each mirror it touches; left
+alone, a busy mirror gains thousands of each a day and every read pays for all of them. A maintenance of one
+table runs, each step only when there is something to do:
+
+1. ``compact-data``: small data files, and every data file that deletes apply to, rewritten into few large
+   ones with the deletes applied (Iceberg's ``rewrite_data_files``); the new files keep the sequence number
+   of the snapshot the rewrite started from, so deletes committed meanwhile (the row-delta writer's equality
+   deletes, by key) still apply to them and the rewrite does not conflict with a stream that goes on;
+2. ``compact-deletes``: delete files left without a row to apply to dropped (every equality delete no newer
+   than the oldest live data file, every position delete older than it or naming a data file no longer
+   live), then the position delete files left rewritten (``rewrite_position_delete_files``);
+3. ``rewrite-manifests``: the manifests, many small ones after many commits, rewritten into few;
+4. ``expire``: snapshots older than the retention age expired, the newest ``snapshots_kept`` (and any a tag
+   or branch points at) always kept, and the files only they held deleted (Iceberg's own expiry, on the driver);
+5. ``remove-orphans``: files no snapshot references and older than ``orphan_age_seconds`` deleted — never
+   younger than an hour, so files of a commit in flight (pgcdc's own or anyone's) are not taken.
+
+Steps 1-3 are commits that change no row, onto which the mirror's consistent tag follows
+(:func:`pgcdc.mirrors.consistent.follow_rewrites`); each carries the table's position (``pgcdc.lsn``, and
+``pgcdc.ordinal`` for ``__rejects`` tables) in its snapshot summary, read from the table just before, so the
+newest snapshot keeps telling where the table stands; expiry may still remove every snapshot that carries
+it when others commit to the table too, which is why pgcdc also keeps it in a table property
+(:meth:`pgcdc.mirrors.catalog.MirrorCatalog.recording`). The pipeline runs a maintenance of one table at a time
+(:mod:`pgcdc.pipeline.applier`): beside the applies of the row-delta writer deleting by equality, whose
+commits and the maintenance's are retried over each other by Iceberg, and between two applies of writers whose
+position deletes name files a compaction replaces (the row-delta writer's default, and MERGE); ``pgcdc
+maintain`` runs it on demand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pgcdc.faults import injection_point
+from pgcdc.spark.iceberg_java import (
+    iceberg_classes,
+    is_commit_conflict,
+    java_count,
+    java_items,
+    load_table,
+    metadata_view,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from pgcdc.mirrors.catalog import MirrorCatalog
+
+log = logging.getLogger("pgcdc.mirrors.maintenance")
+
+MIN_ORPHAN_AGE_SECONDS = 3600.0  # a commit in flight writes its files before it references them
+ORPHANS_REMOVED_PROPERTY = "pgcdc.orphans-removed-at"  # epoch seconds of the last orphan-file removal
+MAINTENANCE_JOB_GROUP = "pgcdc-maintenance"  # the Spark job group of the pipeline's maintenance: cancelled at a stop
+STEPS = ("compact-data", "compact-deletes", "rewrite-manifests", "expire", "remove-orphans")
+REWRITES = ("compact-data", "compact-deletes", "rewrite-manifests")  # commits that keep the rows as they are
+# Old metadata.json files are kept by Iceberg unless told otherwise: one per commit, forever.
+METADATA_CLEANUP = {"write.metadata.delete-after-commit.enabled": "true",
+                    "write.metadata.previous-versions-max": "20"}
+
+
+@dataclass(frozen=True)
+class MaintenancePolicy:
+    """When the pipeline maintains a mirror, and what a maintenance keeps.
+
+    >>> MaintenancePolicy(snapshot_max_age_seconds=6 * 3600, snapshots_kept=10)  # doctest: +ELLIPSIS
+    MaintenancePolicy(enabled=True, ...)
+    """
+
+    enabled: bool = True
+    interval_seconds: float = 300.0  # the least time between two maintenances of one table
+    data_files: int = 32  # a table is due at this many data files ...
+    delete_files: int = 8  # ... or this many delete files ...
+    snapshots: int = 100  # ... or this many snapshots
+    snapshot_max_age_seconds: float = 3600.0  # snapshots older than this are expired ...
+    snapshots_kept: int = 5  # ... except the newest this many
+    orphan_age_seconds: float = 24 * 3600.0  # unreferenced files older than this are deleted ...
+    orphan_interval_seconds: float = 24 * 3600.0  # ... this often
+    target_file_bytes: int | None = None  # compacted file size (None: the table's write.target-file-size-bytes)
+    check_seconds: float = 10.0  # how often the pipeline looks whether a table is due (see check_every)
+
+    @property
+    def check_every(self) -> float:
+        """Seconds between two looks at whether a table is due: ``check_seconds``, or the interval when that is
+        shorter (a table that may be maintained every 2 s is not left waiting 10 s), but at least a second apart
+        (a look reads the tables' metadata)."""
+        return min(self.check_seconds, max(self.interval_seconds, 1.0))
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings, each with the fix (empty: nothing)."""
+        problems = []
+        if self.interval_seconds < 0:
+            problems.append("maintenance interval must be 0 or more seconds")
+        for name in ("data_files", "delete_files", "snapshots"):
+            if getattr(self, name) < 1:
+                problems.append(f"maintenance threshold {name} must be at least 1")
+        if self.snapshots_kept < 1:
+            problems.append("snapshots_kept must be at least 1 (the current snapshot is always kept)")
+        if self.snapshot_max_age_seconds < 0:
+            problems.append("snapshot retention age must be 0 or more seconds")
+        if self.orphan_age_seconds < MIN_ORPHAN_AGE_SECONDS:
+            problems.append(f"orphan file age {self.orphan_age_seconds:g}s is below {MIN_ORPHAN_AGE_SECONDS:g}s: "
+                            "files of a commit still being written would be deleted; use at least an hour")
+        if self.target_file_bytes is not None and self.target_file_bytes < 1 << 20:
+            problems.append("target file size must be at least 1 MiB")
+        return problems
+
+
+@dataclass(frozen=True)
+class TableHealth:
+    """What a table's current metadata says about it (read without scanning anything)."""
+
+    snapshots: int
+    data_files: int
+    delete_files: int
+    manifests: int
+    orphans_removed_at: float | None
+    current_snapshot: int | None = None  # its id: the table changed when it did
+
+
+@dataclass
+class MaintenanceResult:
+    """What one maintenance of one table did: per step, the files it rewrote, dropped or deleted, and the
+    snapshots it expired."""
+
+    identifier: str
+    steps: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    before: TableHealth | None = None
+    after: TableHealth | None = None
+
+
+def table_health(spark: SparkSession, identifier: str) -> TableHealth:
+    return _health(spark, load_table(spark, identifier))
+
+
+def _health(spark: SparkSession, table: Any) -> TableHealth:
+    view = metadata_view(table)
+    current = view.currentSnapshot()
+    removed_at = view.properties().get(ORPHANS_REMOVED_PROPERTY)
+    if current is None:
+        return TableHealth(0, 0, 0, 0, float(removed_at) if removed_at else None)
+    summary = current.summary()
+    return TableHealth(
+        snapshots=len(view.snapshots()),
+        data_files=int(summary.get("total-data-files") or "0"),
+        delete_files=int(summary.get("total-delete-files") or "0"),
+        # the manifest list is a file of its own: read through the Java table
+        manifests=int(table.currentSnapshot().allManifests(table.io()).size()),
+        orphans_removed_at=float(removed_at) if removed_at else None,
+        current_snapshot=int(current.snapshotId()))
+
+
+def due_steps(health: TableHealth, policy: MaintenancePolicy, now: float, *, settled: bool = False) -> list[str]:
+    """The steps a table's health calls for under ``policy`` (empty: the table is fine as it is). ``settled``:
+    the table has not changed for an interval; its delete files, however few, are compacted away then, as every
+    read of it pays for them (a scan cannot count from metadata, each task reads the deletes) and no batch is
+    coming to push it over the thresholds."""
+    steps = []
+    if (health.data_files >= policy.data_files or health.delete_files >= policy.delete_files
+            or (settled and health.delete_files > 0)):
+        steps += ["compact-data", "compact-deletes", "rewrite-manifests"]
+    if health.snapshots >= policy.snapshots or (steps and health.snapshots > policy.snapshots_kept):
+        steps.append("expire")
+    # a table never cleaned starts its orphan clock when the pipeline first looks at it (Maintainer.turn): a
+    # listing of every file is the costliest step, and files of a crash are rare
+    if health.orphans_removed_at is not None and now - health.orphans_removed_at >= policy.orphan_interval_seconds:
+        steps.append("remove-orphans")
+    return steps
+
+
+def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, str], policy: MaintenancePolicy,
+                   *, steps: tuple[str, ...] | list[str] = STEPS,
+                   orphan_age_seconds: float | None = None) -> MaintenanceResult:
+    """Run ``steps`` (in their fixed order) on one table; every commit carries ``carried`` (the table's position
+    properties) in its snapshot summary. ``orphan_age_seconds`` overrides the policy's age (at least an hour
+    for a table anyone may be writing; tests of tables nobody writes go lower)."""
+    started = time.monotonic()
+    classes = iceberg_classes()
+    # the actions' worker threads find the catalogs through the active session they inherit from this thread,
+    # which has none when Spark did not start it (the pipeline's apply thread)
+    classes.set_active_session(spark._jsparkSession)
+    actions = classes.spark_actions(spark._jsparkSession)
+    table = load_table(spark, identifier)
+    before = _health(spark, table)
+    result = MaintenanceResult(identifier, before=before)
+    _clean_old_metadata(table)
+    wanted = [step for step in STEPS if step in steps]
+
+    for step in wanted:
+        injection_point(f"maintain.{step}")
+        log.info("%s: %s starting", identifier, step, extra={"event": "maintenance.step", "table": identifier,
+                                                              "step": step})
+        try:
+            result.steps[step] = _run_step(spark, actions, table, step, before, carried, policy, orphan_age_seconds)
+        except Exception as exc:
+            if not is_commit_conflict(exc):
+                raise
+            # a commit of the stream's (or anyone's) landed first: this step changed nothing and is due again at
+            # the next maintenance; the steps after it (expiry above all) still run
+            log.info("%s: %s lost to a concurrent commit (%s); it runs again at the next maintenance", identifier,
+                     step, next((line.strip(": ") for line in str(exc).splitlines() if "iceberg.exceptions" in line),
+                                _first_line(exc))[:300])
+            result.steps[step] = 0
+        table.refresh()
+        if step in REWRITES and result.steps[step]:
+            _follow_rewrites(table, identifier)
+    injection_point("maintain.done")
+    result.after = _health(spark, table)
+    result.seconds = time.monotonic() - started
+    log.info("maintained %s in %.1fs: %s; now %d snapshots, %d data files, %d delete files", identifier,
+             result.seconds, ", ".join(f"{k} {v}" for k, v in result.steps.items()) or "nothing to do",
+             result.after.snapshots, result.after.data_files, result.after.delete_files,
+             extra={"event": "maintenance", "table": identifier, "steps": result.steps})
+    return result
+
+
+def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: TableHealth,
+              carried: Mapping[str, str], policy: MaintenancePolicy, orphan_age_seconds: float | None) -> int:
+    """One maintenance step on ``table``, its commits carrying ``carried``; returns the files it rewrote, dropped
+    or deleted, or the snapshots it expired (0: nothing to do)."""
+
+    def carrying(action: Any) -> Any:
+        for key, value in carried.items():
+            action = action.snapshotProperty(str(key), str(value))
+        return action
+
+    if step == "compact-data" and (before.data_files > 1 or before.delete_files > 0):
+        # every data file a delete applies to is rewritten without the deleted rows; the new files keep the
+        # starting snapshot's sequence number: every delete file up to it is left without a row to apply to, and
+        # equality deletes committed during the rewrite still apply to them (no conflict with the stream)
+        action = (actions.rewriteDataFiles(table).option("min-input-files", "2")
+                  .option("delete-file-threshold", "1").option("partial-progress.enabled", "false")
+                  .option("use-starting-sequence-number", "true").option("remove-dangling-deletes", "true"))
+        if policy.target_file_bytes:
+            action = action.option("target-file-size-bytes", str(policy.target_file_bytes))
+        return int(carrying(action).execute().rewrittenDataFilesCount())
+    if step == "compact-deletes" and _health(spark, table).delete_files > 0:
+        if table.spec().isUnpartitioned() and table.specs().size() == 1:
+            # Iceberg's dangling-delete action leaves unpartitioned tables to its commits, which drop only what
+            # one commit's own manifests show: equality deletes stay after a compaction
+            dropped = _drop_dangling_deletes(spark, table, carried)
+        else:
+            dropped = java_count(carrying(actions.removeDanglingDeleteFiles(table)).execute().removedDeleteFiles())
+        table.refresh()
+        # Iceberg 1.10's position-delete reader fails on list and map columns ("Invalid partition field parent"):
+        # there the position deletes a compaction did not make dangling stay until the next one
+        if _position_delete_files(table) and not _has_lists_or_maps(table):
+            outcome = carrying(actions.rewritePositionDeletes(table).option("rewrite-all", "true")).execute()
+            dropped += int(outcome.rewrittenDeleteFilesCount())
+        return dropped
+    if step == "rewrite-manifests" and _health(spark, table).manifests > 1:
+        return java_count(carrying(actions.rewriteManifests(table)).execute().rewrittenManifests())
+    if step == "expire":
+        # Iceberg's own expiry, its files cleaned up on this thread: the same commit as Spark's action makes, whose
+        # cleanup plans Spark jobs over every file of the table before and after — about 1 s and 1.4 CPU-s a
+        # turn on a warm Spark for a mirror of a few files, 2.4 s on a cold one, against 60 ms here (a mirror under
+        # this maintenance has few manifests for the driver to read)
+        older_than = int((time.time() - policy.snapshot_max_age_seconds) * 1000)
+        held = {int(snapshot.snapshotId()) for snapshot in metadata_view(table).snapshots()}
+        # the commit leaves the table's metadata its own (the step's refresh follows in maintain_table)
+        table.expireSnapshots().expireOlderThan(older_than).retainLast(policy.snapshots_kept).commit()
+        return len(held - {int(snapshot.snapshotId()) for snapshot in metadata_view(table).snapshots()})
+    if step == "remove-orphans":
+        age = policy.orphan_age_seconds if orphan_age_seconds is None else orphan_age_seconds
+        outcome = actions.deleteOrphanFiles(table).olderThan(int((time.time() - age) * 1000)).execute()
+        table.updateProperties().set(ORPHANS_REMOVED_PROPERTY, str(int(time.time()))).commit()
+        return java_count(outcome.orphanFileLocations())
+    return 0
+
+
+def _follow_rewrites(table: Any, identifier: str) -> None:
+    """The consistent tag onto the rewrite of the snapshot it was on (same rows, same LSN): its readers read the
+    compacted files, and expiry frees the old ones. A concurrent commit of the tags' own (the stream moving them)
+    wins: the tag is then where it should be."""
+    from pgcdc.mirrors.consistent import follow_rewrites
+    try:
+        follow_rewrites(table)
+    except Exception as exc:
+        if not is_commit_conflict(exc):
+            raise
+        log.info("%s: the consistent tag moved meanwhile; it stays where the stream put it", identifier)
+    table.refresh()
+
+
+def _drop_dangling_deletes(spark: SparkSession, table: Any, carried: Mapping[str, str]) -> int:
+    """Drop the delete files of an unpartitioned table that apply to no live data file, in one commit carrying
+    ``carried``: an equality delete applies to data files of a lower data sequence number, a position delete to
+    those of a lower or equal one, and only to the data file it names when it names one (pgcdc's name the file
+    they delete from when it is one: a compaction keeping its starting sequence number leaves the last batch's
+    position deletes naming files no longer live). Returns how many were dropped (no commit when none is)."""
+    snapshot = table.currentSnapshot()
+    if snapshot is None:
+        return 0
+    classes = iceberg_classes()
+    io, specs = table.io(), table.specs()
+    live_data = [data for manifest in java_items(snapshot.dataManifests(io))
+                 for data in _live_files(classes.read_data_manifest(manifest, io, specs))]
+    oldest_data = min((int(data.dataSequenceNumber()) for data in live_data), default=None)
+    live_paths = {str(data.location()) for data in live_data}
+    rewrite = table.newRewrite().validateFromSnapshot(snapshot.snapshotId())
+    dropped = 0
+    for manifest in java_items(snapshot.deleteManifests(io)):
+        for delete in _live_files(classes.read_delete_manifest(manifest, io, specs), stats=True):
+            sequence = int(delete.dataSequenceNumber())
+            if str(delete.content()) == "EQUALITY_DELETES":
+                dangling = oldest_data is None or sequence <= oldest_data
+            else:
+                named = classes.referenced_data_file(delete)
+                dangling = oldest_data is None or sequence < oldest_data or (
+                    named is not None and str(named) not in live_paths)
+            if dangling:
+                rewrite = rewrite.deleteFile(delete)
+                dropped += 1
+    if dropped:
+        for key, value in carried.items():
+            rewrite = rewrite.set(str(key), str(value))
+        rewrite.commit()
+    return dropped
+
+
+def _live_files(reader: Any, *, stats: bool = False) -> list[Any]:
+    """The live files (added and existing entries) of a manifest reader, which is closed after; with their
+    column statistics when ``stats`` (a position delete's bounds name the data file it deletes from)."""
+    try:
+        files, iterator = [], reader.iterator()
+        while iterator.hasNext():
+            entry = iterator.next()
+            files.append(entry.copy() if stats else entry.copyWithoutStats())
+        return files
+    finally:
+        reader.close()
+
+
+def _position_delete_files(table: Any) -> int:
+    snapshot = table.currentSnapshot()
+    if snapshot is None:
+        return 0
+    return int(snapshot.summary().getOrDefault("total-position-deletes", "0"))
+
+
+def _has_lists_or_maps(table: Any) -> bool:
+    return any(field.type().isListType() or field.type().isMapType() or "list<" in str(field.type())
+               or "map<" in str(field.type()) for field in table.schema().columns())
+
+
+def _start_orphan_clock(spark: SparkSession, identifier: str) -> None:
+    load_table(spark, identifier).updateProperties().set(ORPHANS_REMOVED_PROPERTY, str(int(time.time()))).commit()
+
+
+def _clean_old_metadata(table: Any) -> None:
+    """Have Iceberg delete metadata files older than the last few versions (unless the table says otherwise)."""
+    properties = table.properties()
+    missing = {k: v for k, v in METADATA_CLEANUP.items() if properties.get(k) is None}
+    if missing:
+        update = table.updateProperties()
+        for key, value in missing.items():
+            update = update.set(key, value)
+        update.commit()
+
+
+@dataclass
+class MaintainedTable:
+    """A table the pipeline maintains, and how to read the position properties its maintenance commits carry."""
+
+    identifier: str
+    carried: Callable[[], Mapping[str, str]]
+
+
+def mirror_tables(mirrors: MirrorCatalog, tables: list[tuple[str, bool]]) -> list[MaintainedTable]:
+    """The tables ``(identifier, is a __rejects table)``, each with the positions its maintenance carries."""
+    return [MaintainedTable(identifier, lambda identifier=identifier, rejects=rejects:  # type: ignore[misc]
+                            mirrors.positions.carried(identifier, rejects=rejects))
+            for identifier, rejects in tables]
+
+
+MAINTENANCE_REST_FACTOR = 4.0
+
+
+class Maintainer:
+    """The pipeline's schedule: :meth:`turn` maintains at most one due table (round robin), so a turn between two
+    applies stays short; a table is looked at again only ``policy.interval_seconds`` after its last maintenance
+    began (or four times as long as that maintenance took, when that is longer), and one left unchanged for an
+    interval (the stream went quiet) is compacted of its last delete files.
+    ``clock`` keeps the schedule's time (seconds; a simulation may run its own)."""
+
+    def __init__(self, spark: Callable[[], SparkSession], policy: MaintenancePolicy,
+                 tables: Callable[[], list[MaintainedTable]], clock: Callable[[], float] = time.monotonic) -> None:
+        self._spark = spark
+        self.policy = policy
+        self._tables = tables
+        self.clock = clock
+        self._last: dict[str, float] = {}
+        self._rest: dict[str, float] = {}  # per table: seconds before its next maintenance, at least the interval
+        self._changed: dict[str, tuple[int | None, float]] = {}  # per table: its snapshot, first seen when
+        self._last_check = float("-inf")
+        self._next = 0
+        self._cancelled = False
+        self._started_jobs = False
+        self.results: list[MaintenanceResult] = []
+
+    def cancel(self) -> None:
+        """Cancel the Spark jobs of the turn in flight (at a stop): its step fails having committed nothing, and
+        runs again at the next maintenance."""
+        self._cancelled = True
+        if not self._started_jobs:  # no turn reached Spark (nor started it only to cancel nothing)
+            return
+        with contextlib.suppress(Exception):  # a JVM already gone has nothing left to cancel
+            self._spark().sparkContext.cancelJobGroup(MAINTENANCE_JOB_GROUP)
+
+    def ready(self, now: float | None = None) -> bool:
+        """Whether a turn may find something to do (a clock check only; no table is read)."""
+        now = self.clock() if now is None else now
+        return self.policy.enabled and now - self._last_check >= self.policy.check_every
+
+    def turn(self) -> MaintenanceResult | None:
+        """Maintain the next due table, if any; a failure (a conflict with someone else's commit) is logged and
+        the table tried again after the interval."""
+        self._last_check = now = self.clock()
+        tables = self._tables()
+        for offset in range(len(tables)):
+            candidate = tables[(self._next + offset) % len(tables)]
+            rest = max(self.policy.interval_seconds, self._rest.get(candidate.identifier, 0.0))
+            if now - self._last.get(candidate.identifier, float("-inf")) < rest:
+                continue
+            self._started_jobs = True
+            spark = self._spark()
+            try:
+                health = table_health(spark, candidate.identifier)
+                if health.orphans_removed_at is None:
+                    _start_orphan_clock(spark, candidate.identifier)
+                steps = due_steps(health, self.policy, time.time(),
+                                  settled=self._settled(candidate.identifier, health.current_snapshot, now))
+                if not steps:
+                    continue
+                self._last[candidate.identifier] = now
+                self._next = (self._next + offset + 1) % len(tables)
+                with _job_group(spark):
+                    result = maintain_table(spark, candidate.identifier, candidate.carried(), self.policy,
+                                            steps=steps)
+            except Exception as exc:  # maintenance must never stop the stream
+                self._last[candidate.identifier] = now
+                if self._cancelled:
+                    log.info("maintenance of %s cancelled by the stop", candidate.identifier)
+                else:
+                    log.warning("maintenance of %s failed, tried again in %.0fs: %s", candidate.identifier,
+                                self.policy.interval_seconds, _first_line(exc))
+                return None
+            # a table whose maintenance takes long (a large mirror, every file of it touched by deletes) rests
+            # for a multiple of that time: maintenance of any one table takes at most a quarter of the time
+            self._rest[candidate.identifier] = MAINTENANCE_REST_FACTOR * result.seconds
+            self.results = [*self.results[-99:], result]
+            return result
+        return None
+
+    def _settled(self, identifier: str, snapshot: int | None, now: float) -> bool:
+        """Whether ``identifier`` has had ``snapshot`` as its current snapshot for an interval (by this
+        schedule's looks at it)."""
+        recorded = self._changed.get(identifier)
+        if recorded is None or recorded[0] != snapshot:
+            self._changed[identifier] = (snapshot, now)
+            return False
+        return now - recorded[1] >= self.policy.interval_seconds
+
+
+@contextlib.contextmanager
+def _job_group(spark: SparkSession) -> Iterator[None]:
+    """The Spark jobs this thread starts inside belong to the maintenance's job group (cancelled at a stop)."""
+    context = spark.sparkContext
+    context.setJobGroup(MAINTENANCE_JOB_GROUP, "pgcdc maintenance", interruptOnCancel=True)
+    try:
+        yield
+    finally:  # the apply thread runs the MERGE writer's maintenance too: its own jobs are not the group's
+        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+            context.setLocalProperty(key, None)  # type: ignore[arg-type]
+
+
+def _first_line(exc: BaseException) -> str:
+    return next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)

@@ -1,0 +1,390 @@
+"""Iceberg operations that need the JVM: commits that carry pgcdc's position in their snapshot summary."""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pgcdc.errors import MetadataUnreadable
+from pgcdc.iceberg.table_metadata import TableMetadata
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from pgcdc.iceberg.parquet import FieldLayout
+
+T = TypeVar("T")
+
+_CALLBACK_SERVER_LOCK = threading.Lock()
+_LISTENING_CALLBACK_SERVERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _ensure_callback_server_listens(gateway: Any) -> None:
+    """Start py4j's callback server once per gateway (Iceberg calls back into Python to run a committing
+    statement) and return only when it accepts connections.
+
+    pyspark's ``ensure_callback_server_started`` is neither safe from several threads at once (a second
+    caller goes on before Java is told the port) nor waits for the server: py4j binds the socket, tells Java
+    its port, and calls ``listen`` from the server's own thread, which on a busy interpreter may not have run
+    yet when Java makes its first callback: the connection is refused and the commit fails (the run stops,
+    its position unmoved). Listening here, before any commit can call back, closes that window."""
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    with _CALLBACK_SERVER_LOCK:
+        ensure_callback_server_started(gateway)
+        server = gateway._callback_server
+        if server not in _LISTENING_CALLBACK_SERVERS:
+            server.server_socket.listen(5)  # what py4j's thread does too; a second listen changes nothing
+            _LISTENING_CALLBACK_SERVERS.add(server)
+
+
+class IcebergClasses:
+    """The Java classes (and constants) a batch calls, resolved once per JVM: py4j resolves each name of
+    ``jvm.org.apache.iceberg.X`` with a round trip of its own, which every batch would otherwise pay dozens of
+    times over (a round trip costs the apply tens of microseconds on an idle machine, milliseconds on a busy one)."""
+
+    def __init__(self, jvm: Any) -> None:
+        iceberg = jvm.org.apache.iceberg
+        # static methods kept as members: a member looked up on its class is one more round trip per call
+        self.load_table = iceberg.spark.Spark3Util.loadIcebergTable
+        self.metadata_json = iceberg.TableMetadataParser.toJson
+        self.set_active_session = jvm.org.apache.spark.sql.SparkSession.setActiveSession
+        self.spark_actions = iceberg.spark.actions.SparkActions.get
+        self.read_data_manifest = iceberg.ManifestFiles.read
+        self.read_delete_manifest = iceberg.ManifestFiles.readDeleteManifest
+        self.referenced_data_file = iceberg.util.ContentFileUtil.referencedDataFileLocation
+        self.count = iceberg.relocated.com.google.common.collect.Iterables.size
+        self.String = jvm.java.lang.String
+        self.schema_json = iceberg.SchemaParser.toJson
+        self.metrics_for_table = iceberg.MetricsConfig.forTable
+        self.metrics_for_position_deletes = iceberg.MetricsConfig.forPositionDelete
+        self.metrics_from_footer = iceberg.parquet.ParquetUtil.footerMetrics
+        self.FooterReader = iceberg.shaded.org.apache.parquet.format.converter.ParquetMetadataConverter
+        self.BytesInput = jvm.java.io.ByteArrayInputStream
+        self.no_field_metrics = jvm.java.util.stream.Stream.empty
+        self.delete_file_builder = iceberg.FileMetadata.deleteFileBuilder
+        self.data_file_builder = iceberg.DataFiles.builder
+        self.PARQUET = iceberg.FileFormat.PARQUET
+        self.always_true = iceberg.expressions.Expressions.alwaysTrue()
+        # runs each task in the thread that submits it: steps_where_cheapest
+        self.in_calling_thread = (iceberg.relocated.com.google.common.util.concurrent.MoreExecutors
+                                  .newDirectExecutorService())
+        self.ArrayList = jvm.java.util.ArrayList
+
+
+_CLASSES: weakref.WeakKeyDictionary[Any, IcebergClasses] = weakref.WeakKeyDictionary()
+
+
+def iceberg_classes() -> IcebergClasses:
+    """:class:`IcebergClasses` of the running JVM (PySpark's one gateway; a new SparkContext keeps it)."""
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("no Spark JVM is running")
+    classes = _CLASSES.get(jvm)
+    if classes is None:
+        classes = _CLASSES[jvm] = IcebergClasses(jvm)
+    return classes
+
+
+class _JavaCallable:
+    """A Python function seen by the JVM as a ``java.util.concurrent.Callable``."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self._fn = fn
+        self.result: object = None
+
+    def call(self) -> None:
+        self.result = self._fn()
+
+    class Java:
+        implements = ["java.util.concurrent.Callable"]
+
+
+def with_commit_properties(spark: SparkSession, properties: Mapping[str, str], fn: Callable[[], T]) -> T:
+    """Run ``fn`` (e.g. a ``MERGE INTO``) so that every Iceberg commit it makes carries ``properties``
+    in its snapshot summary: the data and the properties land in one atomic commit.
+
+    Iceberg keeps these properties in a JVM thread-local; py4j's pinned-thread mode runs the
+    callback's own JVM calls on the thread that set them.
+    """
+    context = spark.sparkContext
+    _ensure_callback_server_listens(context._gateway)
+    jvm: Any = context._jvm
+    java_properties = jvm.java.util.HashMap()
+    for key, value in properties.items():
+        java_properties.put(str(key), str(value))
+    callable_ = _JavaCallable(fn)
+    runtime_exception = jvm.java.lang.Class.forName("java.lang.RuntimeException")
+    jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(java_properties, callable_, runtime_exception)
+    return callable_.result  # type: ignore[return-value]
+
+
+def java_exceptions(exc: BaseException) -> list[str]:
+    """The class names of the Java exception behind ``exc`` and of each of its causes, outermost first (empty when
+    ``exc`` did not come from the JVM). Spark wraps what Iceberg raises (a MERGE's commit, an action's), so the
+    whole chain is looked at."""
+    from py4j.protocol import Py4JJavaError
+
+    names: list[str] = []
+    if isinstance(exc, Py4JJavaError):
+        throwable = exc.java_exception
+        while throwable is not None and len(names) < 20:
+            names.append(str(throwable.getClass().getName()))
+            throwable = throwable.getCause()
+        return names
+    captured = getattr(exc, "_origin", None)  # pyspark's CapturedException keeps the Java throwable there
+    if captured is not None:
+        while captured is not None and len(names) < 20:
+            names.append(str(captured.getClass().getName()))
+            captured = captured.getCause()
+    return names
+
+
+def is_commit_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is an Iceberg commit that lost to a concurrent one and changed nothing: safe to redo.
+    (CommitStateUnknownException is not: that commit may have landed.)"""
+    names = java_exceptions(exc)
+    if any(name.endswith(".CommitStateUnknownException") for name in names):
+        return False
+    return any(name in ("org.apache.iceberg.exceptions.ValidationException",
+                        "org.apache.iceberg.exceptions.CommitFailedException") for name in names)
+
+
+def commit_outcome_unknown(exc: BaseException) -> bool:
+    """Whether ``exc`` is a commit whose outcome is unknown (the catalog did not answer): it may have landed."""
+    return any(name.endswith(".CommitStateUnknownException") for name in java_exceptions(exc))
+
+
+# -- data files written outside Spark's writer (the initial copy) ------------------------------------------
+
+def load_table(spark: SparkSession, identifier: str) -> Any:
+    """The ``org.apache.iceberg.Table`` behind a Spark identifier, as its catalog holds it now. pgcdc's catalogs
+    load a table afresh each time (``cache-enabled`` false); one a user set to cache tables is asked again."""
+    table = iceberg_classes().load_table(spark._jsparkSession, identifier)
+    if _caches_tables(spark, identifier):
+        table.refresh()
+    return table
+
+
+# per session, per catalog name: whether it caches tables. Read once: Spark keeps a catalog as it was made from
+# its settings, and the question would otherwise cost every table load a round trip to the JVM
+_CATALOGS_CACHING: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
+
+
+def _caches_tables(spark: SparkSession, identifier: str) -> bool:
+    """Whether the Spark catalog ``identifier`` names first caches the tables it loads (Iceberg's default)."""
+    catalog = identifier.split(".", 1)[0].strip("`")
+    known = _CATALOGS_CACHING.setdefault(spark, {})
+    if catalog not in known:
+        setting = spark.conf.get(f"spark.sql.catalog.{catalog}.cache-enabled", "true")
+        known[catalog] = str(setting).strip().lower() != "false"
+    return known[catalog]
+
+
+def java_items(iterable: Any) -> list[Any]:
+    """The elements of a Java ``Iterable`` (a list, a snapshot's manifests, an action's results), read with
+    ``hasNext``/``next``. py4j's own Python iteration ends on the exception its last ``next`` raises, which
+    PySpark's error handler then inspects with a dozen round trips more: per list iterated."""
+    iterator = iterable.iterator()
+    items = []
+    while iterator.hasNext():
+        items.append(iterator.next())
+    return items
+
+
+def java_count(iterable: Any) -> int:
+    """How many elements a Java ``Iterable`` holds, in one round trip."""
+    return int(iceberg_classes().count(iterable))
+
+
+def metadata_view(table: Any) -> Any:
+    """``table``'s current metadata, to read in Python: a Java ``Table``'s as one JSON document (serialised once per
+    metadata file and table: ``_VIEWS``), as a :class:`TableMetadata` (its snapshots, their summaries, refs and
+    properties: through the Java API, a few round trips per snapshot and per property, which every batch paid for
+    every mirror); a :class:`TableMetadata` as it is. Both answer the same calls, so the rules that read a table
+    take either. What the Java table holds is what is read (it is not refreshed); metadata the Python reader does
+    not know (a newer format) leaves the Java table to be read."""
+    from py4j.protocol import Py4JError
+
+    if isinstance(table, TableMetadata):
+        return table
+    try:
+        current = table.operations().current()
+    except Py4JError:  # a Table without table operations (Iceberg's own catalogs return none such)
+        return table
+    key = _view_key(current)
+    if key is not None:
+        with _VIEWS_LOCK:
+            view = _VIEWS.get(key)
+            if view is not None:
+                _VIEWS.move_to_end(key)
+                return view
+    document = json.loads(str(iceberg_classes().metadata_json(current)))
+    try:
+        view = TableMetadata(document, f"the current metadata of {document.get('location')}")
+    except MetadataUnreadable:
+        return table
+    if key is not None:
+        _keep_view(key, view)
+    return view
+
+
+def _keep_view(key: tuple[str, str], view: TableMetadata) -> None:
+    global _VIEWS_SNAPSHOTS
+    with _VIEWS_LOCK:
+        if key in _VIEWS:  # read meanwhile by another thread
+            return
+        _VIEWS[key] = view
+        _VIEWS_SNAPSHOTS += len(view.snapshots())
+        while len(_VIEWS) > _VIEWS_KEPT or _VIEWS_SNAPSHOTS > _VIEWS_SNAPSHOTS_KEPT:
+            _VIEWS_SNAPSHOTS -= len(_VIEWS.popitem(last=False)[1].snapshots())
+
+
+# Views already read, by metadata file and table uuid. A batch reads each mirror's metadata several times between
+# two of its commits (its position, its properties, its consistent tag, its health), and each read costs the JVM
+# a serialisation of the whole document (tens of milliseconds for a table of many snapshots). A metadata file is
+# never rewritten (each version is a file of its own), and a table made again where one was dropped (a Hadoop
+# catalog's v1.metadata.json once more) has another uuid. Metadata not read from a file (a transaction's, staged)
+# has no location and is never kept.
+_VIEWS: OrderedDict[tuple[str, str], TableMetadata] = OrderedDict()
+_VIEWS_KEPT = 64
+_VIEWS_SNAPSHOTS_KEPT = 100_000  # and the snapshots they hold: a table never expired holds thousands a day
+_VIEWS_SNAPSHOTS = 0
+_VIEWS_LOCK = threading.Lock()
+
+
+def _view_key(current: Any) -> tuple[str, str] | None:
+    location = current.metadataFileLocation()
+    uuid = None if location is None else current.uuid()
+    return None if location is None or uuid is None else (str(location), str(uuid))
+
+
+def holds_equality_deletes(snapshot: Any) -> bool:
+    """Whether a snapshot's table holds equality-delete files (its summary's total): they apply to every data file
+    older than they are, by sequence number, so a file rewritten from older ones would escape them."""
+    return snapshot is not None and int(snapshot.summary().getOrDefault("total-equality-deletes", "0")) > 0
+
+
+def data_directory(table: Any) -> str | None:
+    """Where the table's new data files go (a ``file:`` or object store URI); None for a partitioned table,
+    whose files only Spark's writer places."""
+    if table.spec().isPartitioned():
+        return None
+    return str(table.locationProvider().newDataLocation("probe.parquet")).rsplit("/", 1)[0]
+
+
+def local_data_directory(table: Any) -> str | None:
+    """Where the table's new data files go, when that is a directory of this machine's file system (a local
+    or shared-mount warehouse); None elsewhere."""
+    location = data_directory(table)
+    return location if location is not None and location.startswith(("file:", "/")) else None
+
+
+def s3_options(table: Any, location: str) -> dict[str, Any] | None:
+    """Keyword arguments of ``pyarrow.fs.S3FileSystem`` that reach ``location`` (``s3a://``, ``s3://``) as the
+    table's own FileIO does (:func:`pgcdc.iceberg.locations.hadoop_s3_options` over its Hadoop settings). None when the
+    table's files are not on S3 through Hadoop's FileIO, or its credentials come from a provider pyarrow cannot
+    stand in for (e.g. an assumed role)."""
+    from pgcdc.iceberg.locations import hadoop_s3_options
+
+    io = table.io()
+    if not str(io.getClass().getName()).endswith("HadoopFileIO"):
+        return None
+    conf = io.conf()
+    return hadoop_s3_options(location, conf.getTrimmed)
+
+
+def parquet_layout(table: Any) -> list[tuple[str, FieldLayout]]:
+    """Each column's field id and Arrow type, nested ids included: Iceberg reads Parquet columns by id. Read from
+    the schema's JSON in one call into the JVM (walking the schema object would cost a call per field and type:
+    hundreds for a wide table, every batch)."""
+    from pgcdc.iceberg.parquet import field_layout  # pyarrow: not for commands that only read metadata
+
+    schema = json.loads(str(iceberg_classes().schema_json(table.schema())))
+    return [(str(field["name"]), field_layout(field)) for field in schema["fields"]]
+
+
+def parquet_compression(table: Any) -> tuple[str, int | None]:
+    """The table's Parquet codec and level (Iceberg's defaults: zstd, the codec's own level)."""
+    properties = table.properties()
+    codec = str(properties.getOrDefault("write.parquet.compression-codec", "zstd")).lower()
+    level = properties.get("write.parquet.compression-level")
+    return ("none" if codec == "uncompressed" else codec), (int(level) if level is not None else None)
+
+
+def data_file(spark: SparkSession, table: Any, path: str, size: int, footer: bytes, *,
+              equality_ids: list[int] | None = None, metrics_config: Any = None) -> Any:
+    """The Iceberg ``DataFile`` (or, with ``equality_ids``, equality ``DeleteFile`` on those field ids) of the
+    Parquet file at ``path``, its column metrics read from the file's ``footer`` (``metrics_config``: the table's
+    ``MetricsConfig``, when the caller has it already)."""
+    classes = iceberg_classes()
+    if metrics_config is None:
+        metrics_config = classes.metrics_for_table(table)
+    metrics = footer_metrics(footer, metrics_config)
+    if equality_ids is None:
+        builder = classes.data_file_builder(table.spec())
+    else:
+        gateway: Any = spark.sparkContext._gateway
+        ids = gateway.new_array(gateway.jvm.int, len(equality_ids))
+        for index, field_id in enumerate(equality_ids):
+            ids[index] = field_id
+        builder = classes.delete_file_builder(table.spec()).ofEqualityDeletes(ids)
+    return (builder.withPath(path).withFormat(classes.PARQUET).withFileSizeInBytes(size)
+            .withMetrics(metrics).build())
+
+
+def footer_metrics(footer: bytes, metrics_config: Any) -> Any:
+    """Iceberg's column ``Metrics`` of a Parquet file whose writer holds its ``footer``
+    (:func:`pgcdc.iceberg.parquet.parquet_footer`), as ``ParquetUtil.fileMetrics`` reads them from the file: that
+    opens the file again, and builds Parquet's read options from a new Hadoop configuration, which parses Hadoop's
+    default XML files and searches the whole class path for the site files each time (measured here: ~10 ms of the
+    JVM's CPU a file, ~1 ms from the footer; a batch writes a file or two per mirror)."""
+    classes = iceberg_classes()
+    metadata = classes.FooterReader().readParquetMetadata(classes.BytesInput(bytearray(footer)))
+    return classes.metrics_from_footer(metadata, classes.no_field_metrics(), metrics_config)
+
+
+# Manifests a commit that removes files reads in its own thread, at most (about a millisecond each when small):
+# beyond that, the worker pool's parallel reads outweigh its polling
+MANIFESTS_READ_IN_TURN = 16
+
+
+def steps_where_cheapest(operation: Any, table: Any, snapshot: Any, *, removes_files: bool) -> Any:
+    """``operation`` (an Iceberg snapshot update of ``table`` at ``snapshot``) set to run its commit's steps
+    (manifests filtered, merged, the manifest list written) in the calling thread, when that is cheaper than
+    Iceberg's worker pool, whose caller polls its tasks every 10 ms: for a batch's commit, whose steps take a
+    millisecond or two each, that polling was ~50 ms of sleep a batch, half its time. Only a commit that removes
+    files reads the manifests that may list them, one after the other in the calling thread: on the pool's threads
+    when there are many (a mirror not compacted for long)."""
+    if steps_in_calling_thread(table, snapshot, removes_files):
+        return operation.scanManifestsWith(iceberg_classes().in_calling_thread)
+    return operation
+
+
+def steps_in_calling_thread(table: Any, snapshot: Any, removes_files: bool) -> bool:
+    """Whether a commit of ``table`` at ``snapshot`` runs its steps in the calling thread (steps_where_cheapest)."""
+    if not removes_files or snapshot is None:
+        return True
+    return java_count(snapshot.allManifests(table.io())) <= MANIFESTS_READ_IN_TURN
+
+
+def replace_with_files(spark: SparkSession, table: Any, files: Iterable[tuple[str, int, bytes]],
+                       properties: Mapping[str, str]) -> None:
+    """One commit: every row of ``table`` replaced by the Parquet ``files`` (path, size in bytes, footer), with
+    ``properties`` in the snapshot summary. Column metrics come from each file's footer."""
+    classes = iceberg_classes()
+    current = table.currentSnapshot()
+    overwrite = steps_where_cheapest(table.newOverwrite().overwriteByRowFilter(classes.always_true), table, current,
+                                     removes_files=current is not None)
+    metrics_config = classes.metrics_for_table(table)
+    for path, size, footer in files:
+        overwrite = overwrite.addFile(data_file(spark, table, path, size, footer, metrics_config=metrics_config))
+    for key, value in properties.items():
+        overwrite = overwrite.set(str(key), str(value))
+    overwrite.commit()

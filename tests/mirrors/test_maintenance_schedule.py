@@ -1,0 +1,100 @@
+"""When a mirror is due for maintenance, and which settings are refused (no Spark needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgcdc.errors import ConfigError
+from pgcdc.mirrors.maintenance import Maintainer, MaintenancePolicy, TableHealth, due_steps
+from pgcdc.pipeline import PipelineConfig
+
+POLICY = MaintenancePolicy(data_files=10, delete_files=4, snapshots=50, snapshots_kept=5,
+                           orphan_interval_seconds=3600)
+
+
+def health(snapshots=3, data_files=1, delete_files=0, orphans_removed_at=1000.0) -> TableHealth:
+    return TableHealth(snapshots, data_files, delete_files, manifests=1, orphans_removed_at=orphans_removed_at)
+
+
+@pytest.mark.parametrize(("policy", "every"), [
+    (MaintenancePolicy(), 10.0),  # the interval (300 s) is longer than the look
+    (MaintenancePolicy(interval_seconds=4), 4.0),  # a table due every 4 s is looked at as often
+    (MaintenancePolicy(interval_seconds=0), 1.0),  # as soon as due, but a look reads metadata: once a second
+    (MaintenancePolicy(interval_seconds=0, check_seconds=0), 0.0),  # asked for
+])
+def test_tables_are_looked_at_as_often_as_their_interval_allows(policy, every):
+    assert policy.check_every == every
+    clock = [100.0]
+    maintainer = Maintainer(lambda: None, policy, lambda: [], clock=lambda: clock[0])
+    assert maintainer.ready()  # at the start
+    assert maintainer.turn() is None  # no table yet
+    clock[0] += every - 0.01
+    assert not maintainer.ready() or every == 0.0
+    clock[0] += 0.01
+    assert maintainer.ready()
+
+
+def test_a_healthy_table_is_left_alone():
+    assert due_steps(health(), POLICY, now=2000.0) == []
+
+
+@pytest.mark.parametrize("table", [health(data_files=10), health(delete_files=4)], ids=["data", "deletes"])
+def test_many_files_compact_and_expire_what_compaction_replaced(table):
+    assert due_steps(table, POLICY, now=2000.0) == ["compact-data", "compact-deletes", "rewrite-manifests"]
+    assert due_steps(health(snapshots=6, data_files=10), POLICY, now=2000.0)[-1] == "expire"
+
+
+def test_a_settled_table_is_compacted_of_any_delete_file_and_left_alone_without_one():
+    assert due_steps(health(delete_files=1), POLICY, now=2000.0) == []
+    assert due_steps(health(delete_files=1), POLICY, now=2000.0, settled=True) == [
+        "compact-data", "compact-deletes", "rewrite-manifests"]
+    assert due_steps(health(data_files=5), POLICY, now=2000.0, settled=True) == []
+
+
+def test_many_snapshots_expire_alone():
+    assert due_steps(health(snapshots=50), POLICY, now=2000.0) == ["expire"]
+
+
+def test_orphans_are_looked_for_once_per_interval_and_not_before_the_clock_starts():
+    assert due_steps(health(orphans_removed_at=None), POLICY, now=10**9) == []
+    assert due_steps(health(orphans_removed_at=1000.0), POLICY, now=1000.0 + 3600) == ["remove-orphans"]
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"orphan_age_seconds": 600}, "at least an hour"),
+    ({"snapshots_kept": 0}, "snapshots_kept"),
+    ({"data_files": 0}, "data_files"),
+])
+def test_unsafe_settings_are_refused_with_the_fix(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        PipelineConfig(dsn="dbname=x", publication="p", maintenance=MaintenancePolicy(**settings))
+
+
+def test_maintenance_is_on_by_default_and_can_be_turned_off():
+    assert PipelineConfig(dsn="dbname=x", publication="p").maintenance.enabled
+    assert not MaintenancePolicy(enabled=False).enabled
+
+
+def _thrown(jvm, kind: str):
+    """A Java exception of ``kind`` as Iceberg throws it (its message arguments are Java varargs)."""
+    exceptions = jvm.org.apache.iceberg.exceptions
+    no_arguments = jvm.java.util.ArrayList().toArray()
+    if kind == "validation":
+        return exceptions.ValidationException("Found conflicting files that can contain records", no_arguments)
+    if kind == "commit-failed":
+        return exceptions.CommitFailedException("Version 7 already exists", no_arguments)
+    if kind == "state-unknown":
+        return exceptions.CommitStateUnknownException(jvm.java.lang.RuntimeException("timed out"))
+    return jvm.java.lang.IllegalStateException("Table or view not found")
+
+
+@pytest.mark.parametrize("kind, retried", [("validation", True), ("commit-failed", True), ("state-unknown", False),
+                                           ("other", False)])
+def test_only_commits_that_lost_to_a_concurrent_one_are_applied_again(spark, kind, retried):
+    """Recognised by the Java exception's class, through py4j, whatever Spark wraps it in."""
+    from pgcdc.spark.iceberg_java import is_commit_conflict
+
+    jvm = spark.sparkContext._jvm
+    with pytest.raises(Exception) as raised:  # py4j's error around the Java exception, as a failed commit raises it
+        jvm.org.apache.iceberg.relocated.com.google.common.base.Throwables.throwIfUnchecked(_thrown(jvm, kind))
+    assert is_commit_conflict(raised.value) is retried
