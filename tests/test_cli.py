@@ -8,8 +8,10 @@ import subprocess
 
 import psycopg
 import pytest
+import typer
 
 from cli_support import run_pgcdc
+from pgcdc.cli import app
 from pgcdc.embedded import EmbeddedPostgres
 from start_support import JavaStarts
 
@@ -31,6 +33,103 @@ def test_help_teaches_every_command():
         assert command in result.stdout
     run_help = pgcdc("run", "--help")
     assert "--until-caught-up" in run_help.stdout and "PGCDC_DSN" in run_help.stdout
+
+
+HELP_PANELS = {"Source and slot", "Copy (initial snapshot)", "Batches", "Destination", "Maintenance",
+               "Failure policies", "Observability"}
+# where a panel's row of names starts: near the border (a description's lines start far from it), after the mark
+# of a required option if typer draws one, with the first long name
+OPTION_ROW = re.compile(r" {0,4}(?:\* +)?(?:-\w, )?(--[\w-]+)")
+
+
+def _panels(text: str) -> dict[str, list[str]]:
+    """The panels a --help draws (``╭─ title ──╮``, ``│ line │`` ..., ``╰──╯``): each one's title and the lines
+    inside its borders."""
+    panels: dict[str, list[str]] = {}
+    inside: list[str] | None = None
+    for line in text.splitlines():
+        line = line.rstrip()
+        if top := re.fullmatch(r"╭─ (.+?) ─+╮", line):
+            inside = panels.setdefault(top.group(1), [])
+        elif line.startswith("╰"):
+            inside = None
+        elif inside is not None:
+            assert line.startswith("│ ") and line.endswith(" │"), line
+            inside.append(line[2:-2])
+    return panels
+
+
+def _listed(lines: list[str]) -> list[str]:
+    """The options a panel lists: the long names its rows start with, up to the first column (two spaces or more
+    apart) that is not names."""
+    listed = []
+    for line in lines:
+        if OPTION_ROW.match(line):
+            for column in re.split(r"\s{2,}", line.strip().removeprefix("*").strip()):
+                if not column.startswith("-"):
+                    break
+                listed += re.findall(r"--[\w-]+", column)
+    return listed
+
+
+def test_run_help_groups_its_options_by_what_they_set_readable_at_80_columns():
+    """At 80 columns `pgcdc run --help` lists every option once, in the panel of its kind, with its whole name and
+    env var, and its description starts at least 30 columns before the panel's border (typer's one table of run's
+    45 options left it 17)."""
+    result = pgcdc("run", "--help", env={"COLUMNS": "80"})
+    assert result.returncode == 0, _output(result)
+    panels = _panels(result.stdout)
+    assert set(panels) >= HELP_PANELS, list(panels)
+    listed = {title: _listed(lines) for title, lines in panels.items()}
+    for option, title in (("--dsn", "Source and slot"), ("--slot", "Source and slot"),
+                          ("--two-phase", "Source and slot"), ("--snapshot-rows-per-task", "Copy (initial snapshot)"),
+                          ("--resnapshot", "Copy (initial snapshot)"), ("--batch-rows", "Batches"),
+                          ("--warehouse", "Destination"), ("--conf", "Destination"), ("--master", "Destination"),
+                          ("--no-maintenance", "Maintenance"), ("--snapshot-retention-minutes", "Maintenance"),
+                          ("--on-conversion-error", "Failure policies"), ("--metrics-port", "Observability")):
+        assert option in listed[title], (option, title, listed)
+    run = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    names = {name for param in run.params for name in (*param.opts, *param.secondary_opts) if name.startswith("--")}
+    assert sorted(name for names in listed.values() for name in names) == sorted(names | {"--help"})
+
+    assert "…" not in result.stdout  # no name, metavar or env var cut short
+    for param in run.params:
+        assert not param.envvar or param.envvar in result.stdout, param.envvar
+    widths = {}
+    for lines in panels.values():
+        for line in lines:
+            row = OPTION_ROW.match(line)
+            param = next((p for p in run.params if row and row.group(1) in p.opts and p.help), None)
+            if param is not None:  # the description starts with the help's first word, after the names
+                start = re.compile(rf"\s{{2,}}(?={re.escape(param.help.split()[0])})").search(line, row.end())
+                assert start is not None, line
+                widths[param.name] = len(line) - start.end()
+    assert widths.keys() == {param.name for param in run.params if param.help}
+    assert min(widths.values()) >= 30, widths
+
+
+def test_an_option_sits_in_the_same_help_panel_in_every_command():
+    """The options commands share (the source's, the destination's, the maintenance's ...) are grouped alike in the
+    --help of each: one panel name for one kind of option."""
+    panels_of: dict[str, set[str]] = {}
+    for command in (["run"], ["snapshot"], ["maintain"], ["status"], ["check"], ["decode"], ["demo"],
+                    ["slot", "create"], ["slot", "drop"], ["slot", "list"], ["embedded", "start"],
+                    ["embedded", "stop"], ["embedded", "list"]):
+        result = pgcdc(*command, "--help", env={"COLUMNS": "80"})
+        assert result.returncode == 0, _output(result)
+        for title, lines in _panels(result.stdout).items():
+            assert title in HELP_PANELS | {"Options", "Arguments"}, (command, title)
+            for option in _listed(lines):
+                panels_of.setdefault(option, set()).add(title)
+    assert {option: titles for option, titles in panels_of.items() if len(titles) > 1} == {}
+    assert {option: titles.pop() for option, titles in panels_of.items() if option in (
+        "--dsn", "--slot", "--publication", "--binary", "--warehouse", "--catalog", "--conf", "--resnapshot",
+        "--snapshot-writer", "--snapshot-retention-minutes", "--orphan-age-hours", "--json", "--help")} == {
+        "--dsn": "Source and slot", "--slot": "Source and slot", "--publication": "Source and slot",
+        "--binary": "Source and slot", "--warehouse": "Destination", "--catalog": "Destination",
+        "--conf": "Destination", "--resnapshot": "Copy (initial snapshot)",
+        "--snapshot-writer": "Copy (initial snapshot)", "--snapshot-retention-minutes": "Maintenance",
+        "--orphan-age-hours": "Maintenance", "--json": "Options", "--help": "Options"}
 
 
 def test_the_command_line_starts_without_the_pipeline_arrow_or_spark():

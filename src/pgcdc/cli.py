@@ -22,6 +22,7 @@ import inspect
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -34,7 +35,11 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
+from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
+from typer.core import TyperCommand
 
 from pgcdc.errors import ConfigError, PgcdcError
 from pgcdc.mirrors.maintenance import MaintenancePolicy
@@ -52,6 +57,100 @@ EXIT_INTERRUPTED = 130
 console = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 140)  # piped output: wide enough for the tables
 log = logging.getLogger("pgcdc.cli")
+
+# the panels of a command's --help, one per kind of setting (an option's rich_help_panel), named alike in every
+# command that has them and shown in this order, after the command's own options
+PANEL_SOURCE = "Source and slot"
+PANEL_COPY = "Copy (initial snapshot)"
+PANEL_BATCHES = "Batches"
+PANEL_DESTINATION = "Destination"
+PANEL_MAINTENANCE = "Maintenance"
+PANEL_FAILURES = "Failure policies"
+PANEL_OBSERVABILITY = "Observability"
+PANELS = ("Arguments", "Options", PANEL_SOURCE, PANEL_COPY, PANEL_BATCHES, PANEL_DESTINATION, PANEL_MAINTENANCE,
+          PANEL_FAILURES, PANEL_OBSERVABILITY)
+
+
+class PanelledHelp(TyperCommand):
+    """A command whose --help shows each panel's options in two columns: the names with the value's metavar, then
+    the description, with the env var, default and range under it. Typer's own table gives each option five columns
+    besides its description (required mark, names, short names, --no- names, type), which at 80 columns left the
+    description 17 characters wide and cut long names and env vars short."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.help:  # the docstring's lines joined: typer's list of commands (pgcdc --help) would keep its breaks
+            paragraphs = inspect.cleandoc(self.help).partition("\f")[0].split("\n\n")
+            self.help = "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        if self.rich_markup_mode is None or not getattr(typer.core, "HAS_RICH", True):  # click's plain help
+            super().format_help(ctx, formatter)
+            return
+        terminal_width = os.environ.get("TERMINAL_WIDTH", "")  # as typer's own help reads it
+        console = Console(width=int(terminal_width) if terminal_width.isdigit() else None)
+        usage = self.get_usage(ctx).removeprefix("Usage:")
+        console.print(Padding(Text.assemble(("Usage:", "yellow"), (usage, "bold")), 1))
+        first, *more = (self.help or "").split("\n\n")
+        text = Text(first)
+        for paragraph in more:
+            text.append("\n\n" + paragraph, style="dim")
+        if text:
+            console.print(Padding(text, (0, 1, 1, 1)))
+        panels: dict[str, list[tuple[str, str, list[str]]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:  # hidden
+                continue
+            title = getattr(param, "rich_help_panel", None) or (
+                "Arguments" if param.param_type_name == "argument" else "Options")
+            panels.setdefault(title, []).append((record[0], *_help_and_bracket(getattr(param, "help", None) or "",
+                                                                               record[1])))
+        names = [row[0] for rows in panels.values() for row in rows]
+        # as wide as the longest names, or a third of the panel if that is less, but never cutting a word
+        names_width = min(max(map(len, names)), max(max(len(word) for name in names for word in name.split()),
+                                                     (console.width - 4) // 3))
+        description_width = console.width - 4 - names_width - 2
+        for title in sorted(panels, key=lambda name: PANELS.index(name) if name in PANELS else len(PANELS)):
+            table = Table.grid(padding=(0, 2), expand=True)
+            table.add_column(width=names_width, overflow="fold")
+            table.add_column(ratio=1)
+            for name, description, bracket in panels[title]:
+                shown = Text(description)
+                for line in _bracket_lines(bracket, description_width):
+                    shown.append(("\n" if shown else "") + line, style="dim")
+                table.add_row(_names_text(name), shown)
+            console.print(Panel(table, title=title, title_align="left", border_style="dim"))
+        if self.epilog:
+            console.print(Padding(Text(" ".join(self.epilog.split())), 1))
+
+
+def _names_text(names: str) -> Text:
+    """A parameter's names (``-p, --publication NAME``) styled as typer styles them: options, then the metavar."""
+    return Text.assemble(*((part, "bold cyan" if part.startswith("-") else "yellow" if part.strip(" ,/") else "")
+                           for part in re.split(r"(\s+|,)", names) if part))
+
+
+def _help_and_bracket(own: str, shown: str) -> tuple[str, list[str]]:
+    """A parameter's help text and the items of the bracket click adds after it (env var, default, range,
+    required)."""
+    own, shown = " ".join(own.split()), " ".join(shown.split())
+    bracket = shown[len(own):].strip() if shown.startswith(own) else ""
+    if not (bracket.startswith("[") and bracket.endswith("]")):
+        return shown, []
+    return own, bracket[1:-1].split("; ")
+
+
+def _bracket_lines(items: list[str], width: int) -> list[str]:
+    """The bracket's items, as many to a line as fit in ``width``: none is broken across two lines."""
+    lines: list[list[str]] = []
+    for item in items:
+        if lines and len("; ".join([*lines[-1], item])) + 2 <= width:
+            lines[-1].append(item)
+        else:
+            lines.append([item])
+    return [f"[{'; '.join(line)}]" for line in lines]
+
 
 app = typer.Typer(
     name="pgcdc",
@@ -85,28 +184,36 @@ def _valid_dsn(dsn: str | None) -> str | None:
     return dsn
 
 
-Dsn = Annotated[str, typer.Option("--dsn", envvar="PGCDC_DSN", show_envvar=True, callback=_valid_dsn,
-                                  help="Source database: libpq string or URI, e.g. 'host=db dbname=shop user=cdc' "
-                                       "(sslmode, sslrootcert, ... pass through).")]
-Publication = Annotated[str, typer.Option("--publication", "-p", envvar="PGCDC_PUBLICATION", show_envvar=True,
-                                          help="Publication whose tables are mirrored.")]
-SlotName = Annotated[str, typer.Option("--slot", envvar="PGCDC_SLOT", show_envvar=True,
-                                       help="Logical replication slot pgcdc owns.")]
-Warehouse = Annotated[str, typer.Option("--warehouse", envvar="PGCDC_WAREHOUSE", show_envvar=True,
-                                        help="Where the mirrors' files go: a directory, or a URI such as "
-                                             "s3a://bucket/prefix (see docs/pipeline.md for its jars and settings).")]
+Dsn = Annotated[str, typer.Option(
+    "--dsn", envvar="PGCDC_DSN", show_envvar=True, callback=_valid_dsn, metavar="DSN", rich_help_panel=PANEL_SOURCE,
+    help="Source database: libpq string or URI, e.g. 'host=db dbname=shop user=cdc' (sslmode, sslrootcert, ... "
+         "pass through).")]
+Publication = Annotated[str, typer.Option(
+    "--publication", "-p", envvar="PGCDC_PUBLICATION", show_envvar=True, metavar="NAME", rich_help_panel=PANEL_SOURCE,
+    help="Publication whose tables are mirrored.")]
+SlotName = Annotated[str, typer.Option(
+    "--slot", envvar="PGCDC_SLOT", show_envvar=True, metavar="NAME", rich_help_panel=PANEL_SOURCE,
+    help="Logical replication slot pgcdc owns.")]
+Warehouse = Annotated[str, typer.Option(
+    "--warehouse", envvar="PGCDC_WAREHOUSE", show_envvar=True, metavar="DIR|URI", rich_help_panel=PANEL_DESTINATION,
+    help="Where the mirrors' files go: a directory, or a URI such as s3a://bucket/prefix (jars and settings: "
+         "docs/pipeline.md).")]
 CatalogType = Annotated[str | None, typer.Option(
-    "--catalog-type", envvar="PGCDC_CATALOG_TYPE", show_envvar=True,
+    "--catalog-type", envvar="PGCDC_CATALOG_TYPE", show_envvar=True, metavar="hadoop|jdbc|rest",
+    rich_help_panel=PANEL_DESTINATION,
     help="Iceberg catalog: hadoop (default: the warehouse itself), jdbc or rest (both need --catalog-uri).")]
 CatalogUri = Annotated[str | None, typer.Option(
-    "--catalog-uri", envvar="PGCDC_CATALOG_URI", show_envvar=True,
+    "--catalog-uri", envvar="PGCDC_CATALOG_URI", show_envvar=True, metavar="URI", rich_help_panel=PANEL_DESTINATION,
     help="The catalog's address: jdbc:postgresql://host/db for jdbc, https://host/path for rest.")]
-Catalog = Annotated[str, typer.Option("--catalog", envvar="PGCDC_CATALOG", show_envvar=True,
-                                      help="Spark catalog name for the mirrors.")]
-Namespace = Annotated[str, typer.Option("--namespace", envvar="PGCDC_NAMESPACE", show_envvar=True,
-                                        help="Iceberg namespace holding the mirrors.")]
-Master = Annotated[str | None, typer.Option("--master", envvar="PGCDC_SPARK_MASTER", show_envvar=True,
-                                            help="Spark master, e.g. local[4], spark://host:7077, yarn.")]
+Catalog = Annotated[str, typer.Option(
+    "--catalog", envvar="PGCDC_CATALOG", show_envvar=True, metavar="NAME", rich_help_panel=PANEL_DESTINATION,
+    help="Spark catalog name for the mirrors.")]
+Namespace = Annotated[str, typer.Option(
+    "--namespace", envvar="PGCDC_NAMESPACE", show_envvar=True, metavar="NAME", rich_help_panel=PANEL_DESTINATION,
+    help="Iceberg namespace holding the mirrors.")]
+Master = Annotated[str | None, typer.Option(
+    "--master", envvar="PGCDC_SPARK_MASTER", show_envvar=True, metavar="URL", rich_help_panel=PANEL_DESTINATION,
+    help="Spark master, e.g. local[4], spark://host:7077, yarn.")]
 
 
 def _spark_flags(ctx: typer.Context, param: typer.CallbackParam, value: list[str] | None) -> list[str] | None:
@@ -130,13 +237,12 @@ def _spark_flags(ctx: typer.Context, param: typer.CallbackParam, value: list[str
 
 
 SparkConf = Annotated[list[str] | None, typer.Option(
-    "--conf", "-c", callback=_spark_flags,
-    help="Spark setting KEY=VALUE, repeatable (e.g. a REST catalog: spark.sql.catalog.pgcdc.type=rest); added to "
-         "the config file's [spark] table. Secrets go in that table or the environment: other users can read a "
-         "command line.")]
+    "--conf", "-c", callback=_spark_flags, metavar="KEY=VALUE", rich_help_panel=PANEL_DESTINATION,
+    help="Spark setting, repeatable (e.g. spark.sql.catalog.pgcdc.type=rest); added to the config file's [spark] "
+         "table. Secrets go in that table or the environment: other users can read a command line.")]
 JavaOptions = Annotated[str, typer.Option(
-    "--java-options", envvar="PGCDC_JAVA_OPTIONS", show_envvar=True,
-    help="Options for Spark's driver and executor JVMs (e.g. -Xmx8g).")]
+    "--java-options", envvar="PGCDC_JAVA_OPTIONS", show_envvar=True, metavar="OPTIONS",
+    rich_help_panel=PANEL_DESTINATION, help="Options for Spark's driver and executor JVMs (e.g. -Xmx8g).")]
 
 # the destination's options, declared once for every command that reaches the mirrors: (name, type, default)
 _DESTINATION_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
@@ -185,7 +291,8 @@ def with_destination(*, optional_warehouse: str | None = None) -> Callable[[Call
     (its help text) the warehouse is asked for only when the command has a use for it: ``destination.warehouse``
     is then None when it is not given."""
     replaced = None if optional_warehouse is None else {"warehouse": (Annotated[str | None, typer.Option(
-        "--warehouse", envvar="PGCDC_WAREHOUSE", help=optional_warehouse)], None)}
+        "--warehouse", envvar="PGCDC_WAREHOUSE", metavar="DIR|URI", rich_help_panel=PANEL_DESTINATION,
+        help=optional_warehouse)], None)}
     return _grouped("destination", _DESTINATION_OPTIONS, _destination, replaced)
 
 
@@ -196,76 +303,87 @@ def _destination(*, warehouse: str | None, catalog: str, catalog_type: str | Non
 
 
 Resnapshot = Annotated[bool, typer.Option(
-    "--resnapshot", help="Drop the slot (if any) and copy every table again at a new consistent point: the way "
-                         "out after a lost or invalidated slot.")]
+    "--resnapshot", rich_help_panel=PANEL_COPY,
+    help="Drop the slot (if any) and copy every table again at a new consistent point: the way out after a lost "
+         "or invalidated slot.")]
 SnapshotWriter = Annotated[str, typer.Option(
-    "--snapshot-writer", envvar="PGCDC_SNAPSHOT_WRITER", show_envvar=True,
-    help="How the initial copy is written: arrow (tasks write Parquet data files, one commit; needs a local or "
-         "mounted warehouse), spark (Spark's Iceberg writer: any storage), auto (arrow where it can).")]
+    "--snapshot-writer", envvar="PGCDC_SNAPSHOT_WRITER", show_envvar=True, metavar="auto|arrow|spark",
+    rich_help_panel=PANEL_COPY,
+    help="How the copy is written: arrow (tasks write Parquet files, one commit; needs a local or mounted "
+         "warehouse), spark (Spark's Iceberg writer: any storage), auto (arrow where it can).")]
 ApplyWriter = Annotated[str, typer.Option(
-    "--apply", envvar="PGCDC_APPLY", show_envvar=True,
-    help="How batches reach the mirrors: delta (a Parquet data file and a delete file per mirror, one Iceberg "
-         "row-delta commit, no Spark query) or merge (a Spark MERGE INTO per mirror).")]
+    "--apply", envvar="PGCDC_APPLY", show_envvar=True, metavar="delta|merge", rich_help_panel=PANEL_BATCHES,
+    help="How batches reach the mirrors: delta (a data file and a delete file per mirror, one Iceberg row-delta "
+         "commit, no Spark query) or merge (a Spark MERGE INTO per mirror).")]
 Deletes = Annotated[str, typer.Option(
-    "--deletes", envvar="PGCDC_DELETES", show_envvar=True,
-    help="How the delta writer removes rows: position (every reader reads them, PyIceberg included; a key index "
-         "per mirror in memory) or equality (no index; PyIceberg cannot read a mirror until it is compacted).")]
+    "--deletes", envvar="PGCDC_DELETES", show_envvar=True, metavar="position|equality", rich_help_panel=PANEL_BATCHES,
+    help="How delta removes rows: position (every reader reads them, PyIceberg included; a key index per mirror "
+         "in memory) or equality (no index; PyIceberg cannot read a mirror until it is compacted).")]
 ConsistentEvery = Annotated[float | None, typer.Option(
-    "--consistent-every", envvar="PGCDC_CONSISTENT_EVERY", show_envvar=True, min=0,
-    help="Seconds between two moves of the mirrors' consistent tags (pgcdc_consistent: every mirror at one moment "
-         "of the source) at most; 0: after every batch.")]
+    "--consistent-every", envvar="PGCDC_CONSISTENT_EVERY", show_envvar=True, min=0, metavar="SECONDS",
+    rich_help_panel=PANEL_BATCHES,
+    help="Most seconds between two moves of the consistent tags (pgcdc_consistent: every mirror at one moment of "
+         "the source); 0: every batch.")]
 NoConsistentTags = Annotated[bool, typer.Option(
-    "--no-consistent-tags", envvar="PGCDC_NO_CONSISTENT_TAGS", help="Do not keep the consistent tags.")]
+    "--no-consistent-tags", envvar="PGCDC_NO_CONSISTENT_TAGS", rich_help_panel=PANEL_BATCHES,
+    help="Do not keep the consistent tags.")]
 SpillDir = Annotated[str | None, typer.Option(
-    "--spill-dir", envvar="PGCDC_SPILL_DIR",
-    help="Where transactions larger than --memory-limit spill (default: the system temporary directory).")]
+    "--spill-dir", envvar="PGCDC_SPILL_DIR", metavar="DIR", rich_help_panel=PANEL_BATCHES,
+    help="Where transactions larger than --memory-limit spill (default: the system's temporary directory).")]
 MemoryLimit = Annotated[int, typer.Option(
-    "--memory-limit", envvar="PGCDC_MEMORY_LIMIT_MB", min=1,
-    help="MB of changes held in memory per open transaction before it spills.")]
+    "--memory-limit", envvar="PGCDC_MEMORY_LIMIT_MB", min=1, metavar="MB", rich_help_panel=PANEL_BATCHES,
+    help="Changes held in memory per open transaction before it spills.")]
 ReceiveTimeout = Annotated[float, typer.Option(
-    "--receive-timeout", envvar="PGCDC_RECEIVE_TIMEOUT",
-    help="Seconds of silence from the server after which the connection counts as lost.")]
+    "--receive-timeout", envvar="PGCDC_RECEIVE_TIMEOUT", metavar="SECONDS", rich_help_panel=PANEL_FAILURES,
+    help="Silence from the server after which the connection counts as lost.")]
 OnConversionError = Annotated[str, typer.Option(
-    "--on-conversion-error", envvar="PGCDC_ON_CONVERSION_ERROR",
-    help="stop (default) at a value pgcdc cannot mirror, or quarantine: set the change aside, whole and raw, in "
-         "<table>__rejects and go on.")]
+    "--on-conversion-error", envvar="PGCDC_ON_CONVERSION_ERROR", metavar="stop|quarantine",
+    rich_help_panel=PANEL_FAILURES,
+    help="At a value pgcdc cannot mirror: stop, or quarantine (set the change aside, whole and raw, in "
+         "<table>__rejects and go on).")]
 OnIdentityChange = Annotated[str, typer.Option(
-    "--on-identity-change", envvar="PGCDC_ON_IDENTITY_CHANGE",
-    help="copy (default): a table whose replica identity changes is copied again, keyed on its new identity, "
-         "while the others stream; stop: pgcdc stops there (exit 1).")]
+    "--on-identity-change", envvar="PGCDC_ON_IDENTITY_CHANGE", metavar="copy|stop", rich_help_panel=PANEL_FAILURES,
+    help="When a table's replica identity changes: copy it again, keyed on the new identity, while the others "
+         "stream; or stop there (exit 1).")]
 IndexMemory = Annotated[int | None, typer.Option(
-    "--index-memory-mb", envvar="PGCDC_INDEX_MEMORY_MB", show_envvar=True, min=1,
-    help="Memory the mirrors' key indexes may take together (default: a quarter of the machine's); a mirror "
-         "whose index would not fit deletes by equality.")]
+    "--index-memory-mb", envvar="PGCDC_INDEX_MEMORY_MB", show_envvar=True, min=1, metavar="MB",
+    rich_help_panel=PANEL_BATCHES,
+    help="Memory for all mirrors' key indexes (default: a quarter of the machine's); a mirror whose index does "
+         "not fit deletes by equality.")]
 SnapshotRowsPerTask = Annotated[int, typer.Option(
-    "--snapshot-rows-per-task", envvar="PGCDC_SNAPSHOT_ROWS_PER_TASK", show_envvar=True, min=1,
-    help="Rows per task of the initial copy (a range of the table's pages, read by one COPY): the copy of a "
-         "table runs in as many tasks at once as the cluster has executor cores.")]
+    "--snapshot-rows-per-task", envvar="PGCDC_SNAPSHOT_ROWS_PER_TASK", show_envvar=True, min=1, metavar="ROWS",
+    rich_help_panel=PANEL_COPY,
+    help="Rows per task of the copy (a range of the table's pages, read by one COPY); a table is copied by as "
+         "many tasks at once as the cluster has executor cores.")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 SnapshotRetention = Annotated[float, typer.Option(
-    "--snapshot-retention-minutes", envvar="PGCDC_SNAPSHOT_RETENTION_MINUTES", min=0,
-    help="Maintenance expires mirror snapshots older than this (time travel reaches this far back) ...")]
+    "--snapshot-retention-minutes", envvar="PGCDC_SNAPSHOT_RETENTION_MINUTES", min=0, metavar="MINUTES",
+    rich_help_panel=PANEL_MAINTENANCE,
+    help="Expire mirror snapshots older than this (time travel reaches this far back) ...")]
 SnapshotsKept = Annotated[int, typer.Option(
-    "--snapshots-kept", envvar="PGCDC_SNAPSHOTS_KEPT", min=1, help="... but always keeps the newest this many.")]
+    "--snapshots-kept", envvar="PGCDC_SNAPSHOTS_KEPT", min=1, metavar="N", rich_help_panel=PANEL_MAINTENANCE,
+    help="... but always keep the newest this many.")]
 OrphanAge = Annotated[float, typer.Option(
-    "--orphan-age-hours", envvar="PGCDC_ORPHAN_AGE_HOURS", min=1,
-    help="Maintenance deletes files no snapshot references once older than this (at least 1 hour: files of a "
-         "commit in flight are not referenced yet).")]
+    "--orphan-age-hours", envvar="PGCDC_ORPHAN_AGE_HOURS", min=1, metavar="HOURS", rich_help_panel=PANEL_MAINTENANCE,
+    help="Delete files no snapshot references once older than this (at least 1: files of a commit in flight are "
+         "not referenced yet).")]
 
 
 MaintenanceOn = Annotated[bool, typer.Option(
-    "--maintenance/--no-maintenance", envvar="PGCDC_MAINTENANCE",
+    "--maintenance/--no-maintenance", envvar="PGCDC_MAINTENANCE", rich_help_panel=PANEL_MAINTENANCE,
     help="Maintain the mirrors while streaming: compact data and delete files, expire snapshots, remove orphan "
          "files, rewrite manifests.")]
 MaintenanceInterval = Annotated[float, typer.Option(
-    "--maintenance-interval", envvar="PGCDC_MAINTENANCE_INTERVAL", min=0,
-    help="Seconds between two maintenances of one mirror at least (longer after a long one: four times its "
-         "duration); a mirror unchanged for this long is compacted of its last delete files.")]
+    "--maintenance-interval", envvar="PGCDC_MAINTENANCE_INTERVAL", min=0, metavar="SECONDS",
+    rich_help_panel=PANEL_MAINTENANCE,
+    help="Least time between two maintenances of a mirror (four times the last one's duration if longer); a "
+         "mirror unchanged this long is compacted of its last delete files.")]
 CompactDataFiles = Annotated[int, typer.Option(
-    "--compact-data-files", envvar="PGCDC_COMPACT_DATA_FILES", min=1,
-    help="A mirror is compacted once it has this many data files ...")]
+    "--compact-data-files", envvar="PGCDC_COMPACT_DATA_FILES", min=1, metavar="N", rich_help_panel=PANEL_MAINTENANCE,
+    help="Compact a mirror once it has this many data files ...")]
 CompactDeleteFiles = Annotated[int, typer.Option(
-    "--compact-delete-files", envvar="PGCDC_COMPACT_DELETE_FILES", min=1, help="... or this many delete files.")]
+    "--compact-delete-files", envvar="PGCDC_COMPACT_DELETE_FILES", min=1, metavar="N",
+    rich_help_panel=PANEL_MAINTENANCE, help="... or this many delete files.")]
 
 # what a maintenance keeps (pgcdc maintain, pgcdc run), and when the pipeline maintains (pgcdc run): (name, type,
 # default), the defaults MaintenancePolicy's
@@ -323,15 +441,17 @@ def _show_version(value: bool) -> None:
 def main_options(
     config: Annotated[Path | None, typer.Option("--config", envvar="PGCDC_CONFIG", show_envvar=True,
                                                 help="TOML file of settings (keys named like the flags).")] = None,
-    log_format: Annotated[str, typer.Option("--log-format", envvar="PGCDC_LOG_FORMAT",
-                                            help="text or json (JSON lines on stderr).")] = "text",
-    log_level: Annotated[str, typer.Option("--log-level", envvar="PGCDC_LOG_LEVEL",
-                                           help="debug, info, warning, error or critical.")] = "INFO",
     connect_timeout: Annotated[float, typer.Option(
-        "--connect-timeout", envvar="PGCDC_CONNECT_TIMEOUT", show_envvar=True,
+        "--connect-timeout", envvar="PGCDC_CONNECT_TIMEOUT", show_envvar=True, rich_help_panel=PANEL_SOURCE,
         help="Seconds to wait for PostgreSQL to answer a connection attempt (a DSN's own connect_timeout, or "
              "PGCONNECT_TIMEOUT, wins).")] = 10.0,
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+    log_format: Annotated[str, typer.Option("--log-format", envvar="PGCDC_LOG_FORMAT",
+                                            rich_help_panel=PANEL_OBSERVABILITY,
+                                            help="text or json (JSON lines on stderr).")] = "text",
+    log_level: Annotated[str, typer.Option("--log-level", envvar="PGCDC_LOG_LEVEL", rich_help_panel=PANEL_OBSERVABILITY,
+                                           help="debug, info, warning, error or critical.")] = "INFO",
+    debug: Annotated[bool, typer.Option("--debug", rich_help_panel=PANEL_OBSERVABILITY,
+                                        help="Show tracebacks of errors.")] = False,
     version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_show_version,
                                           help="Print pgcdc's version and exit.")] = False,
 ) -> None:
@@ -372,7 +492,7 @@ def _pipeline_config(**kwargs: Any):
     return config
 
 
-@app.command()
+@app.command(cls=PanelledHelp)
 @with_destination()
 @with_maintenance(schedule=True)
 def run(
@@ -381,29 +501,36 @@ def run(
     slot: SlotName = "pgcdc",
     until_caught_up: Annotated[bool, typer.Option(
         "--until-caught-up", help="Exit once the mirrors reach the server's WAL position at start.")] = False,
-    batch_rows: Annotated[int, typer.Option("--batch-rows", envvar="PGCDC_BATCH_ROWS",
-                                            help="Apply a batch at this many changes.")] = _CONFIG.batch_max_rows,
-    batch_seconds: Annotated[float, typer.Option("--batch-seconds", envvar="PGCDC_BATCH_SECONDS",
-                                                 help="... or this many seconds after the batch before it, "
-                                                      "once that one is applied (the batch clock).")
+    batch_rows: Annotated[int, typer.Option(
+        "--batch-rows", envvar="PGCDC_BATCH_ROWS", metavar="N", rich_help_panel=PANEL_BATCHES,
+        help="Apply a batch at this many changes ...")] = _CONFIG.batch_max_rows,
+    batch_seconds: Annotated[float, typer.Option(
+        "--batch-seconds", envvar="PGCDC_BATCH_SECONDS", metavar="SECONDS", rich_help_panel=PANEL_BATCHES,
+        help="... or this long after the batch before it, once that one is applied (the batch clock).")
                      ] = _CONFIG.batch_max_seconds,
-    changelog: Annotated[bool, typer.Option("--changelog", envvar="PGCDC_CHANGELOG",
+    changelog: Annotated[bool, typer.Option("--changelog", envvar="PGCDC_CHANGELOG", rich_help_panel=PANEL_BATCHES,
                                             help="Also append every change to <table>__changes.")] = False,
-    no_snapshot: Annotated[bool, typer.Option("--no-snapshot", help="Do not copy existing rows first.")] = False,
-    binary: Annotated[bool, typer.Option("--binary", envvar="PGCDC_BINARY",
+    no_snapshot: Annotated[bool, typer.Option("--no-snapshot", rich_help_panel=PANEL_COPY,
+                                              help="Do not copy existing rows first.")] = False,
+    binary: Annotated[bool, typer.Option("--binary", envvar="PGCDC_BINARY", rich_help_panel=PANEL_SOURCE,
                                          help="Ask the server for binary column values.")] = False,
-    proto_version: Annotated[int | None, typer.Option("--proto-version", min=1, max=4,
-                                                      help="pgoutput protocol version (default: highest).")] = None,
-    streaming: Annotated[str | None, typer.Option("--streaming", help="off, on or parallel.")] = None,
-    two_phase: Annotated[bool | None, typer.Option("--two-phase/--no-two-phase",
+    proto_version: Annotated[int | None, typer.Option(
+        "--proto-version", min=1, max=4, metavar="N", rich_help_panel=PANEL_SOURCE,
+        help="pgoutput protocol version (default: the server's highest).")] = None,
+    streaming: Annotated[str | None, typer.Option(
+        "--streaming", metavar="off|on|parallel", rich_help_panel=PANEL_SOURCE,
+        help="Receive transactions in progress (default: the most the protocol allows).")] = None,
+    two_phase: Annotated[bool | None, typer.Option("--two-phase/--no-two-phase", rich_help_panel=PANEL_SOURCE,
                                                    help="Decode prepared transactions at PREPARE.")] = None,
-    origin: Annotated[str | None, typer.Option("--origin", help="any, or none to skip replicated changes.")] = None,
-    numeric: Annotated[str, typer.Option("--numeric", help="Unconstrained numeric as string or decimal38.")
-                       ] = "string",
-    metrics_port: Annotated[int | None, typer.Option("--metrics-port", envvar="PGCDC_METRICS_PORT",
-                                                     help="Serve Prometheus metrics on this port.")] = None,
+    origin: Annotated[str | None, typer.Option("--origin", metavar="any|none", rich_help_panel=PANEL_SOURCE,
+                                               help="none: skip changes replicated into this server (default: any).")] = None,
+    numeric: Annotated[str, typer.Option("--numeric", metavar="string|decimal38", rich_help_panel=PANEL_BATCHES,
+                                         help="Mirror unconstrained numeric as string or decimal38.")] = "string",
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", envvar="PGCDC_METRICS_PORT", metavar="PORT", rich_help_panel=PANEL_OBSERVABILITY,
+        help="Serve Prometheus metrics on this port.")] = None,
     heartbeat_seconds: Annotated[float | None, typer.Option(
-        "--heartbeat-seconds", envvar="PGCDC_HEARTBEAT_SECONDS",
+        "--heartbeat-seconds", envvar="PGCDC_HEARTBEAT_SECONDS", metavar="SECONDS", rich_help_panel=PANEL_SOURCE,
         help="When idle, emit a logical message this often so a quiet slot keeps advancing.")] = None,
     resnapshot: Resnapshot = False,
     snapshot_writer: SnapshotWriter = "auto",
@@ -451,7 +578,7 @@ def run(
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
-@app.command()
+@app.command(cls=PanelledHelp)
 @with_destination()
 def snapshot(
     dsn: Dsn,
@@ -478,13 +605,14 @@ def snapshot(
         out.print(f"{table}: {rows} rows")
 
 
-@app.command()
+@app.command(cls=PanelledHelp)
 @with_destination()
 @with_maintenance(schedule=False)
 def maintain(
     table: Annotated[list[str] | None, typer.Option(
-        "--table", "-t", help="Only the mirror of this source table (schema.table), with its change log and "
-                              "rejects; repeatable. Default: every mirror in the namespace.")] = None,
+        "--table", "-t", metavar="SCHEMA.TABLE",
+        help="Only the mirror of this source table, with its change log and rejects; repeatable. Default: every "
+             "mirror in the namespace.")] = None,
     as_json: JsonFlag = False,
     *,
     destination: Destination,
@@ -539,11 +667,12 @@ def maintain(
         out.print(f"no mirrors in namespace {destination.namespace!r}")
 
 
-@app.command()
+@app.command(cls=PanelledHelp)
 @with_destination(optional_warehouse="Also show the mirrors in this warehouse.")
 def status(
     dsn: Dsn,
-    slot: Annotated[str | None, typer.Option("--slot", envvar="PGCDC_SLOT", help="Only this slot.")] = None,
+    slot: Annotated[str | None, typer.Option("--slot", envvar="PGCDC_SLOT", metavar="NAME",
+                                             rich_help_panel=PANEL_SOURCE, help="Only this slot.")] = None,
     as_json: JsonFlag = False,
     *,
     destination: Destination,
@@ -593,7 +722,7 @@ def _print_warnings(warnings: list[dict[str, str]]) -> None:
                   highlight=False)
 
 
-@app.command()
+@app.command(cls=PanelledHelp)
 @with_destination(optional_warehouse="Also check the destination: the warehouse's storage takes a file, the "
                                      "catalog answers.")
 def check(
@@ -646,26 +775,37 @@ def _destination_problems(destination: Destination) -> list[Any]:
         spark.stop()
 
 
-@app.command()
+@app.command(cls=PanelledHelp)
 @with_destination(optional_warehouse="With --consume: the warehouse whose mirrors must not lose what the slot "
                                      "holds (default: ./warehouse if it exists).")
 def decode(
-    dsn: Annotated[str | None, typer.Option("--dsn", envvar="PGCDC_DSN", callback=_valid_dsn,
+    dsn: Annotated[str | None, typer.Option("--dsn", envvar="PGCDC_DSN", callback=_valid_dsn, metavar="DSN",
+                                            rich_help_panel=PANEL_SOURCE,
                                             help="Read from a slot on this server (SQL interface).")] = None,
-    slot: Annotated[str | None, typer.Option("--slot", help="Slot to read (peeked unless --consume).")] = None,
-    publication: Annotated[str | None, typer.Option("--publication", "-p", envvar="PGCDC_PUBLICATION")] = None,
-    file: Annotated[Path | None, typer.Option("--file", "-f", help="A file of raw messages instead: one hex "
-                                              "payload per line, or length-prefixed binary (see docs).")] = None,
-    proto_version: Annotated[int, typer.Option("--proto-version", min=1, max=4)] = 1,
-    binary: Annotated[bool, typer.Option("--binary", help="Ask for binary column values.")] = False,
-    streaming: Annotated[bool, typer.Option("--streaming", help="Ask for in-progress transactions (v2+).")] = False,
+    slot: Annotated[str | None, typer.Option("--slot", metavar="NAME", rich_help_panel=PANEL_SOURCE,
+                                             help="Slot to read (peeked unless --consume).")] = None,
+    publication: Annotated[str | None, typer.Option("--publication", "-p", envvar="PGCDC_PUBLICATION",
+                                                    metavar="NAME", rich_help_panel=PANEL_SOURCE,
+                                                    help="Publication the slot is read for.")] = None,
+    file: Annotated[Path | None, typer.Option(
+        "--file", "-f", metavar="FILE", rich_help_panel=PANEL_SOURCE,
+        help="A file of raw messages instead: one hex payload per line, or length-prefixed binary (see docs).")
+                    ] = None,
+    proto_version: Annotated[int, typer.Option("--proto-version", min=1, max=4, metavar="N",
+                                               rich_help_panel=PANEL_SOURCE,
+                                               help="pgoutput protocol version.")] = 1,
+    binary: Annotated[bool, typer.Option("--binary", rich_help_panel=PANEL_SOURCE,
+                                         help="Ask for binary column values.")] = False,
+    streaming: Annotated[bool, typer.Option("--streaming", rich_help_panel=PANEL_SOURCE,
+                                            help="Ask for in-progress transactions (v2+).")] = False,
     consume: Annotated[bool, typer.Option(
         "--consume", help="Then advance the slot past the printed transactions (only whole transactions whose "
                           "every message was printed).")] = False,
     force: Annotated[bool, typer.Option(
         "--force", help="Let --consume advance a slot that pgcdc's mirrors stream from (they lose what it "
                         "skips).")] = False,
-    limit: Annotated[int | None, typer.Option("--limit", "-n", help="Print at most this many messages.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", "-n", metavar="N",
+                                              help="Print at most this many messages.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines.")] = False,
     *,
     destination: Destination,
@@ -743,12 +883,14 @@ def _consume_printed(dsn: str, slot: str, printed_through: Any, unprinted_messag
     console.print(f"slot {slot} advanced to {confirmed}, past the printed transactions{kept}")
 
 
-@slot_app.command("create")
+@slot_app.command("create", cls=PanelledHelp)
 def slot_create(
     name: Annotated[str, typer.Argument(help="Slot name (lower case letters, digits, _).")],
     dsn: Dsn,
-    two_phase: Annotated[bool, typer.Option("--two-phase", help="Decode prepared transactions (PG 15+).")] = False,
-    failover: Annotated[bool, typer.Option("--failover", help="Sync the slot to standbys (PG 17+).")] = False,
+    two_phase: Annotated[bool, typer.Option("--two-phase", rich_help_panel=PANEL_SOURCE,
+                                            help="Decode prepared transactions (PG 15+).")] = False,
+    failover: Annotated[bool, typer.Option("--failover", rich_help_panel=PANEL_SOURCE,
+                                           help="Sync the slot to standbys (PG 17+).")] = False,
 ) -> None:
     """Create a logical replication slot using pgoutput."""
     from pgcdc.replication import SlotManager, slot_name_problem
@@ -761,8 +903,8 @@ def slot_create(
         out.print(f"created slot {name} at {slot.consistent_point}")
 
 
-@slot_app.command("drop")
-def slot_drop(name: Annotated[str, typer.Argument()], dsn: Dsn) -> None:
+@slot_app.command("drop", cls=PanelledHelp)
+def slot_drop(name: Annotated[str, typer.Argument(help="Slot name.")], dsn: Dsn) -> None:
     """Drop a replication slot (the server then frees the WAL it held)."""
     from pgcdc.replication import SlotManager
 
@@ -770,7 +912,7 @@ def slot_drop(name: Annotated[str, typer.Argument()], dsn: Dsn) -> None:
     out.print(f"dropped slot {name}")
 
 
-@slot_app.command("list")
+@slot_app.command("list", cls=PanelledHelp)
 def slot_list(dsn: Dsn, as_json: JsonFlag = False) -> None:
     """List the server's logical replication slots."""
     from pgcdc.status import slot_status
@@ -788,11 +930,11 @@ def slot_list(dsn: Dsn, as_json: JsonFlag = False) -> None:
     out.print(table)
 
 
-@embedded_app.command("start")
+@embedded_app.command("start", cls=PanelledHelp)
 def embedded_start(
-    port: Annotated[int | None, typer.Option("--port", help="Port (default: a free one).")] = None,
-    setting: Annotated[list[str] | None, typer.Option("--set", help="postgresql.conf KEY=VALUE, repeatable.")
-                       ] = None,
+    port: Annotated[int | None, typer.Option("--port", metavar="PORT", help="Port (default: a free one).")] = None,
+    setting: Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
+                                                      help="A postgresql.conf setting, repeatable.")] = None,
 ) -> None:
     """Start a PostgreSQL 18 with wal_level=logical in the background and print its DSN."""
     from pgcdc.embedded import EmbeddedPostgres
@@ -803,9 +945,9 @@ def embedded_start(
     console.print(f"running (pid {server.pid}); stop it with: pgcdc embedded stop --port {server.port}")
 
 
-@embedded_app.command("stop")
-def embedded_stop(port: Annotated[int | None, typer.Option("--port", help="Only the server on this port.")
-                                  ] = None) -> None:
+@embedded_app.command("stop", cls=PanelledHelp)
+def embedded_stop(port: Annotated[int | None, typer.Option("--port", metavar="PORT",
+                                                          help="Only the server on this port.")] = None) -> None:
     """Stop embedded servers started with `pgcdc embedded start` and delete their data."""
     from pgcdc.embedded import stop_detached
 
@@ -817,7 +959,7 @@ def embedded_stop(port: Annotated[int | None, typer.Option("--port", help="Only 
         out.print(f"stopped {info['dsn']}")
 
 
-@embedded_app.command("list")
+@embedded_app.command("list", cls=PanelledHelp)
 def embedded_list() -> None:
     """List running embedded servers."""
     from pgcdc.embedded import detached_servers
@@ -826,13 +968,15 @@ def embedded_list() -> None:
         out.print(info["dsn"])
 
 
-@app.command()
+@app.command(cls=PanelledHelp)
 def demo(
     warehouse: Annotated[Path | None, typer.Option(
-        "--warehouse", help="Keep the Iceberg warehouse here (default: a temporary directory).")] = None,
-    rows: Annotated[int, typer.Option("--rows", help="Existing rows per table before the workload.")] = 2000,
+        "--warehouse", metavar="DIR", rich_help_panel=PANEL_DESTINATION,
+        help="Keep the Iceberg warehouse here (default: a temporary directory).")] = None,
+    rows: Annotated[int, typer.Option("--rows", metavar="N",
+                                      help="Existing rows per table before the workload.")] = 2000,
     large_transaction_rows: Annotated[int, typer.Option(
-        "--large-transaction-rows", help="Rows of the streamed large transaction.")] = 20000,
+        "--large-transaction-rows", metavar="N", help="Rows of the streamed large transaction.")] = 20000,
     object_store: Annotated[bool, typer.Option(
         "--object-store", help="Keep the mirrors on a local S3 server (s3a) behind Iceberg's JDBC catalog in a "
                                "database of the demo's PostgreSQL; its parts: make demo-object-store.")] = False,
