@@ -212,6 +212,18 @@ def test_expiry_deletes_what_only_expired_snapshots_held_and_keeps_what_a_tag_or
     assert assert_reads_alike(spark, identifier, hadoop_table(spark, identifier), snapshot_id=tagged) == 10
     assert maintain_table(spark, identifier, {}, policy, steps=["expire"]).steps["expire"] == 0
 
+    # young snapshots past the bound: the table is brought back to the newest half of it, the tagged one kept
+    for value in range(4):
+        spark.createDataFrame([(100 + value, "young")], "id bigint, v string").writeTo(identifier).append()
+    young = [row.snapshot_id for row in spark.sql(
+        f"SELECT snapshot_id FROM {identifier}.snapshots ORDER BY committed_at").collect()]
+    assert len(young) == 6
+    bounded = MaintenancePolicy(snapshots=6, snapshots_kept=1, snapshot_max_age_seconds=3600)
+    assert maintain_table(spark, identifier, {}, bounded, steps=["expire"]).steps["expire"] == 2
+    assert sorted(row.snapshot_id for row in spark.sql(f"SELECT snapshot_id FROM {identifier}.snapshots")
+                  .collect()) == sorted([tagged, *young[-3:]])
+    assert spark.table(identifier).count() == 22
+
 
 def test_a_table_left_unchanged_for_an_interval_is_compacted_of_its_last_delete_files(spark, iceberg_namespace):
     """Below the thresholds a streamed table is left alone; once the stream leaves it unchanged for an interval,

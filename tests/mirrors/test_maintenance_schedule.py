@@ -98,3 +98,22 @@ def test_only_commits_that_lost_to_a_concurrent_one_are_applied_again(spark, kin
     with pytest.raises(Exception) as raised:  # py4j's error around the Java exception, as a failed commit raises it
         jvm.org.apache.iceberg.relocated.com.google.common.base.Throwables.throwIfUnchecked(_thrown(jvm, kind))
     assert is_commit_conflict(raised.value) is retried
+
+
+def test_expiry_keeps_the_retention_age_until_a_table_holds_too_many_snapshots():
+    """Snapshots older than the retention age go; past ``snapshots`` of them, the oldest beyond the newest half of
+    that many go too however young (a mirror committing every second would hold thousands within the hour)."""
+    from pgcdc.mirrors.maintenance import expiry_cutoff
+
+    now = 10_000.0
+    policy = MaintenancePolicy(snapshots=10, snapshots_kept=2, snapshot_max_age_seconds=3600)
+    young = [int((now - 60 + second) * 1000) for second in range(9)]  # a minute old, a second apart
+    assert expiry_cutoff(young, policy, now) == (now - 3600) * 1000  # below the bound: the age alone
+    ten = [*young, int(now * 1000)]
+    cutoff = expiry_cutoff(ten, policy, now)
+    assert sum(time >= cutoff for time in ten) == 5  # the newest half stay: expired are those before the cutoff
+    old = [int((now - 7200 + second) * 1000) for second in range(10)]
+    assert expiry_cutoff(old, policy, now) == (now - 3600) * 1000  # all older than the age: the age decides
+    assert expiry_cutoff(ten, MaintenancePolicy(snapshots=10, snapshots_kept=8), now) == sorted(ten)[-8]
+    assert expiry_cutoff(ten, MaintenancePolicy(snapshots=10, snapshots_kept=20), now) == \
+        int((now - 3600) * 1000)  # kept covers them all: nothing beyond the age

@@ -45,6 +45,7 @@ class Snapshot:
     operation_name: str | None
     summary_entries: Mapping[str, str]
     manifest_list: str | None = None  # where the Avro list of its manifests is (pgcdc.iceberg.table_files)
+    timestamp_ms: int = 0  # when it was committed
 
     def snapshotId(self) -> int:
         return self.snapshot_id
@@ -57,6 +58,9 @@ class Snapshot:
 
     def summary(self) -> Mapping[str, str]:
         return self.summary_entries
+
+    def timestampMillis(self) -> int:
+        return self.timestamp_ms
 
 
 class TableMetadata:
@@ -119,4 +123,5 @@ def _snapshot(entry: Mapping[str, Any]) -> Snapshot:
     parent = entry.get("parent-snapshot-id")
     manifest_list = entry.get("manifest-list")
     return Snapshot(int(entry["snapshot-id"]), None if parent is None else int(parent), operation,
-                    MappingProxyType(summary), None if manifest_list is None else str(manifest_list))
+                    MappingProxyType(summary), None if manifest_list is None else str(manifest_list),
+                    int(entry.get("timestamp-ms") or 0))

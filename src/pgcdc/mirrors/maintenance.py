@@ -12,8 +12,10 @@ table runs, each step only when there is something to do:
    than the oldest live data file, every position delete older than it or naming a data file no longer
    live), then the position delete files left rewritten (``rewrite_position_delete_files``);
 3. ``rewrite-manifests``: the manifests, many small ones after many commits, rewritten into few;
-4. ``expire``: snapshots older than the retention age expired, the newest ``snapshots_kept`` (and any a tag
-   or branch points at) always kept, and the files only they held deleted (Iceberg's own expiry, on the driver);
+4. ``expire``: snapshots older than the retention age expired, and a mirror holding ``snapshots`` or more
+   brought back to the newest half of that many however young they are (:func:`expiry_cutoff`); the newest
+   ``snapshots_kept`` (and any a tag or branch points at) always kept, and the files only they held deleted
+   (Iceberg's own expiry, on the driver);
 5. ``remove-orphans``: files no snapshot references and older than ``orphan_age_seconds`` deleted — never
    younger than an hour, so files of a commit in flight (pgcdc's own or anyone's) are not taken.
 
@@ -34,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -77,7 +79,7 @@ class MaintenancePolicy:
     interval_seconds: float = 300.0  # the least time between two maintenances of one table
     data_files: int = 32  # a table is due at this many data files ...
     delete_files: int = 8  # ... or this many delete files ...
-    snapshots: int = 100  # ... or this many snapshots
+    snapshots: int = 100  # ... or this many snapshots (then brought back to half as many: expiry_cutoff)
     snapshot_max_age_seconds: float = 3600.0  # snapshots older than this are expired ...
     snapshots_kept: int = 5  # ... except the newest this many
     orphan_age_seconds: float = 24 * 3600.0  # unreferenced files older than this are deleted ...
@@ -175,6 +177,19 @@ def due_steps(health: TableHealth, policy: MaintenancePolicy, now: float, *, set
     return steps
 
 
+def expiry_cutoff(commit_times_ms: Sequence[int], policy: MaintenancePolicy, now: float) -> int:
+    """The commit time (ms) before which a table's snapshots are expired: those older than the retention age and,
+    once the table holds ``policy.snapshots`` or more, every one older than the newest half of that many (at least
+    ``snapshots_kept``), however young. Without that bound a mirror committing every second would hold thousands
+    of snapshots within an hour's retention, and each commit, which rewrites a metadata file listing every
+    snapshot kept, would cost more than the one before."""
+    cutoff = int((now - policy.snapshot_max_age_seconds) * 1000)
+    keep = max(policy.snapshots_kept, policy.snapshots // 2)
+    if len(commit_times_ms) >= policy.snapshots and keep < len(commit_times_ms):
+        cutoff = max(cutoff, sorted(commit_times_ms, reverse=True)[keep - 1])
+    return cutoff
+
+
 def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, str], policy: MaintenancePolicy,
                    *, steps: tuple[str, ...] | list[str] = STEPS,
                    orphan_age_seconds: float | None = None) -> MaintenanceResult:
@@ -262,8 +277,9 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
         # cleanup plans Spark jobs over every file of the table before and after — about 1 s and 1.4 CPU-s a
         # turn on a warm Spark for a mirror of a few files, 2.4 s on a cold one, against 60 ms here (a mirror under
         # this maintenance has few manifests for the driver to read)
-        older_than = int((time.time() - policy.snapshot_max_age_seconds) * 1000)
-        held = {int(snapshot.snapshotId()) for snapshot in metadata_view(table).snapshots()}
+        snapshots = metadata_view(table).snapshots()
+        held = {int(snapshot.snapshotId()) for snapshot in snapshots}
+        older_than = expiry_cutoff([int(snapshot.timestampMillis()) for snapshot in snapshots], policy, time.time())
         # the commit leaves the table's metadata its own (the step's refresh follows in maintain_table)
         table.expireSnapshots().expireOlderThan(older_than).retainLast(policy.snapshots_kept).commit()
         return len(held - {int(snapshot.snapshotId()) for snapshot in metadata_view(table).snapshots()})
