@@ -304,7 +304,8 @@ def test_killed_during_and_right_after_maintenance_steps_loses_and_duplicates_no
 
 
 @pytest.mark.long(3)
-@pytest.mark.parametrize("deletes", ["equality", "position"])
+# deleting by equality (a user's choice, maintenance beside the applies): make soak
+@pytest.mark.parametrize("deletes", [pytest.param("equality", marks=pytest.mark.soak), "position"])
 def test_maintenance_beside_or_between_the_row_delta_writers_applies(pg, spark, caplog, deletes):
     """Equality deletes name keys, which a compaction keeps reaching: batches commit while pgcdc's own
     maintenance of a mirror runs (each side's commit retried over the other's by Iceberg). Position deletes name

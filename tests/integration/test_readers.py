@@ -19,7 +19,8 @@ BESIDE = MaintenancePolicy(interval_seconds=0, data_files=3, delete_files=2, che
                            snapshot_max_age_seconds=3600)
 
 
-@pytest.mark.parametrize("writer", ["delta", "merge"])
+# the MERGE writer's mirrors read alike too: a second writer, make soak
+@pytest.mark.parametrize("writer", ["delta", pytest.param("merge", marks=pytest.mark.soak)])
 def test_pyiceberg_reads_every_snapshot_of_the_mixed_workload_as_spark_does(pg, spark, writer):
     pg.server.require(16, "streaming 'parallel' and two-phase decoding")
     prepare_source(pg, rows=300)

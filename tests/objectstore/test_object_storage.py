@@ -60,10 +60,9 @@ def secrets_of(setup, s3) -> list[str]:
                               if key.endswith((".password", ".token"))]
 
 
-# the JDBC catalog's in make test; the REST catalog's mirrors the workload in its crash loop here, and the whole
-# mixed workload in make soak
+# both catalogs' in make test: the proof that mirrors on S3 equal their source behind each catalog pgcdc sets up
 @pytest.mark.long
-@pytest.mark.parametrize("store", ["jdbc", pytest.param("rest", marks=pytest.mark.soak)], indirect=True)
+@pytest.mark.parametrize("store", ["jdbc", "rest"], indirect=True)
 def test_mixed_workload_mirrors_equal_source_on_s3(pg, spark, s3, store):
     import pyarrow.parquet as pq
     from pyarrow.fs import S3FileSystem
@@ -90,12 +89,12 @@ def test_mixed_workload_mirrors_equal_source_on_s3(pg, spark, s3, store):
         assert_pyiceberg_reads_alike(spark, pipeline.mirrors, store, s3)
 
 
-# One catalog's crash loop is enough for make test: the kills land before the catalog is asked to commit (in the
-# copy's writes to S3, and between a batch's files and its commit), and what follows a restart goes through the
-# catalog as every commit does. REST covers more: a catalog server of its own, over a JDBC catalog, with a token.
-# The JDBC catalog is killed under in make soak, and its commands run through the CLI in test_stop_on_s3.py and
-# tests/reliability/test_security.py.
-@pytest.mark.long(6)  # with the REST catalog its group (s3-rest) starts first
+# The crash loop on S3 repeats the local one's proof (tests/reliability/test_crash_loop.py) on a second store and
+# catalog: make soak. Its aimed kills land before the catalog is asked to commit (in the copy's writes to S3, and
+# between a batch's files and its commit), and what follows a restart goes through the catalog as every commit
+# does. The JDBC catalog's commands run through the CLI in make test (test_stop_on_s3.py,
+# tests/reliability/test_security.py).
+@pytest.mark.soak
 @pytest.mark.parametrize("store", ["rest"], indirect=True)
 def test_crash_loop_on_s3_loses_and_duplicates_nothing(pg, spark, s3, store, tmp_path):
     crash_loop_on_s3(pg, spark, s3, store, CRASH_ROUNDS, "crash", tmp_path)
