@@ -34,7 +34,8 @@ POINTS = (
     "apply.delta-commit",     # a mirror's row-delta files written, their commit not yet made
     "apply.rejects",          # changes set aside committed to a __rejects table, the mirror's commit not yet made
     "apply.fill",             # columns added to a mirror, their existing rows not yet given the source's default
-    "apply.between-mirrors",  # one mirror of a batch committed, the next not yet
+    "apply.between-mirrors",  # one mirror of a batch committed, another not yet (or still being applied)
+    "apply.beside-commits",   # one mirror of a batch committed while another is being applied beside it
     "apply.before-confirm",   # every mirror of a batch committed, the slot not yet told
     "assembler.prepared",     # a prepared transaction is held, its COMMIT PREPARED not yet seen
     # table maintenance (pgcdc.mirrors.maintenance): each step about to run, and every step done
@@ -74,6 +75,7 @@ def _parse(value: str | None) -> dict[str, _Armed]:
 
 _armed = _parse(os.environ.get("PGCDC_INJECT"))
 _hits: dict[str, int] = {}
+_HITS_LOCK = threading.Lock()
 
 
 def injection_point(name: str) -> None:
@@ -81,7 +83,8 @@ def injection_point(name: str) -> None:
     armed = _armed.get(name) if _armed else None
     if armed is None:
         return
-    _hits[name] = count = _hits.get(name, 0) + 1
+    with _HITS_LOCK:  # the mirrors of a batch are applied on several threads: each hit counted once
+        _hits[name] = count = _hits.get(name, 0) + 1
     if count != armed.hit:
         return
     if armed.signal is None:

@@ -4,17 +4,20 @@ is passed over. The same rules against real Iceberg mirrors: test_pipeline.py, t
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from batches import ITEMS, OTHER, batcher, collected, row, transactions
+from batches import INT4, ITEMS, OTHER, WIDER, batcher, collected, row, transactions
 
 from pgcdc.apply.batch import AppliedChanges
 from pgcdc.apply.rejects import SetAside
 from pgcdc.lsn import Lsn
-from pgcdc.pgoutput.messages import Insert, Relation
+from pgcdc.pgoutput.messages import Column, Insert, Relation
 from pgcdc.pipeline.applier import Applier
 from pgcdc.pipeline.config import Progress
 
@@ -94,3 +97,78 @@ def test_a_failed_apply_confirms_nothing_and_raises_its_error():
         with pytest.raises(RuntimeError, match="the commit to other failed"):
             running.collect(confirmed.append)
     assert confirmed == [] and progress.rows_applied == 0 and progress.applied_lsn is None
+
+
+TABLES = [Relation(None, 10 + number, "public", f"t{number}", "d", (Column(1, "id", INT4, -1),))
+          for number in range(6)]
+
+
+def many_tables_batch():
+    """Each of six tables in each of two transactions; items changes schema between them (two segments)."""
+    return collected(batcher(), transactions(
+        [ITEMS, Insert(None, 1, row(b"1", None, b"a")),
+         *[message for number, table in enumerate(TABLES)
+           for message in (table, Insert(None, table.relation_id, row(str(number).encode())))]],
+        [WIDER, Insert(None, 1, row(b"2", None, b"b", b"x")),
+         *[Insert(None, table.relation_id, row(str(10 + number).encode())) for number, table in enumerate(TABLES)]],
+    ))
+
+
+@dataclass
+class SideBySide(Mirrors):
+    """Mirrors whose applies wait for each other: ``together`` of them must be in flight at once, or none lands."""
+
+    together: int = 3
+    threads: dict[str, set[str]] = field(default_factory=dict)
+    in_flight: int = 0
+    most_in_flight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.barrier = threading.Barrier(self.together)
+
+    def apply(self, mirror: Mirror, changes: pa.Table, position: Lsn) -> AppliedChanges:
+        name = next(name for name, held in self.held.items() if held is mirror)
+        with self.lock:
+            self.threads.setdefault(name, set()).add(threading.current_thread().name)
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            with contextlib.suppress(threading.BrokenBarrierError):  # the last few have no partners left
+                self.barrier.wait(timeout=2)
+            time.sleep(0.01)
+            return super().apply(mirror, changes, position)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def test_the_mirrors_of_a_batch_apply_side_by_side_each_tables_runs_in_order_on_one_thread():
+    mirrors, progress, confirmed = SideBySide(together=3), Progress(), []
+    with Applier(None, lambda: None, progress, lambda: None, changelog=False, target=mirrors,  # type: ignore[arg-type]
+                 apply_workers=3) as running:
+        running.start(many_tables_batch(), Lsn(2008))
+        running.collect(confirmed.append)
+    assert confirmed == [Lsn(2008)]
+    assert mirrors.most_in_flight == 3  # never more than the pool, and as many as it holds
+    assert sorted(mirrors.applied) == sorted(["items", "items", *[t.name for t in TABLES]])
+    assert all(len(threads) == 1 for threads in mirrors.threads.values())  # a table's segments: one thread, in turn
+    assert {name: mirror.rows for name, mirror in mirrors.held.items()} == {"items": 2, **{t.name: 2 for t in TABLES}}
+    assert (progress.rows_applied, progress.transactions_applied) == (14, 2)
+
+
+def test_a_mirror_failing_beside_others_fails_the_batch_once_every_other_mirror_ended():
+    mirrors, progress, confirmed = SideBySide(together=2, fail_on="t3"), Progress(), []
+    with Applier(None, lambda: None, progress, lambda: None, changelog=False, target=mirrors,  # type: ignore[arg-type]
+                 apply_workers=4) as running:
+        running.start(many_tables_batch(), Lsn(2008))
+        with pytest.raises(RuntimeError, match="the commit to t3 failed"):
+            running.collect(confirmed.append)
+        assert mirrors.in_flight == 0  # no commit still running once the batch has failed
+    assert confirmed == [] and progress.rows_applied == 0 and progress.applied_lsn is None
+    assert "t3" not in mirrors.applied and len(set(mirrors.applied)) == 6  # the others landed: a replay skips them
+    with applier(mirrors, progress) as running:  # the batch sent again: only the failed mirror is applied
+        mirrors.fail_on, mirrors.applied = None, []
+        running.start(many_tables_batch(), Lsn(2008))
+        running.collect(confirmed.append)
+    assert confirmed == [Lsn(2008)] and mirrors.applied == ["t3"]

@@ -18,13 +18,15 @@ pytestmark = pytest.mark.slow
 
 # (injection point spec or None for a random instant) — one round each, with the default (row-delta) writer:
 # the initial copy, the writer's own windows (before its files, between its data and delete files, after both
-# but before the commit, which also folds the mirror's small file), between two mirrors' commits, a prepared
+# but before the commit, which also folds the mirror's small file), between two mirrors' commits and while the
+# mirrors of a batch commit side by side, a prepared
 # transaction held, after every commit but before the slot is told; random instants in make soak
 ROUNDS = [
     "snapshot.copy:2:0.3",        # the initial copy: one table copied, the next mid-copy
     "apply.delta-write:1",        # before the batch's files
     "apply.delta-deletes:2",      # the data file written, the delete file not
-    "apply.between-mirrors:1",    # one mirror of a batch committed, the next not
+    "apply.between-mirrors:1",    # one mirror of a batch committed, another not yet
+    "apply.beside-commits:1",     # one mirror committed while others of its batch are being applied beside it
     "assembler.prepared:1",       # PREPARE received and held, COMMIT PREPARED not yet
     "apply.delta-commit:3",       # both files written, the commit not made
     "apply.before-confirm:1",     # all mirrors committed, the slot not yet told

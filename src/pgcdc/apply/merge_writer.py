@@ -13,7 +13,7 @@ from pgcdc.apply.reduce import KEYED
 from pgcdc.change_table import ChangeColumns as C
 from pgcdc.mirrors.catalog import MirrorTable, quote
 from pgcdc.positions import carried_summary
-from pgcdc.spark.arrow import arrow_to_dataframe
+from pgcdc.spark.arrow import arrow_to_dataframe, temporary_view
 from pgcdc.spark.iceberg_java import with_commit_properties
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def merge(spark: SparkSession, mirror: MirrorTable, kind: str, rows: pa.Table, r
     marked = pa.concat_tables([_marked(removed.select(list(keys) if kind == KEYED else names), source, "D"),
                                _marked(rows, source, "U")])
     schema = StructType([*mirror.spec.spark_schema.fields, StructField(C.OP, StringType())])
-    arrow_to_dataframe(spark, marked, schema).createOrReplaceTempView("_pgcdc_source")
+    source_view = temporary_view(arrow_to_dataframe(spark, marked, schema), "source")
     columns = ", ".join(quote(n) for n in names)
     values = ", ".join("s." + quote(n) for n in names)
     if kind == KEYED:
@@ -44,16 +44,19 @@ def merge(spark: SparkSession, mirror: MirrorTable, kind: str, rows: pa.Table, r
         on = " AND ".join([f"t.{quote(k)} = s.{quote(k)}" for k in keys] + key_ranges(marked, list(keys)))
         assignments = ", ".join(f"{quote(n)} = s.{quote(n)}" for n in names)
         statement = (
-            f"MERGE INTO {mirror.identifier} t USING _pgcdc_source s ON {on} "
+            f"MERGE INTO {mirror.identifier} t USING {source_view} s ON {on} "
             f"WHEN MATCHED AND s.{C.OP} = 'D' THEN DELETE "
             f"WHEN MATCHED THEN UPDATE SET {assignments} "
             f"WHEN NOT MATCHED AND s.{C.OP} = 'U' THEN INSERT ({columns}) VALUES ({values})")
     else:  # rows match on every column; every copy of a deleted row goes, the ones that stay are among the rows
         statement = (
-            f"MERGE INTO {mirror.identifier} t USING _pgcdc_source s ON s.{C.OP} = 'D' AND {whole_row_match(names)} "
+            f"MERGE INTO {mirror.identifier} t USING {source_view} s ON s.{C.OP} = 'D' AND {whole_row_match(names)} "
             f"WHEN MATCHED THEN DELETE "
             f"WHEN NOT MATCHED AND s.{C.OP} = 'U' THEN INSERT ({columns}) VALUES ({values})")
-    with_commit_properties(spark, carried_summary(lsn), lambda: spark.sql(statement))
+    try:
+        with_commit_properties(spark, carried_summary(lsn), lambda: spark.sql(statement))
+    finally:
+        spark.catalog.dropTempView(source_view)
 
 
 def _marked(table: pa.Table, source: pa.Schema, op: str) -> pa.Table:

@@ -24,7 +24,14 @@ from pgcdc.change_table import ChangeColumns as C
 from pgcdc.iceberg.parquet import in_layout
 from pgcdc.index.key_index import Located
 from pgcdc.mirrors.catalog import MirrorTable, quote
-from pgcdc.spark.arrow import arrow_to_dataframe, from_plain_rows, from_plain_values, plain_rows, plain_values
+from pgcdc.spark.arrow import (
+    arrow_to_dataframe,
+    from_plain_rows,
+    from_plain_values,
+    plain_rows,
+    plain_values,
+    temporary_view,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -122,9 +129,12 @@ def _copies_held(spark: SparkSession, mirror: MirrorTable, rows: pa.Table) -> di
     names = list(mirror.spec.spark_schema.names)
     indexed = rows.append_column("_pgcdc_row", pa.array(range(rows.num_rows), pa.int32()))
     schema = StructType([*mirror.spec.spark_schema.fields, StructField("_pgcdc_row", IntegerType())])
-    arrow_to_dataframe(spark, indexed, schema).createOrReplaceTempView("_pgcdc_deleted")
-    counted = spark.sql(f"SELECT s._pgcdc_row, count(*) AS n FROM {mirror.identifier} t JOIN _pgcdc_deleted s "
-                        f"ON {whole_row_match(names)} GROUP BY s._pgcdc_row").collect()
+    deleted = temporary_view(arrow_to_dataframe(spark, indexed, schema), "deleted")
+    try:
+        counted = spark.sql(f"SELECT s._pgcdc_row, count(*) AS n FROM {mirror.identifier} t JOIN {deleted} s "
+                            f"ON {whole_row_match(names)} GROUP BY s._pgcdc_row").collect()
+    finally:
+        spark.catalog.dropTempView(deleted)
     return {row[0]: row[1] for row in counted}
 
 

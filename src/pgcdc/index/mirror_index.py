@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from collections import defaultdict, deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -294,28 +295,49 @@ BYTES_PER_ROW = 24  # what an index is planned at per row before it is built (Ke
 
 class IndexBudget:
     """The memory the mirrors' key indexes may take together (None: no limit). A mirror whose index would not fit
-    keeps equality deletes, with a warning: every reader but PyIceberg reads them, more slowly."""
+    keeps equality deletes, with a warning: every reader but PyIceberg reads them, more slowly. The mirrors of a
+    batch are indexed on several threads at once: an index being built holds its room from the moment it is
+    admitted, so two builds never both take the last of it."""
 
     def __init__(self, limit_bytes: int | None) -> None:
         self.limit_bytes = limit_bytes
         self._indexes: list[MirrorIndex] = []
+        self._reserved = 0  # bytes promised to indexes being built
+        self._lock = threading.Lock()
 
-    def admits(self, rows: int) -> bool:
-        """Whether an index of about ``rows`` rows fits beside the indexes built so far."""
-        return self.limit_bytes is None or self.held_bytes() + rows * BYTES_PER_ROW <= self.limit_bytes
+    def reserve(self, rows: int) -> int | None:
+        """Room for an index of about ``rows`` rows beside the indexes built or being built: the bytes held for it
+        until :meth:`add` or :meth:`cancel` (None: it does not fit)."""
+        wanted = rows * BYTES_PER_ROW
+        with self._lock:
+            if self.limit_bytes is not None and self._held() + self._reserved + wanted > self.limit_bytes:
+                return None
+            self._reserved += wanted
+            return wanted
+
+    def cancel(self, reserved: int) -> None:
+        with self._lock:
+            self._reserved -= reserved
 
     def held_bytes(self) -> int:
+        with self._lock:
+            return self._held()
+
+    def _held(self) -> int:
         return sum(index.keys.memory_bytes for index in self._indexes)
 
     def exceeded(self) -> bool:
         """Whether the indexes, grown with their mirrors, take more than the limit together."""
         return self.limit_bytes is not None and self.held_bytes() > self.limit_bytes
 
-    def add(self, index: MirrorIndex) -> None:
-        self._indexes.append(index)
+    def add(self, index: MirrorIndex, reserved: int = 0) -> None:
+        with self._lock:
+            self._reserved -= reserved
+            self._indexes.append(index)
 
     def release(self, index: MirrorIndex) -> None:
-        self._indexes = [held for held in self._indexes if held is not index]
+        with self._lock:
+            self._indexes = [held for held in self._indexes if held is not index]
 
 
 def index_for(mirror_index: MirrorIndex | None, table: Any, key_names: list[str], layout: pa.Schema, *,
@@ -325,14 +347,21 @@ def index_for(mirror_index: MirrorIndex | None, table: Any, key_names: list[str]
     if mirror_index is None:
         snapshot = table.currentSnapshot()
         rows = 0 if snapshot is None else int(snapshot.summary().getOrDefault("total-records", "0"))
-        if budget is not None and not budget.admits(rows):
+        reserved = budget.reserve(rows) if budget is not None else 0
+        if reserved is None:
+            limit = budget.limit_bytes if budget is not None else 0
             raise Unindexable(f"an index of its {rows:,} rows (about {rows * BYTES_PER_ROW >> 20:,} MB) would not fit "
-                              f"the {(budget.limit_bytes or 0) >> 20:,} MB the key indexes may take (--index-memory-mb)")
-        mirror_index = MirrorIndex(key_names, layout, multiset=multiset)
-        mirror_index.files = FileReader(table)
-        mirror_index.build(table, mirror_index.files)
+                              f"the {(limit or 0) >> 20:,} MB the key indexes may take (--index-memory-mb)")
+        try:
+            mirror_index = MirrorIndex(key_names, layout, multiset=multiset)
+            mirror_index.files = FileReader(table)
+            mirror_index.build(table, mirror_index.files)
+        except BaseException:
+            if budget is not None:
+                budget.cancel(reserved)
+            raise
         if budget is not None:
-            budget.add(mirror_index)
+            budget.add(mirror_index, reserved)
         return mirror_index
     mirror_index.refresh(table, mirror_index.files)
     if budget is not None and budget.exceeded():  # the mirror grew: this index makes way, its memory freed

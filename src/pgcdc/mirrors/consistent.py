@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -150,20 +150,25 @@ def _point_tag(table: Any, state: TagState, snapshot_id: int, lsn: Lsn) -> None:
     transaction.commitTransaction()
 
 
-def move_tags(spark: SparkSession, identifiers: list[str], lsn: Lsn) -> int:
+def move_tags(spark: SparkSession, identifiers: list[str], lsn: Lsn, *,
+              each: Callable[[Callable[[Any], Any], list[Any]], list[Any]] | None = None) -> int:
     """Every mirror's consistent tag moved to ``lsn`` (see :func:`move_tag`), or none: while a mirror holds no
     snapshot at ``lsn`` (copied again, or first, at a later point) the tags stay where they are. Returns how
-    many moved."""
+    many moved. ``each(call, items)``: ``call`` of every item, in any order or side by side (default: one after
+    another); the tables are loaded, then their tags moved, that way: a move over hundreds of mirrors waits on
+    storage and the catalog per mirror."""
     from pgcdc.spark.iceberg_java import load_table
 
-    tables = {identifier: load_table(spark, identifier) for identifier in identifiers}
+    each = each or (lambda call, items: [call(item) for item in items])
+    loaded = each(lambda identifier: (identifier, load_table(spark, identifier)), identifiers)
+    tables = dict(loaded)
     views = {identifier: metadata_view(table) for identifier, table in tables.items()}
     ahead = [identifier for identifier, view in views.items() if snapshot_at(view, lsn) is None]
     if ahead:
         log.info("consistent tags stay: %s hold%s no snapshot of the source at %s (copied at a later point, or "
                  "written by another writer since)", ", ".join(ahead), "s" if len(ahead) == 1 else "", lsn)
         return 0
-    return sum(move_tag(table, lsn, view=views[identifier]) for identifier, table in tables.items())
+    return sum(each(lambda identifier: move_tag(tables[identifier], lsn, view=views[identifier]), identifiers))
 
 
 def settled_lsn(tables: Mapping[str, Any], start: Lsn) -> Lsn | None:

@@ -1,8 +1,14 @@
 """Apply scheduling: one batch at a time applied to the mirrors on the apply thread.
 
-While a batch is applied, the stream's thread goes on reading, decoding and converting the next one. A
-batch is confirmed (the position :meth:`pgcdc.checkpoint.Checkpoint.batch_flush` gave it) only once
-every mirror it touched has committed. Maintenance (compaction, expiry) runs one table at a time: between two
+While a batch is applied, the stream's thread goes on reading, decoding and converting the next one. The
+mirrors a batch touches are applied side by side on a bounded pool (``apply_workers`` threads): each mirror's
+segments in order on one thread, different mirrors at once, since most of a commit waits on storage and the
+catalog (metadata files written, the catalog's pointer swapped), and Arrow, Parquet and the JVM run outside
+the GIL. A batch is confirmed (the position :meth:`pgcdc.checkpoint.Checkpoint.batch_flush` gave it) only once
+every mirror it touched has committed: when any fails, the others are waited for and the batch fails whole,
+its position unconfirmed; each mirror's own position (``pgcdc.lsn``, in the same commit as its rows) tells a
+replay what it holds already (:func:`pgcdc.checkpoint.held_whole`), so mirrors that committed are not written
+twice. Maintenance (compaction, expiry) runs one table at a time: between two
 applies, on the apply thread, when batches delete by position (the default, and the MERGE writer) — a
 compaction running beside them replaces the very files their deletes name, and one of the two would keep losing
 — and on a thread of its own beside the applies when they delete by equality, whose deletes name keys (their
@@ -12,12 +18,13 @@ commits and the compaction's are retried over each other by Iceberg).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -28,7 +35,7 @@ from pgcdc.faults import injection_point
 from pgcdc.index.mirror_index import IndexBudget
 from pgcdc.lsn import Lsn
 from pgcdc.mirrors.maintenance import Maintainer, MaintenancePolicy, mirror_tables
-from pgcdc.pipeline.batcher import Batch
+from pgcdc.pipeline.batcher import Batch, Segment
 from pgcdc.pipeline.config import Progress
 from pgcdc.pipeline.tables import SourceTables
 
@@ -70,14 +77,17 @@ class Applying:
 
 
 class _Worker:
-    """One daemon thread running the calls submitted to it, in order. Unlike a ThreadPoolExecutor's worker, which
-    the interpreter joins at exit, it never keeps a stopping process alive: a second Ctrl-C stops at once, and a
-    maintenance cut short at a stop is not waited for past its bound."""
+    """Daemon threads (one by default) running the calls submitted to them: one thread runs them in order, several
+    take them as they come. Unlike a ThreadPoolExecutor's workers, which the interpreter joins at exit, they never
+    keep a stopping process alive: a second Ctrl-C stops at once, and a maintenance cut short at a stop is not
+    waited for past its bound."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, threads: int = 1) -> None:
         self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, name=name if threads == 1 else f"{name}-{number}",
+                                          daemon=True) for number in range(1, threads + 1)]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, call: Callable[[], T]) -> Future[T]:
         future: Future[T] = Future()
@@ -85,7 +95,8 @@ class _Worker:
         return future
 
     def shutdown(self) -> None:
-        self._calls.put(None)
+        for _ in self._threads:
+            self._calls.put(None)
 
     def _run(self) -> None:
         while (item := self._calls.get()) is not None:
@@ -104,9 +115,11 @@ class Applier:
     def __init__(self, tables: SourceTables, spark: Callable[[], SparkSession], progress: Progress,
                  emit: Callable[[], None], *, changelog: bool, writer: str = "delta", deletes: str = "position",
                  index_memory_bytes: int | None = None, maintenance: MaintenancePolicy | None = None,
-                 consistent_seconds: float | None = None, target: MirrorTarget | None = None) -> None:
+                 consistent_seconds: float | None = None, target: MirrorTarget | None = None,
+                 apply_workers: int = 1, batch_seconds: float = 0.5) -> None:
         """``target``: what batches are applied to (default: the mirrors in Iceberg, through ``spark``, written by
-        ``writer``, deleting by ``deletes``, their key indexes within ``index_memory_bytes``).
+        ``writer``, deleting by ``deletes``, their key indexes within ``index_memory_bytes``). ``apply_workers``:
+        how many mirrors of a batch are applied at once. ``batch_seconds``: the batch clock.
         ``consistent_seconds``: how often at most the mirrors' consistent tags move to the last batch applied
         (0: after every batch; None: never; :mod:`pgcdc.mirrors.consistent`)."""
         self.tables = tables
@@ -117,6 +130,8 @@ class Applier:
         self._emit = emit
         self._changelog = changelog
         self._executor = _Worker("pgcdc-apply")
+        self._mirror_workers = _Worker("pgcdc-apply-mirror", apply_workers) if apply_workers > 1 else None
+        self._opening = threading.Lock()  # mirrors are opened (created, evolved, filled) one at a time
         # equality deletes name keys, which a compaction running beside the applies keeps reaching; position
         # deletes name files, which a compaction replaces: then maintenance runs between two applies
         beside = writer == "delta" and deletes == "equality"
@@ -130,6 +145,10 @@ class Applier:
         self._tagged: list[str] | None = None  # the mirrors whose tags move: those streamed from this slot
         self._moving: Future[object] | None = None
         self._untagged: Lsn | None = None  # the last batch applied, when the tags have not moved to it yet
+        # what ran on the apply thread since the last batch (what a batch handed over meanwhile waited for), and how
+        # long a batch may wait for the apply thread before that is logged
+        self._ran_between: list[tuple[str, float]] = []
+        self._patience = max(1.0, 2 * batch_seconds)
 
     def __enter__(self) -> Applier:
         return self
@@ -137,6 +156,8 @@ class Applier:
     def __exit__(self, *exc_info: object) -> None:
         self._executor.shutdown()
         self._maintenance_executor.shutdown()
+        if self._mirror_workers is not None:
+            self._mirror_workers.shutdown()
 
     def stop_maintenance(self, timeout: float) -> None:
         """Cancel the maintenance turn in flight, if any (its Spark jobs: a step cut short commits nothing), and
@@ -177,7 +198,8 @@ class Applier:
         """Hand ``batch`` to the apply thread; nothing else may be applying."""
         assert self.applying is None
         self.progress.applying_rows = batch.rows
-        self.applying = Applying(batch, flush, self._executor.submit(lambda: self._apply(batch)))
+        handed = time.monotonic()
+        self.applying = Applying(batch, flush, self._executor.submit(lambda: self._apply(batch, handed)))
 
     def maintain(self) -> None:
         """Queue one maintenance turn when one may be due: on its own thread beside the applies of the row-delta
@@ -190,7 +212,10 @@ class Applier:
             return
         if self._maintaining is not None and not self._maintaining.done():
             return
-        self._maintaining = self._maintenance_executor.submit(self._maintenance_turn)
+        turn = self._maintenance_turn
+        if self._maintenance_executor is self._executor:  # a batch handed over meanwhile waits behind it
+            turn = self._noted("a maintenance turn", turn)
+        self._maintaining = self._maintenance_executor.submit(turn)
 
     def _maintenance_turn(self) -> object:
         started = time.monotonic()
@@ -282,7 +307,7 @@ class Applier:
         def move() -> None:
             began = time.monotonic()
             try:
-                moved = move_tags(self._spark(), targets, lsn)
+                moved = move_tags(self._spark(), targets, lsn, each=self._each)
             except Exception as exc:  # the mirrors are right: only the tags lag, until the next move
                 log.warning("moving the consistent tags to %s failed: %s (they move again after the next batch)",
                             lsn, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -295,7 +320,17 @@ class Applier:
             log.debug("consistent tags of %d of %d mirrors moved to %s in %.2fs", moved, len(targets), lsn,
                       time.monotonic() - started)
 
-        self._moving = self._executor.submit(move)
+        self._moving = self._executor.submit(self._noted(f"moving the consistent tags of {len(targets)} mirrors", move))
+
+    def _each(self, call: Callable[[Any], T], items: list[Any]) -> list[T]:
+        """``call`` of every item: side by side on the mirrors' pool when there is one (from the apply thread, while
+        no batch is applying), else one after another."""
+        workers = self._mirror_workers
+        if workers is None or len(items) < 2:
+            return [call(item) for item in items]
+        futures = [workers.submit(functools.partial(call, item)) for item in items]
+        wait(futures)
+        return [future.result() for future in futures]
 
     def _tag_targets(self) -> list[str]:
         """The mirrors streamed from this run's slot: those in the namespace at the start, and those made since."""
@@ -307,38 +342,115 @@ class Applier:
                 lambda mirrors: mirrors_streaming_from(mirrors, slot))]
         return sorted({*self._tagged, *(mirror.identifier for mirror in self.tables.opened_mirrors())})
 
-    def _apply(self, batch: Batch) -> Applied:
-        """Apply every segment of ``batch`` to its mirror (on the apply thread); returns what was applied."""
+    def _noted(self, what: str, call: Callable[[], T]) -> Callable[[], T]:
+        """``call``, its time noted for the next batch on the apply thread, which may have waited behind it."""
+        def noted() -> T:
+            began = time.monotonic()
+            try:
+                return call()
+            finally:
+                self._ran_between.append((what, time.monotonic() - began))
+        return noted
+
+    def _apply(self, batch: Batch, handed: float) -> Applied:
+        """Apply every segment of ``batch`` to its mirror (from the apply thread, the mirrors side by side on the
+        pool); returns what was applied, once every mirror has committed."""
         started = time.monotonic()
+        ran, self._ran_between = self._ran_between, []
+        if started - handed > self._patience:
+            # the batch waited behind work between applies: say which, since the lag it costs is otherwise unexplained
+            log.info("the batch of %d changes waited %.1fs for the apply thread: %s", batch.rows, started - handed,
+                     "; ".join(f"{what} {seconds:.1f}s" for what, seconds in ran) or "the batch before it")
+        # the mirror with the most rows first: the batch lasts as long as its slowest mirror
+        tables = sorted(batch.tables.values(), key=lambda segments: -sum(c.num_rows for s in segments for c in s.chunks))
+        progress = _BatchProgress(len(tables))
+        workers = self._mirror_workers
+        if workers is None or len(tables) < 2:
+            outcomes = [self._apply_table(segments, progress) for segments in tables]
+        else:
+            futures = [workers.submit(functools.partial(self._apply_table, segments, progress))
+                       for segments in tables]
+            wait(futures)  # every mirror ends, committed or failed, before the batch does
+            failed = [error for future in futures if (error := future.exception()) is not None]
+            if failed:
+                for extra in failed[1:]:
+                    log.warning("another mirror of the failed batch failed too: %s", _first_line(extra))
+                raise failed[0]
+            outcomes = [future.result() for future in futures]
         outcome = Applied()
-        applied = 0
-        target = self.target
-        for segments in batch.tables.values():
-            for index, segment in enumerate(segments):
-                if held_whole(segment.span, target.held_position(segment.relation)):
-                    continue
-                following = segments[index + 1].span if index + 1 < len(segments) else None
-                mirror = target.mirror(segment.relation)
-                position = mirror_position(segment.span, following, mirror.position)
-                if applied:
-                    injection_point("apply.between-mirrors")
-                if segment.rejects:  # first: its own position makes a replay after a crash here harmless
-                    rejected = target.set_aside(mirror, pa.concat_tables(segment.rejects))
-                    outcome.rejected += rejected.changes
-                    outcome.commit_lsns |= rejected.commit_lsns
-                    injection_point("apply.rejects")
-                if not segment.chunks:  # every change of the run was set aside
-                    continue
-                injection_point("apply.mirror")
-                changes = target.apply(mirror, pa.concat_tables(segment.chunks), position)
-                for step, seconds in changes.seconds.items():
-                    outcome.step_seconds[step] = outcome.step_seconds.get(step, 0.0) + seconds
-                outcome.changes += changes.changes
-                outcome.commit_lsns |= changes.commit_lsns
-                applied += 1
+        for applied in outcomes:
+            outcome.changes += applied.changes
+            outcome.rejected += applied.rejected
+            outcome.commit_lsns |= applied.commit_lsns
+            for step, seconds in applied.step_seconds.items():
+                outcome.step_seconds[step] = outcome.step_seconds.get(step, 0.0) + seconds
         injection_point("apply.before-confirm")
         outcome.seconds = time.monotonic() - started
         return outcome
+
+    def _apply_table(self, segments: list[Segment], progress: _BatchProgress) -> Applied:
+        """One source table's segments of a batch, in order, into its mirror."""
+        outcome = Applied()
+        target = self.target
+        for index, segment in enumerate(segments):
+            with self._opening:
+                if held_whole(segment.span, target.held_position(segment.relation)):
+                    continue
+                mirror = target.mirror(segment.relation)
+            following = segments[index + 1].span if index + 1 < len(segments) else None
+            position = mirror_position(segment.span, following, mirror.position)
+            if segment.rejects:  # first: its own position makes a replay after a crash here harmless
+                rejected = target.set_aside(mirror, pa.concat_tables(segment.rejects))
+                outcome.rejected += rejected.changes
+                outcome.commit_lsns |= rejected.commit_lsns
+                injection_point("apply.rejects")
+            if not segment.chunks:  # every change of the run was set aside
+                continue
+            injection_point("apply.mirror")
+            progress.begin()
+            try:
+                changes = target.apply(mirror, pa.concat_tables(segment.chunks), position)
+            finally:
+                others_committing = progress.end()
+            for step, seconds in changes.seconds.items():
+                outcome.step_seconds[step] = outcome.step_seconds.get(step, 0.0) + seconds
+            outcome.changes += changes.changes
+            outcome.commit_lsns |= changes.commit_lsns
+            if others_committing:
+                injection_point("apply.beside-commits")
+        if progress.table_done():
+            injection_point("apply.between-mirrors")
+        return outcome
+
+
+class _BatchProgress:
+    """How far the mirrors of one batch are: the windows a kill is aimed at (:mod:`pgcdc.faults`) are told apart
+    by it."""
+
+    def __init__(self, tables: int) -> None:
+        self._lock = threading.Lock()
+        self._tables_left = tables
+        self._committing = 0
+
+    def begin(self) -> None:
+        with self._lock:
+            self._committing += 1
+
+    def end(self) -> bool:
+        """One mirror's apply ended: whether another mirror of the batch is being applied meanwhile."""
+        with self._lock:
+            self._committing -= 1
+            return self._committing > 0
+
+    def table_done(self) -> bool:
+        """One table's segments are applied: whether a mirror of the batch is yet to be (or being) applied."""
+        with self._lock:
+            self._tables_left -= 1
+            return self._tables_left > 0
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 class MirrorTarget(Protocol):

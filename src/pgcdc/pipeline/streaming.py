@@ -89,7 +89,8 @@ class StreamRun:
                 Applier(self.tables, self._spark, self.progress, self._emit, changelog=config.changelog,
                         writer=config.apply_writer, deletes=config.deletes,
                         index_memory_bytes=config.index_memory_bytes, maintenance=config.maintenance,
-                        consistent_seconds=config.consistent_seconds) as applier:
+                        consistent_seconds=config.consistent_seconds,
+                        apply_workers=config.mirror_workers, batch_seconds=config.batch_max_seconds) as applier:
             applier.settle_tags(self.checkpoint.confirmed)
             stopped_in_order = interrupted = False
             try:

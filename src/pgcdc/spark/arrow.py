@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -12,6 +14,10 @@ if TYPE_CHECKING:
 
 _MAX_ROWS_PER_PARTITION = 64_000
 _LOCAL_RELATION_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
+# the session's setting is changed for the length of one call: calls from the mirrors applied side by side take
+# turns, so that none restores a value another one set
+_THRESHOLD_LOCK = threading.Lock()
+_VIEW_NUMBERS = itertools.count(1)
 
 
 def spark_arrow_schema(schema: StructType) -> pa.Schema:
@@ -92,16 +98,25 @@ def arrow_to_dataframe(spark: SparkSession, table: pa.Table, schema: StructType)
     # the JVM's work per applied change. At 0 the batches become an RDD whose tasks convert them, in
     # parallel on the executors. The setting is read during the call only.
     conf = spark.conf
-    previous = conf.get(_LOCAL_RELATION_THRESHOLD, None)
-    conf.set(_LOCAL_RELATION_THRESHOLD, "0")
-    try:
-        jdf = jvm.PythonSQLUtils.toDataFrame(jiter, schema.json(), spark._jsparkSession)
-    finally:
-        if previous is None:
-            conf.unset(_LOCAL_RELATION_THRESHOLD)
-        else:
-            conf.set(_LOCAL_RELATION_THRESHOLD, previous)
+    with _THRESHOLD_LOCK:
+        previous = conf.get(_LOCAL_RELATION_THRESHOLD, None)
+        conf.set(_LOCAL_RELATION_THRESHOLD, "0")
+        try:
+            jdf = jvm.PythonSQLUtils.toDataFrame(jiter, schema.json(), spark._jsparkSession)
+        finally:
+            if previous is None:
+                conf.unset(_LOCAL_RELATION_THRESHOLD)
+            else:
+                conf.set(_LOCAL_RELATION_THRESHOLD, previous)
     return DataFrame(jdf, spark)
+
+
+def temporary_view(frame: DataFrame, purpose: str) -> str:
+    """A name of this session under which SQL reads ``frame``: its own, as the mirrors of a batch are applied side
+    by side in one session, each with its statements' views."""
+    name = f"_pgcdc_{purpose}_{next(_VIEW_NUMBERS)}"
+    frame.createOrReplaceTempView(name)
+    return name
 
 
 def spark_fields(schema: pa.Schema, names: tuple[str, ...]) -> list:
