@@ -1,7 +1,8 @@
 """Avro container files read by pgcdc (pgcdc.iceberg.avro_files), written by another writer: PyIceberg's, which
 writes Iceberg's manifests in Python (Java-written manifests: tests/iceberg/test_table_files.py). Every record
-comes back as written, whatever the codec and blocks; damaged files are refused as unreadable, never misread.
-No JVM, no server: these run in make test-fast."""
+comes back as written, whatever the codec (each one Iceberg writes: snappy and zstd too, which once went through
+the JVM) and blocks; a snapshot's manifests in any codec list its files; damaged files are refused as unreadable,
+never misread. No JVM, no server: these run in make test-fast."""
 
 from __future__ import annotations
 
@@ -16,11 +17,23 @@ import pytest
 from pyiceberg.avro.encoder import BinaryEncoder
 from pyiceberg.avro.file import AvroOutputFile
 from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestEntry,
+    ManifestEntryStatus,
+    write_manifest,
+    write_manifest_list,
+)
+from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.transforms import BucketTransform, DayTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
+    DateType,
     DecimalType,
     DoubleType,
     FixedType,
@@ -36,6 +49,9 @@ from pyiceberg.types import (
 
 from pgcdc.errors import MetadataUnreadable
 from pgcdc.iceberg.avro_files import read_container
+from pgcdc.iceberg.catalog_reader import Storage
+from pgcdc.iceberg.table_files import TableFile, snapshot_files
+from pgcdc.iceberg.table_metadata import Snapshot
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -84,7 +100,7 @@ def written(path: Path, codec: str, blocks: list[list[Record]]) -> bytes:
     return path.read_bytes()
 
 
-@pytest.mark.parametrize("codec", ["deflate", "null"])
+@pytest.mark.parametrize("codec", ["deflate", "null", "snappy", "zstandard", "bzip2"])
 def test_every_record_of_every_block_reads_back_as_written(tmp_path, codec):
     rng = random.Random(f"avro-{codec}")
     made = [random_record(rng, key) for key in range(700)]
@@ -92,7 +108,7 @@ def test_every_record_of_every_block_reads_back_as_written(tmp_path, codec):
     blocks = [[record for record, _ in made[start:end]] for start, end in zip([0, *cuts], [*cuts, 700], strict=True)]
     metadata, records = read_container(written(tmp_path / "f.avro", codec, blocks), "f.avro")
     assert records == [expected for _, expected in made]
-    assert metadata["avro.codec"] == codec.encode() and metadata["format-version"] == b"2"
+    assert metadata["avro.codec"] == codec and metadata["format-version"] == "2"
     assert [field["name"] for field in metadata["avro.schema"]["fields"]] == [f.name for f in SCHEMA.fields]
 
 
@@ -125,10 +141,11 @@ def test_avro_maps_enums_and_named_types_read_by_the_spec(tmp_path):
                                                 "again": {"a": -3}, "colours": ["red", "blue"]}]
 
 
-def test_damaged_files_are_unreadable_never_misread(tmp_path):
-    rng = random.Random("avro-damage")
+@pytest.mark.parametrize("codec", ["deflate", "snappy", "zstandard", "null"])
+def test_damaged_files_are_unreadable_never_misread(tmp_path, codec):
+    rng = random.Random(f"avro-damage-{codec}")
     made = [random_record(rng, key) for key in range(40)]
-    data = written(tmp_path / "f.avro", "deflate", [[r for r, _ in made[:20]], [r for r, _ in made[20:]]])
+    data = written(tmp_path / "f.avro", codec, [[r for r, _ in made[:20]], [r for r, _ in made[20:]]])
     expected = [e for _, e in made]
     for end in range(len(data)):  # cut anywhere: unreadable, or whole blocks of what was written
         try:
@@ -143,11 +160,84 @@ def test_damaged_files_are_unreadable_never_misread(tmp_path):
             read_container(bytes(damaged), "f.avro")
     with pytest.raises(MetadataUnreadable, match="not an Avro container"):
         read_container(b"PAR1" + data[4:], "f.avro")
-    with pytest.raises(MetadataUnreadable, match="codec 'bzip2'"):
-        read_container(written(tmp_path / "g.avro", "bzip2", [[made[0][0]]]), "g.avro")
-    with pytest.raises(MetadataUnreadable, match="not defined"):
+    with pytest.raises(MetadataUnreadable, match="codec 'brotli'"):
+        read_container(_container('"long"', b"\x02", codec=b"brotli"), "g.avro")
+    with pytest.raises(MetadataUnreadable, match=r"schema cannot be read.*elsewhere"):
         read_container(_container(json.dumps({"type": "record", "name": "r", "fields": [
             {"name": "a", "type": "elsewhere"}]}), b""), "f.avro")
+
+
+def test_a_blocks_count_checksum_and_sync_marker_are_checked(tmp_path):
+    """What fastavro alone would pass over: a block holding more than its count of records (a damaged count
+    would drop records unseen), an absurd or negative count, a snappy block whose checksum does not match; and a
+    block without the file's sync marker."""
+    longs = b"\x02\x04\x06"  # 1, 2, 3
+    assert read_container(_container('"long"', longs, records=3), "f.avro")[1] == [1, 2, 3]
+    with pytest.raises(MetadataUnreadable, match="holds more than its 2 records"):
+        read_container(_container('"long"', longs, records=2), "f.avro")
+    for count in (-3, 4, 2**62):
+        with pytest.raises(MetadataUnreadable):
+            read_container(_container('"long"', longs, records=count), "f.avro")
+    damaged = bytearray(_container('"long"', longs, records=3))
+    damaged[-1] ^= 0xFF
+    with pytest.raises(MetadataUnreadable, match="sync marker"):
+        read_container(bytes(damaged), "f.avro")
+    snappy = written(tmp_path / "s.avro", "snappy", [[random_record(random.Random(1), 1)[0]]])
+    read_container(snappy, "s.avro")
+    damaged = bytearray(snappy)
+    damaged[-17] ^= 1  # the block's CRC-32, just before its sync marker
+    with pytest.raises(MetadataUnreadable, match="checksum"):
+        read_container(bytes(damaged), "s.avro")
+
+
+TABLE = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "day", DateType(), required=True),
+               NestedField(3, "v", StringType(), required=False))
+SPEC = PartitionSpec(PartitionField(2, 1000, DayTransform(), "day_day"),
+                     PartitionField(1, 1001, BucketTransform(8), "id_bucket"), spec_id=3)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "zstd", "null"])  # write.avro.compression-codec's values
+def test_a_snapshots_manifests_in_every_codec_iceberg_writes_list_its_files(tmp_path, codec):
+    """A snapshot's manifest list and manifests as PyIceberg writes them (one entry per block), partitioned by a
+    day (a date) and a bucket: its live files, each partition value as written (the date its int of days)."""
+    io = PyArrowFileIO()
+
+    def data_file(number: int) -> DataFile:
+        return DataFile.from_args(
+            content=DataFileContent.DATA, file_path=f"{tmp_path}/data/{number}.parquet",
+            file_format=FileFormat.PARQUET, partition=Record(19_000 + number % 3, number % 8),
+            record_count=100 + number, file_size_in_bytes=4096 + number, column_sizes={1: 80, 2: 20, 3: 300},
+            value_counts={1: 100, 2: 100, 3: 100}, null_value_counts={1: 0, 2: 0, 3: number},
+            nan_value_counts={}, lower_bounds={1: (number * 100).to_bytes(8, "little"), 3: b"a"},
+            upper_bounds={1: (number * 100 + 99).to_bytes(8, "little"), 3: b"z" * 16}, split_offsets=[4],
+            sort_order_id=0)
+
+    manifests = []
+    for first in (0, 40):
+        with write_manifest(2, SPEC, TABLE, io.new_output(f"{tmp_path}/m{first}.avro"), 7, codec) as writer:
+            for number in range(first, first + 40):
+                entry = ManifestEntry.from_args(snapshot_id=7 if number % 4 else 5, sequence_number=number % 4 or 2,
+                                                file_sequence_number=number % 4 or 2, data_file=data_file(number))
+                if number % 4 == 0:
+                    writer.existing(entry)
+                elif number % 4 == 3:
+                    writer.delete(entry)
+                else:
+                    writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=7,
+                                                       data_file=data_file(number)))
+        manifests.append(writer.to_manifest_file())
+    with write_manifest_list(2, io.new_output(f"{tmp_path}/snap-7.avro"), 7, 5, 9, codec) as writer:
+        writer.add_manifests(manifests)
+    avro_codec = {"gzip": "deflate", "zstd": "zstandard"}.get(codec, codec)
+    for name in ("snap-7.avro", "m0.avro", "m40.avro"):
+        assert read_container((tmp_path / name).read_bytes(), name)[0]["avro.codec"] == avro_codec
+
+    snapshot = Snapshot(7, 5, "append", {}, manifest_list=f"{tmp_path}/snap-7.avro")
+    assert snapshot_files(snapshot, Storage({})) == [
+        TableFile(content=0, path=f"{tmp_path}/data/{number}.parquet", file_format="PARQUET",
+                  record_count=100 + number, data_sequence_number=2 if number % 4 == 0 else 9,
+                  partition=(3, (19_000 + number % 3, number % 8)), content_offset=None)
+        for number in range(80) if number % 4 != 3]
 
 
 class _Buffer:
@@ -158,13 +248,13 @@ class _Buffer:
         self.data += chunk
 
 
-def _container(schema: str, block: bytes, records: int = 1) -> bytes:
-    """An Avro container of one uncompressed block holding ``records`` records, its header written with
-    PyIceberg's encoder as the spec lays it out."""
+def _container(schema: str, block: bytes, records: int = 1, codec: bytes = b"null") -> bytes:
+    """An Avro container of one block (uncompressed, whatever its header's ``codec``) holding ``records``
+    records, its header written with PyIceberg's encoder as the spec lays it out."""
     header = BinaryEncoder(output := _Buffer())
     output.write(b"Obj\x01")
     header.write_int(2)
-    for key, value in (("avro.schema", schema.encode()), ("avro.codec", b"null")):
+    for key, value in (("avro.schema", schema.encode()), ("avro.codec", codec)):
         header.write_utf8(key)
         header.write_bytes(value)
     header.write_int(0)
