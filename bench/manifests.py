@@ -1,5 +1,5 @@
 """Manifest reading: pgcdc's Avro reader (pgcdc.iceberg.avro_files, through fastavro) beside the hand-written
-pure-Python reader it replaced, on one large Iceberg manifest.
+pure-Python reader it replaced and PyIceberg's own manifest reader, on one large Iceberg manifest.
 
 The manifest is written by PyIceberg's writer as Iceberg writes one (format v2): 10,000 data-file entries
 (--quick: 2,000) of a table of 12 columns partitioned by day(ts) and bucket(16, id), each entry with its
@@ -9,13 +9,17 @@ nested data_file record, partition struct, column sizes, value, null and NaN cou
 CPU time) are the median of several reads (a warm-up read apart) with their spread (the machine is shared).
 The hand-written reader is the one pgcdc had before fastavro, loaded from git history (commit HANDWRITTEN);
 "fastavro_bare" is fastavro's own reader alone: without pgcdc's checks (record counts, whole blocks, snappy
-checksums) and with its logical-type conversions (the day partition comes back as a date).
+checksums) and with its logical-type conversions (the day partition comes back as a date). "pyiceberg" is
+PyIceberg's manifest reader as its scans call it, ManifestFile.fetch_manifest_entry (its Avro decoder, compiled
+with Cython where the wheel has it, and its resolver): it returns ManifestEntry and DataFile records rather
+than dicts, and is handed the same bytes through an in-memory FileIO.
 Last line: one JSON object of the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import json
 import statistics
@@ -32,15 +36,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import fastavro
+import pyiceberg
 from pyiceberg.avro.file import AvroOutputFile
+from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import (
     DEFAULT_READ_VERSION,
     DataFile,
     DataFileContent,
     FileFormat,
+    ManifestContent,
     ManifestEntry,
     ManifestEntryStatus,
+    ManifestFile,
     data_file_with_partition,
     manifest_entry_schema_with_data_file,
 )
@@ -146,6 +154,64 @@ def fastavro_bare(data: bytes, location: str) -> list[dict[str, Any]]:
     return list(fastavro.reader(io.BytesIO(data)))
 
 
+class MemoryInput(InputFile):
+    """Bytes in memory as PyIceberg's FileIO hands a file to its readers."""
+
+    def __init__(self, location: str, data: bytes) -> None:
+        super().__init__(location)
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def exists(self) -> bool:
+        return True
+
+    def open(self, seekable: bool = True) -> InputStream:
+        return io.BytesIO(self.data)
+
+
+class MemoryFileIO(FileIO):
+    """A FileIO over one file in memory: PyIceberg reads the manifest without touching the disk."""
+
+    def __init__(self, location: str, data: bytes) -> None:
+        super().__init__()
+        self.location, self.data = location, data
+
+    def new_input(self, location: str) -> InputFile:
+        assert location == self.location, location
+        return MemoryInput(location, self.data)
+
+    def new_output(self, location: str) -> OutputFile:
+        raise NotImplementedError("the bench only reads")
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        raise NotImplementedError("the bench only reads")
+
+
+def pyiceberg_reader(data: bytes, location: str) -> list[ManifestEntry]:
+    """Every entry (deleted ones too) of the manifest ``data``, read as PyIceberg's scans read one."""
+    listed = ManifestFile.from_args(manifest_path=location, manifest_length=len(data), partition_spec_id=0,
+                                    content=ManifestContent.DATA, sequence_number=1, min_sequence_number=1,
+                                    added_snapshot_id=8_000_000_000_000)
+    return listed.fetch_manifest_entry(MemoryFileIO(location, data), discard_deleted=False)
+
+
+def pgcdc_key(record: dict[str, Any]) -> tuple[Any, ...]:
+    """What the readers are checked to agree on, of one entry read by pgcdc."""
+    file = record["data_file"]
+    return (record["status"], record["snapshot_id"], record["sequence_number"], file["file_path"],
+            tuple(file["partition"].values()), file["record_count"], file["file_size_in_bytes"])
+
+
+def pyiceberg_key(entry: ManifestEntry) -> tuple[Any, ...]:
+    """The same of one entry read by PyIceberg."""
+    file, partition = entry.data_file, entry.data_file.partition
+    return (entry.status.value, entry.snapshot_id, entry.sequence_number, file.file_path,
+            tuple(partition[position] for position in range(len(partition))), file.record_count,
+            file.file_size_in_bytes)
+
+
 def spread(values: list[float], scale: float = 1.0) -> dict[str, float]:
     return {"median": round(statistics.median(values) * scale, 2), "min": round(min(values) * scale, 2),
             "max": round(max(values) * scale, 2)}
@@ -173,7 +239,8 @@ def main() -> None:
     entries = args.entries or (2_000 if args.quick else 10_000)
     repeat = 3 if args.quick else 7
     readers: dict[str, Callable[[bytes, str], Any] | str] = {
-        "handwritten": handwritten_reader(), "fastavro": read_container, "fastavro_bare": fastavro_bare}
+        "handwritten": handwritten_reader(), "fastavro": read_container, "fastavro_bare": fastavro_bare,
+        "pyiceberg": pyiceberg_reader}
     notes = {name: reader for name, reader in readers.items() if isinstance(reader, str)}
     results: dict[str, dict[str, dict[str, float]]] = {}
     cpu: dict[str, dict[str, dict[str, float]]] = {}
@@ -190,28 +257,40 @@ def main() -> None:
                     continue
                 if name == "handwritten":
                     assert reader(data, "bench.avro")[1] == expected, "the two readers disagree"
+                if name == "pyiceberg":
+                    read = reader(data, "bench.avro")
+                    assert len(read) == entries, f"PyIceberg read {len(read)} entries of {entries}"
+                    assert ([pyiceberg_key(entry) for entry in read]
+                            == [pgcdc_key(record) for record in expected]), "PyIceberg and pgcdc disagree"
+                    del read  # not kept alive while it is timed
                 wall, used = measure(reader, data, repeat)
                 results[codec][name], cpu[codec][name] = spread(wall, 1e3), spread(used, 1e3)
 
     print(f"reading an Iceberg manifest of {entries:,} data-file entries (format v2, PyIceberg's writer, blocks "
           f"of ~{BLOCK_BYTES // 1000} KB); ms per read: median [min-max] of {repeat} reads after a warm-up")
     print(f"{'codec':<8} {'bytes':>10} {'reader':<14} {'ms':>24} {'entries/s':>11} {'vs handwritten':>15} "
-          f"{'CPU ms':>24} {'vs handwritten':>15}")
+          f"{'vs pyiceberg':>13} {'CPU ms':>24} {'vs handwritten':>15} {'vs pyiceberg':>13}")
     for codec, timed in results.items():
         for name, figure in timed.items():
             used = cpu[codec][name]
             ratio = (f"{timed['handwritten']['median'] / figure['median']:.2f}x" if "handwritten" in timed else "")
             cpu_ratio = (f"{cpu[codec]['handwritten']['median'] / used['median']:.2f}x"
                          if "handwritten" in timed else "")
+            ratio_pyiceberg = f"{timed['pyiceberg']['median'] / figure['median']:.2f}x"
+            cpu_ratio_pyiceberg = f"{cpu[codec]['pyiceberg']['median'] / cpu[codec][name]['median']:.2f}x"
             cell = f"{figure['median']:.1f} [{figure['min']:.1f}-{figure['max']:.1f}]"
             cpu_cell = f"{used['median']:.1f} [{used['min']:.1f}-{used['max']:.1f}]"
             print(f"{codec:<8} {sizes[codec]:>10,} {name:<14} {cell:>24} "
-                  f"{entries / figure['median'] * 1e3:>11,.0f} {ratio:>15} {cpu_cell:>24} {cpu_ratio:>15}")
+                  f"{entries / figure['median'] * 1e3:>11,.0f} {ratio:>15} {ratio_pyiceberg:>13} "
+                  f"{cpu_cell:>24} {cpu_ratio:>15} {cpu_ratio_pyiceberg:>13}")
     for name, note in notes.items():
         print(f"{name}: n/a ({note})")
 
     figures: dict[str, object] = {"entries": entries, "reads": repeat, "fastavro_version": fastavro.__version__,
-                                  "fastavro_compiled": fastavro.read.reader.__module__ == "fastavro._read"}
+                                  "fastavro_compiled": fastavro.read.reader.__module__ == "fastavro._read",
+                                  "pyiceberg_version": pyiceberg.__version__,
+                                  "pyiceberg_decoder_compiled": importlib.util.find_spec(
+                                      "pyiceberg.avro.decoder_fast") is not None}
     for codec, timed in results.items():
         figures[f"{codec}_file_bytes"] = sizes[codec]
         for name, figure in timed.items():
@@ -225,6 +304,10 @@ def main() -> None:
                 timed["handwritten"]["median"] / timed["fastavro"]["median"], 2)
             figures[f"{codec}_cpu_ratio_fastavro_vs_handwritten"] = round(
                 cpu[codec]["handwritten"]["median"] / cpu[codec]["fastavro"]["median"], 2)
+        figures[f"{codec}_ratio_vs_pyiceberg"] = round(
+            timed["pyiceberg"]["median"] / timed["fastavro"]["median"], 2)
+        figures[f"{codec}_cpu_ratio_vs_pyiceberg"] = round(
+            cpu[codec]["pyiceberg"]["median"] / cpu[codec]["fastavro"]["median"], 2)
     figures["notes"] = notes
     print(json.dumps(figures))
 

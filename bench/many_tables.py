@@ -77,10 +77,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="workload rounds (default 4)")
     parser.add_argument("--transactions", type=int, default=3, help="transactions per round, each touching "
                                                                      "every table")
+    parser.add_argument("--apply-workers", type=int, default=None,
+                        help="mirrors of a batch applied at once (default: pgcdc's); 1: one after another")
     args = parser.parse_args()
+    if args.apply_workers is not None:  # every pgcdc process this bench starts
+        os.environ["PGCDC_APPLY_WORKERS"] = str(args.apply_workers)
     tables = args.tables or (30 if args.quick else 100)
     rounds = args.rounds or (3 if args.quick else 4)
-    figures: dict[str, object] = {"tables": tables, "rows_per_table": args.rows}
+    figures: dict[str, object] = {"tables": tables, "rows_per_table": args.rows,
+                                  "apply_workers": args.apply_workers or "default"}
     with EmbeddedPostgres() as server, tempfile.TemporaryDirectory(prefix="pgcdc-many-") as warehouse, \
             psycopg.connect(server.dsn, autocommit=True) as conn:
         create_tables(conn, tables, args.rows)
