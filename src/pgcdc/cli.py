@@ -354,6 +354,10 @@ IndexMemory = Annotated[int | None, typer.Option(
     rich_help_panel=PANEL_BATCHES,
     help="Memory for all mirrors' key indexes (default: a quarter of the machine's); a mirror whose index does "
          "not fit deletes by equality.")]
+CopyWorkers = Annotated[int, typer.Option(
+    "--copy-workers", envvar="PGCDC_COPY_WORKERS", show_envvar=True, min=1, max=64, metavar="N",
+    rich_help_panel=PANEL_COPY,
+    help="Tables copied at once, each in the same exported snapshot (the largest first); each commits on its own.")]
 SnapshotRowsPerTask = Annotated[int, typer.Option(
     "--snapshot-rows-per-task", envvar="PGCDC_SNAPSHOT_ROWS_PER_TASK", show_envvar=True, min=1, metavar="ROWS",
     rich_help_panel=PANEL_COPY,
@@ -545,6 +549,7 @@ def run(
     consistent_every: ConsistentEvery = _CONFIG.consistent_seconds,
     no_consistent_tags: NoConsistentTags = False,
     snapshot_rows_per_task: SnapshotRowsPerTask = _CONFIG.snapshot_rows_per_task,
+    copy_workers: CopyWorkers = _CONFIG.copy_workers,
     spill_dir: SpillDir = None,
     memory_limit: MemoryLimit = _CONFIG.memory_limit_bytes >> 20,
     receive_timeout: ReceiveTimeout = _CONFIG.receive_timeout_seconds,
@@ -564,7 +569,7 @@ def run(
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
         snapshot_writer=snapshot_writer, apply_writer=apply, deletes=deletes, index_memory_mb=index_memory_mb,
         apply_workers=apply_workers, consistent_seconds=None if no_consistent_tags else consistent_every,
-        snapshot_rows_per_task=snapshot_rows_per_task,
+        snapshot_rows_per_task=snapshot_rows_per_task, copy_workers=copy_workers,
         memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout,
         on_conversion_error=on_conversion_error, on_identity_change=on_identity_change, maintenance=policy)
     from pgcdc.observability import MetricsServer, StatusLine
@@ -592,6 +597,7 @@ def snapshot(
     resnapshot: Resnapshot = False,
     snapshot_writer: SnapshotWriter = "auto",
     snapshot_rows_per_task: SnapshotRowsPerTask = _CONFIG.snapshot_rows_per_task,
+    copy_workers: CopyWorkers = _CONFIG.copy_workers,
     *,
     destination: Destination,
 ) -> None:
@@ -601,7 +607,8 @@ def snapshot(
 
     config = _pipeline_config(dsn=dsn, publication=publication, slot=slot, destination=destination,
                               resnapshot=resnapshot,
-                              snapshot_writer=snapshot_writer, snapshot_rows_per_task=snapshot_rows_per_task)
+                              snapshot_writer=snapshot_writer, snapshot_rows_per_task=snapshot_rows_per_task,
+                              copy_workers=copy_workers)
     with SnapshotProgress(console) as bars:
         copied = Pipeline(config, on_progress=bars.update).snapshot()
     if not copied:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from pgcdc.mirrors.maintenance import Maintainer, MaintenancePolicy, mirror_tabl
 from pgcdc.pipeline.batcher import Batch, Segment
 from pgcdc.pipeline.config import Progress
 from pgcdc.pipeline.tables import SourceTables
+from pgcdc.pipeline.workers import DaemonThreads
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -76,39 +76,6 @@ class Applying:
     future: Future[Applied]
 
 
-class _Worker:
-    """Daemon threads (one by default) running the calls submitted to them: one thread runs them in order, several
-    take them as they come. Unlike a ThreadPoolExecutor's workers, which the interpreter joins at exit, they never
-    keep a stopping process alive: a second Ctrl-C stops at once, and a maintenance cut short at a stop is not
-    waited for past its bound."""
-
-    def __init__(self, name: str, threads: int = 1) -> None:
-        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._run, name=name if threads == 1 else f"{name}-{number}",
-                                          daemon=True) for number in range(1, threads + 1)]
-        for thread in self._threads:
-            thread.start()
-
-    def submit(self, call: Callable[[], T]) -> Future[T]:
-        future: Future[T] = Future()
-        self._calls.put((future, call))
-        return future
-
-    def shutdown(self) -> None:
-        for _ in self._threads:
-            self._calls.put(None)
-
-    def _run(self) -> None:
-        while (item := self._calls.get()) is not None:
-            future, call = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(call())
-            except BaseException as exc:
-                future.set_exception(exc)
-
-
 class Applier:
     """``with Applier(...) as applier``: :meth:`start` a batch, :meth:`collect` it (waiting if need be)."""
 
@@ -129,13 +96,13 @@ class Applier:
         self.progress = progress
         self._emit = emit
         self._changelog = changelog
-        self._executor = _Worker("pgcdc-apply")
-        self._mirror_workers = _Worker("pgcdc-apply-mirror", apply_workers) if apply_workers > 1 else None
+        self._executor = DaemonThreads("pgcdc-apply")
+        self._mirror_workers = DaemonThreads("pgcdc-apply-mirror", apply_workers) if apply_workers > 1 else None
         self._opening = threading.Lock()  # mirrors are opened (created, evolved, filled) one at a time
         # equality deletes name keys, which a compaction running beside the applies keeps reaching; position
         # deletes name files, which a compaction replaces: then maintenance runs between two applies
         beside = writer == "delta" and deletes == "equality"
-        self._maintenance_executor = _Worker("pgcdc-maintain") if beside else self._executor
+        self._maintenance_executor = DaemonThreads("pgcdc-maintain") if beside else self._executor
         self.applying: Applying | None = None
         self._rate_window: list[tuple[float, int]] = []
         self.maintainer = Maintainer(spark, maintenance or MaintenancePolicy(enabled=False), self._maintained)

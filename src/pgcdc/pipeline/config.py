@@ -54,6 +54,7 @@ class PipelineConfig:
     # how often at most the consistent tags move to the last batch applied (0: every batch; None: never)
     consistent_seconds: float | None = 10.0
     snapshot_rows_per_task: int = 250_000  # rows of a copy task (a page range); more tasks than executors
+    copy_workers: int = 4  # tables copied side by side in the initial copy (and in later copies)
     on_conversion_error: str = "stop"  # or "quarantine": changes that cannot be converted go to <table>__rejects
     # a table whose replica identity changes while streaming: "copy" it again keyed on the new identity while the
     # others stream, or "stop" (IdentityChangedError)
@@ -103,6 +104,8 @@ class PipelineConfig:
             problems.append("index_memory_mb must be at least 1")
         if self.apply_workers is not None and not 1 <= self.apply_workers <= 64:
             problems.append(f"apply workers {self.apply_workers} must be 1 to 64")
+        if not 1 <= self.copy_workers <= 64:
+            problems.append(f"copy workers {self.copy_workers} must be 1 to 64")
         if self.snapshot_rows_per_task < 1:
             problems.append(f"snapshot rows per task {self.snapshot_rows_per_task} must be at least 1")
         problems += self.maintenance.problems()

@@ -8,9 +8,12 @@ publication, or a copy interrupted) is copied at a fresh consistent point of a t
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import wait
 
 from pgcdc.checkpoint import refuse_lost_slot, refuse_positions_ahead
 from pgcdc.errors import ConversionError
@@ -22,6 +25,7 @@ from pgcdc.pipeline.config import PipelineConfig, Progress
 from pgcdc.pipeline.copy_reasons import CopyReason
 from pgcdc.pipeline.spark_on_demand import SparkOnDemand
 from pgcdc.pipeline.tables import SourceTables
+from pgcdc.pipeline.workers import DaemonThreads
 from pgcdc.replication import SlotManager, source_connection
 from pgcdc.replication.published import PublishedTable, published_tables, server_lsn, two_phase_by_default
 from pgcdc.types import SESSION_SETTINGS
@@ -39,6 +43,8 @@ class Snapshotter:
         self._set_phase = set_phase
         self._emit = emit
         self._told_unpublished: set[str] = set()  # mirrors whose unpublished table was warned of
+        # what the tables copied side by side share: the source tables' converters and mirrors, the progress
+        self._shared = threading.RLock()
 
     def snapshot(self) -> dict[str, int]:
         """Create the slot and copy every published table consistently with it (if not done yet)."""
@@ -165,26 +171,60 @@ class Snapshotter:
 
     def _copy(self, tables: list[PublishedTable], snapshot_name: str, consistent_lsn: Lsn,
               copied: dict[str, int] | None = None) -> dict[str, int]:
-        """Copy ``tables`` at ``consistent_lsn`` (``snapshot_name`` exports it), one commit each; returns the rows
-        of each. A table a value of which stops its copy (``--on-conversion-error stop``) does not stop the others:
-        they are copied, then one error names it and says which tables were copied and which were not."""
+        """Copy ``tables`` at ``consistent_lsn`` (``snapshot_name`` exports it), one commit each, up to
+        ``copy_workers`` side by side (each task imports the snapshot, so every table is read at the same moment);
+        returns the rows of each. A table a value of which stops its copy (``--on-conversion-error stop``) does not
+        stop the others: they are copied, then one error names it and says which tables were copied and which were
+        not. Any other failure, or an interrupt, starts no further table and waits for the copies under way (a
+        table whose rows are all written commits, whole; the others commit nothing), so that ``copied`` says what
+        the mirrors hold when this returns or raises."""
         copied = {} if copied is None else copied
         for table in tables:  # every total is known before the first copy starts: progress shows what is left
             self.progress.snapshot_estimates[f"{table.schema}.{table.name}"] = table.estimated_rows
         stopped: dict[str, ConversionError] = {}
-        for table in tables:
+        halted = threading.Event()
+
+        def copy(table: PublishedTable) -> None:
+            if halted.is_set():
+                return
             label = f"{table.schema}.{table.name}"
             try:
-                copied[label] = self._copy_table(table, snapshot_name, consistent_lsn)
+                rows = self._copy_table(table, snapshot_name, consistent_lsn)
             except ConversionError as exc:
                 log.error("%s", exc)
                 stopped[label] = exc
+            except BaseException:
+                halted.set()  # no further table starts
+                raise
+            else:
+                copied[label] = rows
+
+        workers = min(self.config.copy_workers, len(tables))
+        if workers <= 1:
+            for table in tables:
+                copy(table)
+        else:
+            # the largest first: a large table's parallel tasks start at once, the small ones fill the cores between
+            ordered = sorted(tables, key=lambda t: -max(t.estimated_rows or 0, 0))
+            pool = DaemonThreads("pgcdc-copy", workers)
+            futures = [pool.submit(functools.partial(copy, table)) for table in ordered]
+            try:
+                wait(futures)
+            except BaseException:  # an interrupt: no further table; the copies under way end (Spark's jobs cancelled)
+                halted.set()
+                wait(futures)
+                raise
+            finally:
+                pool.shutdown()
+            failed = [error for future in futures if (error := future.exception()) is not None]
+            if failed:
+                raise failed[0]
         if stopped:
-            done = sorted(label for label in copied if label not in stopped)
+            done_labels = sorted(label for label in copied if label not in stopped)
             first = next(iter(stopped.values()))
             raise ConversionError(
-                f"{first} — copied: {', '.join(done) or 'none'}; not copied: {', '.join(sorted(stopped))} (each "
-                "is copied at the next run, the others stream from where their copy ended)")
+                f"{first} — copied: {', '.join(done_labels) or 'none'}; not copied: {', '.join(sorted(stopped))} "
+                "(each is copied at the next run, the others stream from where their copy ended)")
         return copied
 
     def _copy_table(self, table: PublishedTable, snapshot_name: str, consistent_lsn: Lsn) -> int:
@@ -196,17 +236,19 @@ class Snapshotter:
         from pgcdc.spark.schema import spark_schema
         from pgcdc.spark.snapshot import SetAside, copy_table
 
-        converter = self.tables.converter_for(table.relation)
-        # the copy replaces every row: a mirror keyed otherwise is made again with the table's key
-        mirror = self.tables.mirror_for(table.relation, replacing_rows=True, storage=table.storage)
+        with self._shared:  # the tables' converters and mirrors, made one at a time
+            converter = self.tables.converter_for(table.relation)
+            # the copy replaces every row: a mirror keyed otherwise is made again with the table's key
+            mirror = self.tables.mirror_for(table.relation, replacing_rows=True, storage=table.storage)
         if mirror.position is None:  # files of an interrupted copy of this table, never committed
             remove_unreferenced_files(self._spark(), mirror.identifier)
         label = f"{table.schema}.{table.name}"
         injection_point("snapshot.copy")
 
         def report(p, label=label):
-            self.progress.snapshot_rows[label] = p.rows
-            self._emit()
+            with self._shared:
+                self.progress.snapshot_rows[label] = p.rows
+                self._emit()
 
         def set_aside(rows: list[SetAside]) -> None:
             position = replace_copied_rejects(self._spark(), mirror, copied_rejects(
@@ -215,7 +257,8 @@ class Snapshotter:
                 mirror.rejects_position = position
             injection_point("snapshot.rejects")
             if rows:
-                self.progress.rows_rejected += len(rows)
+                with self._shared:
+                    self.progress.rows_rejected += len(rows)
                 log.warning("%s: %d rows set aside in its __rejects table (first: %s)", label, len(rows),
                             rows[0].error)
 
@@ -233,9 +276,10 @@ class Snapshotter:
                 set_aside=set_aside if quarantine else None,
             )
         mirror.position = consistent_lsn
-        if mirror.spec.shape is not None and mirror.shape != mirror.spec.shape:  # the rows are the new shape's
-            self.tables.mirrors.record_shape(table.schema, table.name, mirror.spec.shape)
-        self.progress.snapshot_rows[label] = result.rows
+        with self._shared:
+            if mirror.spec.shape is not None and mirror.shape != mirror.spec.shape:  # the rows are the new shape's
+                self.tables.mirrors.record_shape(table.schema, table.name, mirror.spec.shape)
+            self.progress.snapshot_rows[label] = result.rows
         log.info("copied %s: %d rows in %.1fs at %s", label, result.rows, result.seconds, consistent_lsn,
                  extra={"event": "snapshot.copied", "table": label, "rows": result.rows,
                         "lsn": str(consistent_lsn), "seconds": round(result.seconds, 3)})
