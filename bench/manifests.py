@@ -19,6 +19,7 @@ Last line: one JSON object of the figures.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import io
 import json
@@ -223,6 +224,9 @@ def measure(read: Callable[[bytes, str], Any], data: bytes, repeat: int) -> tupl
     read(data, "bench.avro")
     wall, cpu = [], []
     for _ in range(repeat):
+        # every read from the same heap: the objects the ones before left would otherwise set when the collector
+        # passes, and how often (the spread was mostly that)
+        gc.collect()
         started, started_cpu = time.perf_counter(), time.process_time()
         kept = read(data, "bench.avro")
         wall.append(time.perf_counter() - started)
