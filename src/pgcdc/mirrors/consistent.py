@@ -60,7 +60,11 @@ class TagState:
 def lineage(table: Any) -> list[tuple[int, Lsn | None]]:
     """(snapshot id, the position it holds) of ``table``'s current lineage, newest first: a snapshot's position is
     its ``pgcdc.lsn``; a commit that carries none holds its parent's when it rewrote files without changing rows
-    (someone else's compaction: operation ``replace``), and none when it changed rows (another writer's)."""
+    (someone else's compaction: operation ``replace``), and none when it changed rows (another writer's). A rewrite
+    holds its parent's rows whatever position it carries: ``pgcdc maintain`` beside a running pipeline stamps its
+    rewrite with the position it read before the step, and a batch may commit in between, beneath the rewrite; the
+    parent's position, when the lineage still holds the parent, is the one its rows stand at. A tag is thus never
+    put on a rewrite holding rows newer than its stamp."""
     table = metadata_view(table)
     carried = []
     snapshot = table.currentSnapshot()
@@ -73,7 +77,8 @@ def lineage(table: Any) -> list[tuple[int, Lsn | None]]:
     position: Lsn | None = None
     held: list[tuple[int, Lsn | None]] = []
     for snapshot_id, value, operation in reversed(carried):  # oldest first
-        position = value if value is not None else position if operation == "replace" else None
+        if operation != "replace" or not held:  # (a rewrite whose parent was expired: its stamp is all there is)
+            position = value if value is not None else position if operation == "replace" else None
         held.append((snapshot_id, position))
     return held[::-1]
 
