@@ -1,8 +1,8 @@
-"""The change table: the one contract between the batcher, which builds it, and Spark's apply, which reads it.
+"""The change table: the one contract between the batcher, which builds it, and the apply, which reads it.
 
 A change table holds one source table's changes of a batch: the source columns (the row after the
 change; the old key's row for a DELETE), then the metadata columns named by :class:`ChangeColumns`.
-It is plain Arrow, so the Spark room receives no replication objects; :func:`change_schema` is its one
+It is plain Arrow, so the writing rooms receive no replication objects; :func:`change_schema` is its one
 schema, and :func:`build_change_table` its one builder.
 """
 

@@ -43,7 +43,7 @@ from tls_proxy import TlsTerminatingProxy
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]  # the module's own server (tls_server)
 
 PASSWORD = "S3cr3t-Pa55-do-not-leak"
-# the exact grants pgcdc needs (README: "Security"); the publication is made by the tables' owner
+# the exact grants pgcdc needs (docs/usage.md: "Security"); the publication is made by the tables' owner
 LEAST_PRIVILEGE = f"""
 CREATE ROLE cdc LOGIN REPLICATION PASSWORD '{PASSWORD}';
 GRANT USAGE ON SCHEMA shop TO cdc;

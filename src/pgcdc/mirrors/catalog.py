@@ -246,7 +246,10 @@ class MirrorCatalog(MirrorNames):
         if known is not None and known.spec == spec:
             return known
         identifier = self.identifier_for(spec.source_schema, spec.source_table)
-        properties = {} if known is not None or not self.readable(identifier) else self.properties.read(identifier)
+        # a mirror opened first in this process is loaded once for its properties, its position and the writer
+        # (which refreshes it before each batch): a start over many mirrors paid a load for each
+        table = None if known is not None or not self.readable(identifier) else self.table(identifier)
+        properties = {} if table is None else self.properties.read(identifier, table=table)
         exists = known is not None or bool(properties)
         recorded = known.spec.key_columns if known is not None else recorded_key(properties)
         if exists and recorded is not None and key_tokens(recorded) != key_tokens(spec.key_columns):
@@ -270,7 +273,7 @@ class MirrorCatalog(MirrorNames):
             mirror.shape = spec.shape
         else:
             mirror = self._table(spec, self._evolve(identifier, spec, current))
-            self._open(mirror, known, properties, replacing_rows=replacing_rows)
+            self._open(mirror, known, properties, replacing_rows=replacing_rows, table=table)
         self._tables[key] = mirror
         return mirror
 
@@ -280,14 +283,16 @@ class MirrorCatalog(MirrorNames):
                            rejects_identifier=self.rejects_identifier_for(spec.source_schema, spec.source_table))
 
     def _open(self, mirror: MirrorTable, known: MirrorTable | None, properties: Mapping[str, str], *,
-              replacing_rows: bool) -> None:
-        """An existing mirror's state: as this catalog knew it, else read from its metadata (once per mirror);
-        its slot and source shape recorded when they changed."""
+              replacing_rows: bool, table: Any = None) -> None:
+        """An existing mirror's state: as this catalog knew it, else read from its metadata (once per mirror:
+        ``table``, loaded by the caller, is kept for the writer); its slot and source shape recorded when they
+        changed."""
         if known is not None:
             mirror.position, mirror.changelog_position = known.position, known.changelog_position
             mirror.rejects_position, mirror.shape = known.rejects_position, known.shape
         else:
-            mirror.position = self.positions.read(mirror.identifier)
+            mirror.position = self.positions.read(mirror.identifier, table=table)
+            mirror.iceberg_table = table
             mirror.changelog_position = self.positions.read_if_exists(mirror.changelog_identifier)
             mirror.rejects_position = self.positions.read_rejects(mirror.rejects_identifier)
             pending = properties.get(FILL_PROPERTY)

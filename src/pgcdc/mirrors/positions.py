@@ -80,16 +80,17 @@ class MirrorPositions:
         """:meth:`read` of a table that may not exist yet (a change log before its first append): None then."""
         return self.read(identifier) if self.exists(identifier) else None
 
-    def read(self, identifier: str) -> Lsn | None:
+    def read(self, identifier: str, *, table: Any = None) -> Lsn | None:
         """Where a mirror (or change log) stands (:func:`pgcdc.positions.mirror_position`); None: it holds none,
-        or it cannot be read (a table whose creation was interrupted: it is copied again)."""
+        or it cannot be read (a table whose creation was interrupted: it is copied again). ``table``: its Iceberg
+        table, when loaded already."""
         from py4j.protocol import Py4JJavaError
         from pyspark.errors import AnalysisException
 
         from pgcdc.spark.iceberg_java import load_table
 
         try:
-            lineage, record, keyed = position_facts(load_table(self.spark, identifier))
+            lineage, record, keyed = position_facts(table if table is not None else load_table(self.spark, identifier))
         except (AnalysisException, Py4JJavaError) as exc:
             log.warning("mirror %s cannot be read (%s); it will be copied again", identifier,
                         str(exc).strip().splitlines()[0])

@@ -9,7 +9,7 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -119,10 +119,12 @@ class MirrorProperties:
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
 
-    def read(self, identifier: str) -> dict[str, str]:
+    def read(self, identifier: str, *, table: Any = None) -> dict[str, str]:
+        """The table's properties; ``table``: its Iceberg table, when loaded already."""
         from pgcdc.spark.iceberg_java import load_table, metadata_view
 
-        return {str(k): str(v) for k, v in metadata_view(load_table(self.spark, identifier)).properties().items()}
+        table = table if table is not None else load_table(self.spark, identifier)
+        return {str(k): str(v) for k, v in metadata_view(table).properties().items()}
 
     def set(self, identifier: str, values: Mapping[str, str]) -> None:
         """One metadata commit setting ``values`` among the table's properties (none when empty)."""

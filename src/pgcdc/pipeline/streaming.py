@@ -35,7 +35,7 @@ from pgcdc.transactions import Tick, Transaction, TransactionReader
 log = logging.getLogger("pgcdc.pipeline")
 
 # after the batch being applied, how long a stop may still take: a maintenance in flight is cancelled and waited
-# for this long at most (README, "Ctrl-C")
+# for this long at most (docs/usage.md, "Stopping: Ctrl-C and SIGTERM")
 STOP_BOUND_SECONDS = 30.0
 # how long the server may take to record the last confirmation once the stream is closed
 _ACKNOWLEDGE_SECONDS = 5.0
