@@ -5,7 +5,14 @@ from pathlib import Path
 import pytest
 
 from pgcdc.iceberg.table_metadata import TableMetadata
-from pgcdc.spark.iceberg_java import java_count, java_items, load_table, metadata_view, with_commit_properties
+from pgcdc.spark.iceberg_java import (
+    java_count,
+    java_items,
+    load_table,
+    metadata_view,
+    spark_schema_of,
+    with_commit_properties,
+)
 
 
 def test_create_merge_and_snapshot_property(spark, iceberg_namespace):
@@ -26,6 +33,20 @@ def test_create_merge_and_snapshot_property(spark, iceberg_namespace):
     assert [s.operation for s in snapshots] == ["append", "overwrite"]
     assert snapshots[0].lsn is None
     assert snapshots[1].lsn == "0/16B3748"
+
+
+def test_a_tables_spark_schema_read_from_iceberg_is_the_one_spark_plans(spark, iceberg_namespace):
+    """A mirror opened first in a process takes its Spark schema from its Iceberg table (one call into the JVM), not
+    from a planned relation: both must be the very same schema, nested, keyed and evolved columns included, or the
+    mirror would be evolved for nothing."""
+    identifier = f"pgcdc.{iceberg_namespace}.shapes"
+    spark.sql(f"CREATE TABLE {identifier} (id bigint NOT NULL, small int, f float, d double, n decimal(38, 9), "
+              "t string, b binary, ok boolean, day date, ts timestamp, ntz timestamp_ntz, "
+              "s struct<a: int, b: array<struct<c: string>>>, m map<string, array<bigint>>, l array<decimal(10,2)>) "
+              "USING iceberg TBLPROPERTIES ('format-version' = '2')")
+    spark.sql(f"ALTER TABLE {identifier} ADD COLUMN added timestamp")
+    spark.sql(f"ALTER TABLE {identifier} SET IDENTIFIER FIELDS id")
+    assert spark_schema_of(load_table(spark, identifier)) == spark.table(identifier).schema
 
 
 def test_a_tables_metadata_read_in_one_round_trip_answers_as_the_java_table_does(spark, iceberg_namespace):

@@ -262,7 +262,14 @@ class MirrorCatalog(MirrorNames):
             self._drop_for_copy(identifier, spec, f"was keyed on {describe_key(recorded)}; making it again keyed "
                                                   f"on {describe_key(spec.key_columns)}")
             known, exists = None, False
-        current = None if not exists else known.schema if known is not None else self.spark.table(identifier).schema
+        if not exists:
+            current = None
+        elif known is not None:
+            current = known.schema
+        else:
+            from pgcdc.spark.iceberg_java import spark_schema_of
+
+            current = spark_schema_of(table)
         if current is not None and replacing_rows and cannot_widen(current, spec.spark_schema):
             self._drop_for_copy(identifier, spec, f"holds {', '.join(cannot_widen(current, spec.spark_schema))} of "
                                                   "types Iceberg cannot change in place to the source's new ones")

@@ -14,6 +14,7 @@ from pgcdc.iceberg.table_metadata import TableMetadata
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
 
     from pgcdc.iceberg.parquet import FieldLayout
 
@@ -60,6 +61,7 @@ class IcebergClasses:
         self.count = iceberg.relocated.com.google.common.collect.Iterables.size
         self.String = jvm.java.lang.String
         self.schema_json = iceberg.SchemaParser.toJson
+        self.spark_schema = iceberg.spark.SparkSchemaUtil.convert
         self.metrics_for_table = iceberg.MetricsConfig.forTable
         self.metrics_for_position_deletes = iceberg.MetricsConfig.forPositionDelete
         self.metrics_from_footer = iceberg.parquet.ParquetUtil.footerMetrics
@@ -170,6 +172,16 @@ def load_table(spark: SparkSession, identifier: str) -> Any:
     if _caches_tables(spark, identifier):
         table.refresh()
     return table
+
+
+def spark_schema_of(table: Any) -> StructType:
+    """The Spark schema of an Iceberg ``table``, as Spark's own table gives it (``SparkSchemaUtil.convert``): one
+    call into the JVM, where ``spark.table(identifier).schema`` loads the table again and plans a relation."""
+    from pyspark.sql.types import StructType
+
+    converted = iceberg_classes().spark_schema(table.schema())
+    schema = StructType.fromJson(json.loads(str(converted.json())))
+    return schema
 
 
 # per session, per catalog name: whether it caches tables. Read once: Spark keeps a catalog as it was made from
