@@ -145,11 +145,12 @@ class Snapshotter:
             if name in reasons or not self.tables.has_position(relation):
                 continue
             table_storage = storage.get(relation.relation_id)
-            reason = self.tables.copy_reason(relation, table_storage)
+            facts = self.tables.mirror_facts(relation)  # read once for both questions
+            reason = self.tables.copy_reason(relation, table_storage, facts=facts)
             if reason is not None:
                 reasons[name] = reason
             else:
-                self.tables.record_refreshed_shape(relation, table_storage)
+                self.tables.record_refreshed_shape(relation, table_storage, facts=facts)
         for text in sorted({reason.text for reason in reasons.values()}):
             self.copy_again({name for name, reason in reasons.items() if reason.text == text}, text)
         for (schema, table), reason in reasons.items():

@@ -229,18 +229,20 @@ class SourceTables:
         """End the connection kept for the catalog reads (a later read opens another)."""
         self._catalog.close()
 
-    def copy_reason(self, relation: Relation, storage: TableStorage | None) -> CopyReason | None:
+    def copy_reason(self, relation: Relation, storage: TableStorage | None, *,
+                    facts: MirrorFacts | None = None) -> CopyReason | None:
         """Why this relation version's mirror must be copied again before its changes reach it (None: it need
-        not; see :func:`.copy_reasons.copy_reason`), from facts read now: ``storage`` is the table's now. A changed
-        replica identity under ``--on-identity-change stop`` raises :class:`IdentityChangedError` instead."""
-        mirror = self.mirror_facts(relation)
+        not; see :func:`.copy_reasons.copy_reason`), from facts read now: ``storage`` is the table's now, ``facts``
+        the mirror's (read here when not given). A changed replica identity under ``--on-identity-change stop``
+        raises :class:`IdentityChangedError` instead."""
+        mirror = facts if facts is not None else self.mirror_facts(relation)
         shape = mirror.shape if mirror is not None else None
         attached: frozenset[int] = frozenset()
         filled = new_filled_partitions(shape, storage)
         if filled:
             with source_connection(self.config.dsn, 600.0) as conn:
                 attached = frozenset(oid for oid in filled if holds_rows_from_before_it_joined(conn, oid))
-        added = self._added_columns(relation) if mirror is not None else []
+        added = self._added_columns(relation, mirror.columns) if mirror is not None else []
         source = SourceFacts(self.key_for(relation), storage,
                              rewritten_defaults=any(a.missing_text is None and a.has_default for a in added),
                              attached_with_rows=attached)
@@ -253,10 +255,12 @@ class SourceTables:
                 "the others stream, or restore its replica identity")
         return reason
 
-    def record_refreshed_shape(self, relation: Relation, storage: TableStorage | None) -> None:
+    def record_refreshed_shape(self, relation: Relation, storage: TableStorage | None, *,
+                               facts: MirrorFacts | None = None) -> None:
         """What the catalog added since the mirror's last copy (columns, enum values, empty partitions), recorded
-        in its source shape: a later change is then judged against it."""
-        facts = self.mirror_facts(relation)
+        in its source shape: a later change is then judged against it. ``facts``: the mirror's, when read
+        already."""
+        facts = facts if facts is not None else self.mirror_facts(relation)
         refreshed = refreshed_shape(facts.shape if facts is not None else None, storage)
         if refreshed is not None:
             self.mirrors.record_shape(relation.namespace, relation.name, refreshed)
@@ -276,14 +280,21 @@ class SourceTables:
             identifier = mirrors.identifier_for(relation.namespace, relation.name)
             if not mirrors.readable(identifier):
                 return None
-            properties = mirrors.properties.read(identifier)
+            from pgcdc.spark.iceberg_java import spark_schema_of
+
+            table = mirrors.table(identifier)  # one load for its properties and its schema
+            properties = mirrors.properties.read(identifier, table=table)
             key, shape = recorded_key(properties), SourceShape.decode(properties.get(SHAPE_PROPERTY))
-            schema = self._spark().table(identifier).schema
+            schema = spark_schema_of(table)
         wanted = spark_schema(self.converter_for(relation).arrow_schema)
         return MirrorFacts(key, shape, frozenset(schema.names), narrowed=bool(cannot_widen(schema, wanted)))
 
-    def _added_columns(self, relation: Relation) -> list[AddedColumn]:
-        existing = self.mirrors.columns_of(relation.namespace, relation.name)
+    def _added_columns(self, relation: Relation, existing: frozenset[str] | set[str] | None = None
+                       ) -> list[AddedColumn]:
+        """The relation's columns its mirror does not have yet (``existing``: the mirror's columns, when known),
+        with what the catalog says of each."""
+        if existing is None:
+            existing = self.mirrors.columns_of(relation.namespace, relation.name)
         new = [c.name for c in relation.columns if existing is not None and c.name not in existing]
         if not new:
             return []
