@@ -56,17 +56,33 @@ def workload(conn: psycopg.Connection, tables: int, transactions: int, round_: i
                 conn.execute(f"DELETE FROM t{i} WHERE id % 11 = {step % 11}")
 
 
-def pgcdc_run(command: list[str]) -> tuple[float, int, list[float]]:
-    """A whole ``pgcdc run --until-caught-up`` process: its seconds, the changes it applied, and each batch's
-    apply seconds (from its log)."""
+def pgcdc_run(command: list[str]) -> tuple[float, int, list[float], int, int]:
+    """A whole ``pgcdc run --until-caught-up`` process: its seconds, the changes it applied, each batch's apply
+    seconds (from its log), and the most resident memory seen of pgcdc's Python process and of its JVM (sampled
+    every 0.2 s)."""
+    import psutil
+
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=3600,
-                          env={**os.environ, "PGCDC_LOG_LEVEL": "INFO"})
-    seconds = time.perf_counter() - started
-    if done.returncode:
-        sys.exit(f"pgcdc run failed:\n{done.stderr[-3000:]}")
-    batches = [(int(changes), float(took)) for changes, took in APPLIED.findall(done.stderr)]
-    return seconds, sum(changes for changes, _ in batches), [took for _, took in batches]
+    with tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, text=True,
+                                   env={**os.environ, "PGCDC_LOG_LEVEL": "INFO"})
+        python_rss = jvm_rss = 0
+        watched = psutil.Process(process.pid)
+        while process.poll() is None:
+            try:
+                python_rss = max(python_rss, watched.memory_info().rss)
+                jvm_rss = max([jvm_rss, *(child.memory_info().rss for child in watched.children(recursive=True)
+                                          if child.name() == "java")])
+            except psutil.Error:
+                pass
+            time.sleep(0.2)
+        seconds = time.perf_counter() - started
+        err.seek(0)
+        stderr = err.read()
+    if process.returncode:
+        sys.exit(f"pgcdc run failed:\n{stderr[-3000:]}")
+    batches = [(int(changes), float(took)) for changes, took in APPLIED.findall(stderr)]
+    return seconds, sum(changes for changes, _ in batches), [took for _, took in batches], python_rss, jvm_rss
 
 
 def main() -> None:
@@ -91,11 +107,11 @@ def main() -> None:
         create_tables(conn, tables, args.rows)
         config = config_for(server, warehouse, "many", "delta", "position")
         command = run_command(config)
-        copy_seconds, _, _ = pgcdc_run(command)
+        copy_seconds, _, _, _, _ = pgcdc_run(command)
         print(f"initial copy of {tables} tables of {args.rows} rows: {copy_seconds:.1f} s "
               f"({copy_seconds / tables:.2f} s per table)", flush=True)
         figures.update(copy_s=round(copy_seconds, 2), copy_s_per_table=round(copy_seconds / tables, 3))
-        walls, applies, peers, rates, peer_rates = [], [], [], [], []
+        walls, applies, peers, rates, peer_rates, python_rss, jvm_rss = [], [], [], [], [], [], []
         for round_ in range(rounds):
             peer = f"peer_{round_}"
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (peer,))
@@ -103,11 +119,14 @@ def main() -> None:
             end = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
             peer_seconds = recvlogical_drain(server, peer, end)
             conn.execute("SELECT pg_drop_replication_slot(%s)", (peer,))
-            wall, changes, batches = pgcdc_run(command)
+            wall, changes, batches, rss, jvm = pgcdc_run(command)
             apply = sum(batches)
             print(f"round {round_ + 1}: {changes:,} changes into {tables} mirrors: pgcdc {wall:.1f} s (its "
                   f"{len(batches)} batches applying {apply:.1f} s, {apply / max(1, len(batches)) / tables:.3f} s per "
-                  f"table per batch), pg_recvlogical {peer_seconds:.1f} s", flush=True)
+                  f"table per batch; resident memory at most {rss / 2**20:.0f} MiB, its JVM {jvm / 2**20:.0f} MiB), "
+                  f"pg_recvlogical {peer_seconds:.1f} s", flush=True)
+            python_rss.append(rss)
+            jvm_rss.append(jvm)
             walls.append(wall)
             applies.append(apply / max(1, len(batches)) / tables)
             peers.append(peer_seconds)
@@ -123,7 +142,9 @@ def main() -> None:
         round_s_max=round(max(walls[1:]), 2), changes_per_s=round(statistics.median(rates[1:])),
         apply_s_per_table_batch=round(statistics.median(applies[1:]), 3),
         pg_recvlogical_changes_per_s=round(statistics.median(peer_rates[1:])),
-        ratio_vs_pg_recvlogical=round(statistics.median(rates[1:]) / statistics.median(peer_rates[1:]), 3))
+        ratio_vs_pg_recvlogical=round(statistics.median(rates[1:]) / statistics.median(peer_rates[1:]), 3),
+        python_rss_mib=round(max(python_rss) / 2**20), jvm_rss_mib=round(max(jvm_rss) / 2**20),
+        python_rss_kib_per_mirror=round(max(python_rss) / 1024 / tables, 1))
     print(json.dumps(figures))
 
 
