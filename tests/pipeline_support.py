@@ -199,7 +199,8 @@ def run_cli(config: PipelineConfig, *args: str, env: dict[str, str] | None = Non
     return start_pgcdc("run", "--dsn", config.dsn, "--publication", config.publication, "--slot", config.slot,
                        *catalog_arguments(config), "--namespace", config.destination.namespace, "--batch-seconds",
                        str(config.batch_max_seconds), "--apply", config.apply_writer, "--deletes", config.deletes,
-                       *args, env={"PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
+                       "--apply-workers", str(config.apply_workers), *args,
+                       env={"PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
 
 
 def catch_up_in_process(config: PipelineConfig, spark) -> Pipeline:

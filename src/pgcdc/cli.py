@@ -345,10 +345,10 @@ OnIdentityChange = Annotated[str, typer.Option(
     "--on-identity-change", envvar="PGCDC_ON_IDENTITY_CHANGE", metavar="copy|stop", rich_help_panel=PANEL_FAILURES,
     help="When a table's replica identity changes: copy it again, keyed on the new identity, while the others "
          "stream; or stop there (exit 1).")]
-ApplyWorkers = Annotated[int | None, typer.Option(
+ApplyWorkers = Annotated[int, typer.Option(
     "--apply-workers", envvar="PGCDC_APPLY_WORKERS", show_envvar=True, min=1, max=64, metavar="N",
     rich_help_panel=PANEL_BATCHES,
-    help="Mirrors of a batch applied at once (default: twice the cores, 2 to 16; 1: one after another).")]
+    help="Mirrors of a batch applied at once (default 1: one after another; not with --changelog yet).")]
 IndexMemory = Annotated[int | None, typer.Option(
     "--index-memory-mb", envvar="PGCDC_INDEX_MEMORY_MB", show_envvar=True, min=1, metavar="MB",
     rich_help_panel=PANEL_BATCHES,
@@ -545,7 +545,7 @@ def run(
     apply: ApplyWriter = _CONFIG.apply_writer,
     deletes: Deletes = _CONFIG.deletes,
     index_memory_mb: IndexMemory = None,
-    apply_workers: ApplyWorkers = None,
+    apply_workers: ApplyWorkers = _CONFIG.apply_workers,
     consistent_every: ConsistentEvery = _CONFIG.consistent_seconds,
     no_consistent_tags: NoConsistentTags = False,
     snapshot_rows_per_task: SnapshotRowsPerTask = _CONFIG.snapshot_rows_per_task,

@@ -172,3 +172,15 @@ def test_a_mirror_failing_beside_others_fails_the_batch_once_every_other_mirror_
         running.start(many_tables_batch(), Lsn(2008))
         running.collect(confirmed.append)
     assert confirmed == [Lsn(2008)] and mirrors.applied == ["t3"]
+
+
+def test_mirrors_side_by_side_are_asked_for_and_refused_with_a_change_log():
+    from pgcdc.errors import ConfigError
+    from pgcdc.pipeline.config import PipelineConfig
+
+    assert PipelineConfig(dsn="dbname=x", publication="p").apply_workers == 1  # one after another unless asked
+    assert PipelineConfig(dsn="dbname=x", publication="p", apply_workers=4).apply_workers == 4
+    with pytest.raises(ConfigError, match="--apply-workers 4 cannot be used with --changelog yet"):
+        PipelineConfig(dsn="dbname=x", publication="p", apply_workers=4, changelog=True)
+    with pytest.raises(ConfigError, match="apply workers 0 must be 1 to 64"):
+        PipelineConfig(dsn="dbname=x", publication="p", apply_workers=0)

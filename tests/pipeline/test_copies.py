@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from batches import INT4
@@ -53,16 +54,30 @@ class Copies:
                 self.running -= 1
 
 
+class Namespaces:
+    """The mirrors' catalog as the copy sees it before its tables start: the namespaces it makes."""
+
+    def __init__(self, copies: Copies) -> None:
+        self.copies, self.made = copies, []
+
+    def ensure_namespace(self, schema: str) -> None:
+        assert not self.copies.started, "namespaces are made before any table's copy starts"
+        self.made.append(schema)
+
+
 def snapshotter(copies: Copies, workers: int) -> Snapshotter:
     config = PipelineConfig(dsn="dbname=x", publication="p", copy_workers=workers)
-    copier = Snapshotter(config, None, None, Progress(), lambda phase: None, lambda: None)  # type: ignore[arg-type]
+    tables = SimpleNamespace(mirrors=Namespaces(copies))
+    copier = Snapshotter(config, tables, None, Progress(), lambda phase: None, lambda: None)  # type: ignore[arg-type]
     copier._copy_table = copies  # type: ignore[method-assign]
     return copier
 
 
 def test_tables_are_copied_side_by_side_the_largest_first():
     copies = Copies()
-    copied = snapshotter(copies, workers=4)._copy(published(10), "snap", Lsn(100))
+    copier = snapshotter(copies, workers=4)
+    copied = copier._copy(published(10), "snap", Lsn(100))
+    assert copier.tables.mirrors.made == ["public"]  # once, before the mirrors are made side by side
     assert copied == {f"public.t{n}": 10 * n for n in range(10)}
     assert copies.most == 4  # as many at once as asked, never more
     assert copies.started[:4] == ["t9", "t8", "t7", "t6"]

@@ -44,7 +44,8 @@ MERGE_ROUNDS = [
 
 @pytest.mark.long(5)
 def test_killed_in_every_window_loses_and_duplicates_nothing(pg, spark):
-    crash_loop(pg, spark, ROUNDS, seed=20261122, aim_timeout=120)
+    # the mirrors of a batch applied side by side (--apply-workers 4): one after another is every other test's
+    crash_loop(pg, spark, ROUNDS, seed=20261122, aim_timeout=120, apply_workers=4)
 
 
 @pytest.mark.soak

@@ -194,6 +194,7 @@ class MirrorCatalog(MirrorNames):
         self.slot = slot
         self._tables: dict[tuple[str, str], MirrorTable] = {}
         self._readable: set[str] = set()  # tables found usable; only this catalog drops them (_drop)
+        self._namespaces: set[str] = set()  # source schemas whose namespace this process made or found
         self.properties = MirrorProperties(spark)
         self.positions = MirrorPositions(spark)
 
@@ -363,7 +364,7 @@ class MirrorCatalog(MirrorNames):
             **({SLOT_PROPERTY: self.slot} if self.slot is not None else {}),
             **({SHAPE_PROPERTY: spec.shape.encode()} if spec.shape is not None else {}),
         }
-        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.namespace_for(spec.source_schema)}")
+        self.ensure_namespace(spec.source_schema)
         self.spark.sql(f"CREATE TABLE {identifier} ({columns}) USING iceberg TBLPROPERTIES ("
                        + ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items()) + ")")
         refused = [k for k in spec.key_columns if not _can_identify(spec.spark_schema[k].dataType)]
@@ -374,6 +375,14 @@ class MirrorCatalog(MirrorNames):
             log.info("%s: no Iceberg identifier fields for %s: its key holds %s, which Iceberg does not take as "
                      "identifier fields (floating-point or nested types)", identifier, spec.source, ", ".join(refused))
         log.info("created mirror %s for %s (key: %s)", identifier, spec.source, ", ".join(spec.key_columns) or "none")
+
+    def ensure_namespace(self, source_schema: str) -> None:
+        """The namespace of ``source_schema``'s mirrors, made if missing: once per process and schema. Called
+        before mirrors are created side by side (the initial copy), since two ``CREATE NAMESPACE IF NOT EXISTS`` of
+        one namespace at once may both find it missing, and the second fail."""
+        if source_schema not in self._namespaces:
+            self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.namespace_for(source_schema)}")
+            self._namespaces.add(source_schema)
 
     def _evolve(self, identifier: str, spec: TableSpec, current: StructType) -> StructType:
         wanted = {f.name: f for f in spec.spark_schema.fields}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from pgcdc.errors import ConfigError
@@ -49,8 +48,11 @@ class PipelineConfig:
     # "equality" (no index; PyIceberg cannot read them)
     deletes: str = "position"
     index_memory_mb: int | None = None  # what the key indexes may take together (None: a quarter of the memory)
-    # how many mirrors of a batch are applied at once (None: twice the cores, 2 to 16; 1: one after another)
-    apply_workers: int | None = None
+    # how many mirrors of a batch are applied at once (1: one after another). Side by side is not the default: with
+    # --changelog, and someone else's compaction committing beside the stream, a test lost deletes of a mirror
+    # (1 run in 3 or 4; never one after another, nor side by side without the change log); until that is
+    # understood it is refused with --changelog and chosen only by a user who asks for it
+    apply_workers: int = 1
     # how often at most the consistent tags move to the last batch applied (0: every batch; None: never)
     consistent_seconds: float | None = 10.0
     snapshot_rows_per_task: int = 250_000  # rows of a copy task (a page range); more tasks than executors
@@ -102,8 +104,12 @@ class PipelineConfig:
             problems.append("consistent_seconds must be 0 or more")
         if self.index_memory_mb is not None and self.index_memory_mb < 1:
             problems.append("index_memory_mb must be at least 1")
-        if self.apply_workers is not None and not 1 <= self.apply_workers <= 64:
+        if not 1 <= self.apply_workers <= 64:
             problems.append(f"apply workers {self.apply_workers} must be 1 to 64")
+        elif self.apply_workers > 1 and self.changelog:
+            problems.append(f"--apply-workers {self.apply_workers} cannot be used with --changelog yet (mirrors "
+                            "applied side by side with a change log are not proven safe beside another writer's "
+                            "compaction); use --apply-workers 1, or drop --changelog")
         if not 1 <= self.copy_workers <= 64:
             problems.append(f"copy workers {self.copy_workers} must be 1 to 64")
         if self.snapshot_rows_per_task < 1:
@@ -112,14 +118,6 @@ class PipelineConfig:
         if problems:
             raise ConfigError("; ".join(problems))
 
-
-    @property
-    def mirror_workers(self) -> int:
-        """How many mirrors of a batch are applied at once: ``apply_workers``, else twice the cores (2 to 16), as
-        much of a commit waits on storage and the catalog rather than on a core."""
-        if self.apply_workers is not None:
-            return self.apply_workers
-        return max(2, min(16, 2 * (os.cpu_count() or 1)))
 
     @property
     def index_memory_bytes(self) -> int:

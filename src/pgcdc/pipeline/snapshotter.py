@@ -201,6 +201,10 @@ class Snapshotter:
                 copied[label] = rows
 
         workers = min(self.config.copy_workers, len(tables))
+        if workers > 1:  # the catalog and the namespaces of the mirrors made side by side: made first, once
+            mirrors = self.tables.mirrors
+            for schema in sorted({table.schema for table in tables}):
+                mirrors.ensure_namespace(schema)
         if workers <= 1:
             for table in tables:
                 copy(table)
@@ -237,10 +241,11 @@ class Snapshotter:
         from pgcdc.spark.schema import spark_schema
         from pgcdc.spark.snapshot import SetAside, copy_table
 
-        with self._shared:  # the tables' converters and mirrors, made one at a time
+        with self._shared:
             converter = self.tables.converter_for(table.relation)
-            # the copy replaces every row: a mirror keyed otherwise is made again with the table's key
-            mirror = self.tables.mirror_for(table.relation, replacing_rows=True, storage=table.storage)
+        # the copy replaces every row: a mirror keyed otherwise is made again with the table's key (the mirrors of
+        # the tables copied side by side are made side by side: each is its own table, in a namespace made before)
+        mirror = self.tables.mirror_for(table.relation, replacing_rows=True, storage=table.storage)
         if mirror.position is None:  # files of an interrupted copy of this table, never committed
             remove_unreferenced_files(self._spark(), mirror.identifier)
         label = f"{table.schema}.{table.name}"

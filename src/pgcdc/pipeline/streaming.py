@@ -90,7 +90,7 @@ class StreamRun:
                         writer=config.apply_writer, deletes=config.deletes,
                         index_memory_bytes=config.index_memory_bytes, maintenance=config.maintenance,
                         consistent_seconds=config.consistent_seconds,
-                        apply_workers=config.mirror_workers, batch_seconds=config.batch_max_seconds) as applier:
+                        apply_workers=config.apply_workers, batch_seconds=config.batch_max_seconds) as applier:
             applier.settle_tags(self.checkpoint.confirmed)
             stopped_in_order = interrupted = False
             try:
