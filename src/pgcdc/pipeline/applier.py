@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -291,14 +291,12 @@ class Applier:
         self._moving = self._executor.submit(self._noted(f"moving the consistent tags of {len(targets)} mirrors", move))
 
     def _each(self, call: Callable[[Any], T], items: list[Any]) -> list[T]:
-        """``call`` of every item: side by side on the mirrors' pool when there is one (from the apply thread, while
-        no batch is applying), else one after another."""
+        """``call`` of every item: side by side on the mirrors' pool when there is one (the mirrors of a batch; the
+        tags' moves, from the apply thread while no batch is applying), else one after another."""
         workers = self._mirror_workers
         if workers is None or len(items) < 2:
             return [call(item) for item in items]
-        futures = [workers.submit(functools.partial(call, item)) for item in items]
-        wait(futures)
-        return [future.result() for future in futures]
+        return workers.run_all(call, items)
 
     def _tag_targets(self) -> list[str]:
         """The mirrors streamed from this run's slot: those in the namespace at the start, and those made since."""
@@ -321,8 +319,8 @@ class Applier:
         return noted
 
     def _apply(self, batch: Batch, handed: float) -> Applied:
-        """Apply every segment of ``batch`` to its mirror (from the apply thread, the mirrors side by side on the
-        pool); returns what was applied, once every mirror has committed."""
+        """Apply every segment of ``batch`` to its mirror (from the apply thread: one mirror after another, or side by
+        side on the pool when there is one); returns what was applied, once every mirror has committed."""
         started = time.monotonic()
         ran, self._ran_between = self._ran_between, []
         if started - handed > self._patience:
@@ -332,19 +330,8 @@ class Applier:
         # the mirror with the most rows first: the batch lasts as long as its slowest mirror
         tables = sorted(batch.tables.values(), key=lambda segments: -sum(c.num_rows for s in segments for c in s.chunks))
         progress = _BatchProgress(len(tables))
-        workers = self._mirror_workers
-        if workers is None or len(tables) < 2:
-            outcomes = [self._apply_table(segments, progress) for segments in tables]
-        else:
-            futures = [workers.submit(functools.partial(self._apply_table, segments, progress))
-                       for segments in tables]
-            wait(futures)  # every mirror ends, committed or failed, before the batch does
-            failed = [error for future in futures if (error := future.exception()) is not None]
-            if failed:
-                for extra in failed[1:]:
-                    log.warning("another mirror of the failed batch failed too: %s", _first_line(extra))
-                raise failed[0]
-            outcomes = [future.result() for future in futures]
+        # every mirror ends, committed or failed, before the batch does
+        outcomes = self._each(functools.partial(self._apply_table, progress=progress), tables)
         outcome = Applied()
         for applied in outcomes:
             outcome.changes += applied.changes
@@ -415,10 +402,6 @@ class _BatchProgress:
         with self._lock:
             self._tables_left -= 1
             return self._tables_left > 0
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 class MirrorTarget(Protocol):

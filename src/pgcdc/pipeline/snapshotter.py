@@ -8,12 +8,10 @@ publication, or a copy interrupted) is copied at a fresh consistent point of a t
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import wait
 
 from pgcdc.checkpoint import refuse_lost_slot, refuse_positions_ahead
 from pgcdc.errors import ConversionError
@@ -212,18 +210,10 @@ class Snapshotter:
             # the largest first: a large table's parallel tasks start at once, the small ones fill the cores between
             ordered = sorted(tables, key=lambda t: -max(t.estimated_rows or 0, 0))
             pool = DaemonThreads("pgcdc-copy", workers)
-            futures = [pool.submit(functools.partial(copy, table)) for table in ordered]
-            try:
-                wait(futures)
-            except BaseException:  # an interrupt: no further table; the copies under way end (Spark's jobs cancelled)
-                halted.set()
-                wait(futures)
-                raise
+            try:  # an interrupt: no further table; the copies under way end (Spark's jobs cancelled)
+                pool.run_all(copy, ordered)
             finally:
                 pool.shutdown()
-            failed = [error for future in futures if (error := future.exception()) is not None]
-            if failed:
-                raise failed[0]
         if stopped:
             done_labels = sorted(label for label in copied if label not in stopped)
             first = next(iter(stopped.values()))

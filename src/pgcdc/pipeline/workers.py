@@ -3,13 +3,17 @@ tables of a copy copied side by side."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import queue
 import threading
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, wait
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger("pgcdc.pipeline")
 
 
 class DaemonThreads:
@@ -29,6 +33,27 @@ class DaemonThreads:
         future: Future[T] = Future()
         self._calls.put((future, call))
         return future
+
+    def run_all(self, call: Callable[[Any], T], items: Iterable[Any]) -> list[T]:
+        """``call`` of every item on these threads, returning once every one has ended: their results in the items'
+        order, or the first failure raised (the others logged). Nothing is still running when it returns or
+        raises: interrupted while it waits (a Ctrl-C), the calls not started yet are cancelled and those under way
+        waited for."""
+        futures = [self.submit(functools.partial(call, item)) for item in items]
+        try:
+            wait(futures)
+        except BaseException:
+            for future in futures:
+                future.cancel()  # (one already running goes on)
+            wait(futures)
+            raise
+        failed = [error for future in futures if (error := future.exception()) is not None]
+        for extra in failed[1:]:
+            log.warning("failed beside the first failure: %s",
+                        (str(extra).strip().splitlines() or [type(extra).__name__])[0][:300])
+        if failed:
+            raise failed[0]
+        return [future.result() for future in futures]
 
     def shutdown(self) -> None:
         for _ in self._threads:

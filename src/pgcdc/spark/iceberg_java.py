@@ -180,8 +180,7 @@ def spark_schema_of(table: Any) -> StructType:
     from pyspark.sql.types import StructType
 
     converted = iceberg_classes().spark_schema(table.schema())
-    schema = StructType.fromJson(json.loads(str(converted.json())))
-    return schema
+    return StructType.fromJson(json.loads(str(converted.json())))
 
 
 # per session, per catalog name: whether it caches tables. Read once: Spark keeps a catalog as it was made from
