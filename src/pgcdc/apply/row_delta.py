@@ -1,16 +1,19 @@
-"""The row-delta writer (the default): a batch's rows written as Iceberg data files and equality-delete files by
+"""The row-delta writer (the default): a batch's rows written as an Iceberg data file and a delete file by
 Arrow, committed by Iceberg's Java API in one commit that carries ``pgcdc.lsn`` — no Spark query per batch.
 
 :mod:`pgcdc.apply.reduce` decides what a batch means (the last change per key, unchanged TOAST values, key
 changes, TRUNCATE); this module makes it durable:
 
-- the new row images go to one Parquet data file, the keys they replace or remove to one Parquet
-  equality-delete file on the key's field ids (Iceberg format v2), both in the mirror's layout (field ids,
-  Iceberg's stored types, codec), at paths the table's location provider gives, through the table's FileIO
-  (Arrow writes a local warehouse's files directly);
-- one ``RowDelta`` adds both. Iceberg applies an equality delete only to data files of a *lower* data sequence
-  number, so a row written in the same commit as the delete of its key survives it, while every older row
-  with that key is gone;
+- the new row images go to one Parquet data file, and the rows they replace or remove to one Parquet delete
+  file: by default a position-delete file naming each row by data file and position (from the mirror's key
+  index, :mod:`pgcdc.index`), or with ``--deletes equality`` an equality-delete file on the key's field ids
+  (Iceberg format v2); both in the mirror's layout (field ids, Iceberg's stored types, codec), at paths the
+  table's location provider gives, through the table's FileIO (Arrow writes a local warehouse's files
+  directly);
+- one ``RowDelta`` adds both (folding in the small files of pgcdc's commit before: :mod:`.fold`). Its position
+  deletes name rows of older files only, and an equality delete applies only to data files of a *lower* data
+  sequence number, so a row written in the same commit as the delete of its key survives it, while every older
+  row with that key is gone;
 - a batch that begins by emptying the mirror (TRUNCATE) is one overwrite of every row by the new file.
 
 A commit that loses a race with another writer (a maintenance commit) is retried by Iceberg on the new
