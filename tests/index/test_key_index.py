@@ -24,7 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pgcdc.index import key_codes, key_index
+from pgcdc.index import disk_runs, key_codes, key_index
+from pgcdc.index.disk_runs import IndexDirectory
 from pgcdc.index.key_codes import NULL_CODE, KeyCoder, hash_column
 from pgcdc.index.key_index import KeyIndex, Located
 
@@ -347,6 +348,54 @@ class Files:
         return f"file:///warehouse/db/t/data/{self.count:05d}-0-part.parquet"
 
 
+class Place:
+    """Where a model test keeps its index: in memory, or on disk in tiny blocks with a tiny memory share (so that
+    its runs span many blocks, large adds spill, and checkpoints rewrite the run), reopened from its manifest."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.directory: IndexDirectory | None = None
+
+    def new(self, *, multiset: bool) -> KeyIndex:
+        if self.where == "memory":
+            return KeyIndex(multiset=multiset)
+        import tempfile
+        from pathlib import Path
+
+        if self.directory is not None:
+            self.directory.close()
+        self.directory = IndexDirectory(Path(tempfile.mkdtemp(prefix="pgcdc-index-test-")))
+        return KeyIndex(multiset=multiset, disk=self.directory, overlay_bytes=0)
+
+    def reopened(self, index: KeyIndex, key_schema: pa.Schema, draw: Callable[[str], bool]) -> KeyIndex:
+        """The index as a restart finds it: checkpointed (when asked) and opened from its manifest."""
+        if self.directory is None:
+            return index
+        if draw("checkpoint"):
+            index.checkpoint(7, [1], force=True)
+            index.close()
+            manifest = self.directory.read_manifest()
+            assert manifest is not None and manifest.snapshot_id == 7
+            return KeyIndex.opened(self.directory, manifest, key_schema, overlay_bytes=0)
+        index.checkpoint(7, [1])
+        return index
+
+    @contextlib.contextmanager
+    def blocks(self) -> Iterator[None]:
+        saved = disk_runs.BLOCK, key_index._MIN_OVERLAY
+        if self.where == "disk":
+            disk_runs.BLOCK, key_index._MIN_OVERLAY = 3, 2
+        try:
+            yield
+        finally:
+            disk_runs.BLOCK, key_index._MIN_OVERLAY = saved
+            if self.directory is not None:
+                import shutil
+
+                self.directory.close()
+                shutil.rmtree(self.directory.path, ignore_errors=True)
+
+
 def located_entries(index: KeyIndex, located: Located) -> list[tuple[str, int] | None]:
     return [None if f < 0 else (index.path(int(f)), int(p))
             for f, p in zip(located.file_ids.tolist(), located.positions.tolist(), strict=True)]
@@ -357,25 +406,38 @@ def without_hint(located: Located) -> Located:
 
 
 INTEGER_KINDS = {"bigint", "smallint", "date", "timestamptz"}  # not hashed: first words cannot collide
-KEYED_CASES = [pytest.param(kind, collide, id=f"{kind.name}-{'colliding first words' if collide else 'real hashes'}")
+KEYED_CASES = [pytest.param(kind, collide, "memory",
+                             id=f"{kind.name}-{'colliding first words' if collide else 'real hashes'}")
                for kind in KEYED_KINDS for collide in (False, True) if not (collide and kind.name in INTEGER_KINDS)]
+ON_DISK = {"bigint", "text", "composite (int4, text)", "float8"}
+KEYED_CASES += [pytest.param(kind, collide, "disk",
+                             id=f"{kind.name}-{'colliding first words' if collide else 'real hashes'}-on disk")
+                for kind in KEYED_KINDS for collide in (False, True)
+                if kind.name in ON_DISK and not (collide and kind.name in INTEGER_KINDS)]
 
 
 @HASHING
-@pytest.mark.parametrize(("kind", "collide"), KEYED_CASES)
-def test_keyed_index_against_a_dict(hashing, kind, collide):
+@pytest.mark.parametrize(("kind", "collide", "where"), KEYED_CASES)
+def test_keyed_index_against_a_dict(hashing, kind, collide, where):
+    place = Place(where)
+
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(data=st.data())
     def run(data):
-        index = KeyIndex(multiset=False)
+        index = place.new(multiset=False)
         model: dict[Any, tuple[str, int]] = {}
         raw: dict[Any, Any] = {}  # a value of each key, as Arrow receives it
         files = Files()
         paths: list[str] = []
         answers: list[Located] = []  # find results, to forget later (perhaps after other changes)
         for _ in range(data.draw(st.integers(1, 14), label="operations")):
-            op = data.draw(st.sampled_from(["add", "add", "find", "forget", "drop_file", "drop_positions"]))
-            if op == "add":
+            op = data.draw(st.sampled_from(["add", "add", "find", "forget", "drop_file", "drop_positions",
+                                            "restart"]))
+            if op == "restart" and index.rows:
+                index = place.reopened(index, kind.to_arrow([]).schema, lambda label: data.draw(st.booleans(),
+                                                                                               label=label))
+                answers.clear()  # a Located names slots and file ids of the index that answered it
+            elif op == "add":
                 values = data.draw(st.lists(kind.values, max_size=8), label="rows")
                 path = files.new()
                 positions = None
@@ -417,7 +479,8 @@ def test_keyed_index_against_a_dict(hashing, kind, collide):
         located = index.find(kind.to_arrow([raw[k] for k in everything]))
         assert located_entries(index, located) == [model[k] for k in everything]
 
-    with hashing_by(hashing), small_merges(), colliding_first_words() if collide else contextlib.nullcontext():
+    with hashing_by(hashing), small_merges(), place.blocks(), \
+            colliding_first_words() if collide else contextlib.nullcontext():
         run()
 
 
@@ -433,20 +496,27 @@ def located_entries_safe(index: KeyIndex, located: Located) -> list[tuple[str, i
 
 
 @HASHING
+@pytest.mark.parametrize("where", ["memory", "disk"], ids=["in memory", "on disk"])
 @pytest.mark.parametrize("collide", [False, True], ids=["real hashes", "colliding first words"])
 @pytest.mark.parametrize("kind", MULTISET_KINDS, ids=[k.name for k in MULTISET_KINDS])
-def test_multiset_index_against_a_multiset(hashing, collide, kind):
+def test_multiset_index_against_a_multiset(hashing, collide, kind, where):
+    place = Place(where)
+
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(data=st.data())
     def run(data):
-        index = KeyIndex(multiset=True)
+        index = place.new(multiset=True)
         model: dict[tuple[str, int], Any] = {}  # location -> row
         raw: dict[Any, Any] = {}  # a value of each row, as Arrow receives it
         files = Files()
         paths: list[str] = []
         for _ in range(data.draw(st.integers(1, 14), label="operations")):
-            op = data.draw(st.sampled_from(["add", "add", "take", "take", "drop_file", "drop_positions"]))
-            if op == "add":
+            op = data.draw(st.sampled_from(["add", "add", "take", "take", "drop_file", "drop_positions",
+                                            "restart"]))
+            if op == "restart" and index.rows:
+                index = place.reopened(index, kind.to_arrow([]).schema, lambda label: data.draw(st.booleans(),
+                                                                                               label=label))
+            elif op == "add":
                 values = data.draw(st.lists(kind.values, max_size=8), label="rows")
                 path = files.new()
                 index.add(path, shaped(kind.to_arrow(values), data.draw(st.integers(0, 2))))
@@ -495,7 +565,8 @@ def test_multiset_index_against_a_multiset(hashing, collide, kind):
             located = index.take(kind.to_arrow([raw[k] for k in keys]), np.array([held[k] + 1 for k in keys]))
             assert sorted(located_entries(index, located)) == sorted(model)  # type: ignore[type-var]
 
-    with hashing_by(hashing), small_merges(), colliding_first_words() if collide else contextlib.nullcontext():
+    with hashing_by(hashing), small_merges(), place.blocks(), \
+            colliding_first_words() if collide else contextlib.nullcontext():
         run()
 
 

@@ -27,6 +27,14 @@ Layout, chosen for memory (a mirror of 10^9 rows must fit) and for vectorized ba
 * :meth:`KeyIndex.add` only queues the rows; they are sorted and placed at the next call that reads the
   index. Building from many files therefore costs one sort, not one merge per file.
 
+**On disk** (given an :class:`~pgcdc.index.disk_runs.IndexDirectory`): the main run is a file mapped read-only
+(:mod:`pgcdc.index.disk_runs`), looked up through a fence of every 512th code; what changes it sits in memory
+beside it until a checkpoint writes a new run: the delta, and a *patch* of the main run's slots whose location
+changed (an update moving a key, a delete). The process holds the fence, the delta, the patch and the path table:
+bounded by ``overlay_bytes``, whatever the mirror's size. Adding more than that at once (a build) spills sorted
+runs to disk, merged into the main run in one pass. :meth:`KeyIndex.checkpoint` writes the manifest that ties the
+run to the snapshot it describes, so that a restart opens it instead of reading every data file again.
+
 Not thread-safe: one apply thread owns a mirror's index. A build may read and decode files in other threads,
 but calls on the index must come from one thread at a time.
 """
@@ -34,11 +42,14 @@ but calls on the index must come from one thread at a time.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 
+from pgcdc.index.disk_runs import DiskRun, IndexDirectory, Manifest, RunWriter
 from pgcdc.index.key_codes import KeyCoder
 
 POSITION_BITS = 32
@@ -47,6 +58,8 @@ MAX_FILE_ID = (1 << 31) - 1
 DEAD = -1
 # the delta is merged into the main run when it holds more than this or an eighth of the main run
 _MIN_MERGE = 1 << 16
+# entries an index on disk keeps in memory beside its run at the least, whatever its share
+_MIN_OVERLAY = 1 << 12
 # entries a scan for locations looks at in one step (bounds its temporary arrays)
 _SCAN_CHUNK = 1 << 20
 
@@ -107,14 +120,17 @@ class KeyIndex:
     ``multiset=True``: a keyless mirror (REPLICA IDENTITY FULL without a key) whose key is the whole row:
     several entries may share a key (identical rows); :meth:`take` hands them out.
 
+    ``disk``: keep the main run in this directory (see the module), the rest within about ``overlay_bytes``.
+
     Keys arrive as Arrow tables whose columns have the mirror's stored types; the first table the index sees
     fixes the kinds of its key columns (see :class:`pgcdc.index.key_codes.KeyCoder`).
     """
 
-    def __init__(self, *, multiset: bool) -> None:
+    def __init__(self, *, multiset: bool, disk: IndexDirectory | None = None, overlay_bytes: int = 64 << 20
+                 ) -> None:
         self._multiset = multiset
         self._coder: KeyCoder | None = None
-        self._main = _Run.empty(hashed=False)
+        self._main: _Run | DiskRun = _Run.empty(hashed=False)
         self._delta = _Run.empty(hashed=False)
         self._queued: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [])  # k1, k2, loc
         self._live = 0
@@ -122,18 +138,57 @@ class KeyIndex:
         self._layout = object()  # replaced whenever entries change slots (see _SlotHint)
         self._paths: list[str | None] = []
         self._ids: dict[str, int] = {}
+        # kept on disk: the main run's changed slots (sorted) and their locations now; runs spilled by large adds
+        self._disk = disk
+        self._overlay_entries = max(_MIN_OVERLAY, overlay_bytes // 32)
+        self._patch_slots = np.empty(0, np.int64)
+        self._patch_locs = np.empty(0, np.int64)
+        self._pending: list[DiskRun] = []
+        self._disk_ids = 0  # file ids below this may be named by the main run's files themselves
+        self._saved: tuple[str, int | None] | None = None  # (run, snapshot) the manifest names
+
+    @classmethod
+    def opened(cls, disk: IndexDirectory, manifest: Manifest, key_schema: pa.Schema, *, overlay_bytes: int
+               ) -> KeyIndex:
+        """The index a manifest saved (its run's checksums verified): raises
+        :class:`~pgcdc.index.disk_runs.DamagedIndex` when it cannot be trusted."""
+        from pgcdc.index.disk_runs import DamagedIndex
+
+        index = cls(multiset=manifest.multiset, disk=disk, overlay_bytes=overlay_bytes)
+        index._coder = KeyCoder.for_schema(key_schema, integer_allowed=not manifest.multiset)
+        if index._coder.integer == manifest.run.hashed:
+            raise DamagedIndex("its codes are not of this key's kind")
+        run = DiskRun(disk.path, manifest.run)
+        try:
+            run.verify()
+        except BaseException:
+            run.close()
+            raise
+        index._main = run
+        index._delta = _Run.empty(hashed=manifest.run.hashed)
+        index._live = len(run)
+        index._paths = list(manifest.paths)
+        index._ids = {path: file_id for file_id, path in enumerate(manifest.paths) if path is not None}
+        index._disk_ids = len(manifest.paths)
+        index._saved = (manifest.run.name, manifest.snapshot_id)
+        return index
 
     def __repr__(self) -> str:  # without placing queued rows: a repr must not change the index
         kind = "multiset" if self._multiset else "keyed"
         queued = sum(len(k1) for k1 in self._queued[0])
+        where = f", {self.disk_bytes:,} on disk" if self._disk is not None else ""
         return (f"KeyIndex({kind}, {self._live:,} rows placed and {queued:,} queued, {len(self._ids):,} files, "
-                f"{self.memory_bytes:,} bytes)")
+                f"{self.memory_bytes:,} bytes{where})")
 
     # -- what the index holds -------------------------------------------------------------------------------
 
     @property
     def multiset(self) -> bool:
         return self._multiset
+
+    @property
+    def on_disk(self) -> bool:
+        return self._disk is not None
 
     @property
     def rows(self) -> int:
@@ -143,11 +198,19 @@ class KeyIndex:
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes the index holds now: its arrays (dead slots and queued rows included) and its path table."""
-        arrays = self._main.nbytes + self._delta.nbytes + sum(a.nbytes for queue in self._queued for a in queue)
+        """Bytes the index holds in memory now: its arrays (dead slots and queued rows included; of a run on disk,
+        its fence), its patch and its path table."""
+        arrays = (self._main.nbytes + self._delta.nbytes + sum(a.nbytes for queue in self._queued for a in queue)
+                  + self._patch_slots.nbytes + self._patch_locs.nbytes + sum(run.nbytes for run in self._pending))
         paths = sys.getsizeof(self._paths) + sys.getsizeof(self._ids) + sum(
             sys.getsizeof(path) for path in self._paths if path is not None)
         return arrays + paths
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes the index's runs take on disk."""
+        runs = [self._main, *self._pending]
+        return sum(run.disk_bytes for run in runs if isinstance(run, DiskRun))
 
     def path(self, file_id: int) -> str:
         """The data file's path, exactly as given to :meth:`add` (Iceberg matches deletes to files by it)."""
@@ -159,6 +222,10 @@ class KeyIndex:
     def file_id(self, path: str) -> int | None:
         """The id of a data file the index holds, or None."""
         return self._ids.get(path)
+
+    def paths(self) -> list[str]:
+        """The data files the index holds entries of (or held: until they are dropped)."""
+        return list(self._ids)
 
     # -- changes --------------------------------------------------------------------------------------------
 
@@ -189,6 +256,8 @@ class KeyIndex:
             if k2 is not None:
                 self._queued[1].append(k2)
             self._queued[2].append((np.int64(file_id) << POSITION_BITS) | located_at)
+            if self._disk is not None and sum(len(q) for q in self._queued[0]) > self._overlay_entries:
+                self._spill_queue()
 
     def drop_file(self, path: str) -> int:
         """Forgets every entry of a data file (a compaction removed it); returns how many there were.
@@ -196,26 +265,28 @@ class KeyIndex:
         After a compaction, add the rewritten files first and drop the old ones after: a keyed index then
         moves each key within its slot, and the old files have nothing left to drop.
         """
-        file_id = self._ids.get(path)
-        if file_id is None:
-            return 0
-        self._flush()
-        first = file_id << POSITION_BITS
-        dropped = self._kill(self._slots_between(first, first + MAX_POSITION))
-        del self._ids[path]
-        self._paths[file_id] = None  # ids are never reused: a stale Located can never name another file
-        self._settle()
-        return dropped
+        return self.drop_many([path], {})
 
     def drop_positions(self, path: str, positions: np.ndarray) -> int:
         """Forgets the entries at these row positions of a data file (rows a delete file removed); returns how
         many the index held."""
-        file_id = self._ids.get(path)
-        targets = _positions(positions, "positions")
-        if file_id is None or not len(targets):
+        return self.drop_many([], {path: positions})
+
+    def drop_many(self, files: list[str], positions: dict[str, np.ndarray]) -> int:
+        """:meth:`drop_file` of each of ``files`` and :meth:`drop_positions` of each of ``positions``, in one pass
+        over the index; returns how many entries went."""
+        targets = [(np.int64(self._ids[path]) << POSITION_BITS) | _positions(rows, "positions")
+                   for path, rows in positions.items() if path in self._ids and len(rows)]
+        whole = [self._ids[path] for path in files if path in self._ids]
+        if not targets and not whole:
             return 0
         self._flush()
-        dropped = self._kill(self._slots_holding(_distinct((np.int64(file_id) << POSITION_BITS) | targets)))
+        located = _distinct(np.concatenate(targets)) if targets else np.empty(0, np.int64)
+        dropped = self._kill(self._slots_holding(located, np.array(whole, np.int64)))
+        for file_id in whole:
+            path = self._paths[file_id]
+            del self._ids[path]  # type: ignore[arg-type]
+            self._paths[file_id] = None  # ids are never reused: a stale Located can never name another file
         self._settle()
         return dropped
 
@@ -245,6 +316,34 @@ class KeyIndex:
             self._kill(self._slots_holding(_distinct(targets)))
         self._settle()
 
+    def checkpoint(self, snapshot_id: int | None, key_ids: list[int], *, force: bool = False) -> bool:
+        """For an index kept on disk that now describes ``snapshot_id``: when what sits in memory beside its run
+        has grown past its share (or ``force``), writes it into a new run, then a manifest naming that run and
+        the snapshot (see the module). Returns whether a manifest was written."""
+        if self._disk is None:
+            return False
+        self._flush()
+        overlay = len(self._delta) + len(self._patch_slots)
+        if not isinstance(self._main, DiskRun) or ((overlay or self._pending) and
+                                                   (force or overlay > self._overlay_entries)):
+            self._rewrite()
+        if overlay and not force and isinstance(self._main, DiskRun) and len(self._delta) + len(self._patch_slots):
+            return False  # what changed stays in memory until there is enough of it
+        main = self._main
+        assert isinstance(main, DiskRun)
+        if self._saved == (main.info.name, snapshot_id):
+            return False
+        self._disk.write_manifest(Manifest(snapshot_id, self._multiset, key_ids, main.info, list(self._paths)))
+        self._saved = (main.info.name, snapshot_id)
+        self._disk.remove_except({main.info.name})
+        return True
+
+    def close(self) -> None:
+        """Unmaps the runs on disk (their files stay, for the manifest that names them)."""
+        for run in [self._main, *self._pending]:
+            if isinstance(run, DiskRun):
+                run.close()
+
     # -- lookups --------------------------------------------------------------------------------------------
 
     def find(self, keys: pa.Table) -> Located:
@@ -256,6 +355,7 @@ class KeyIndex:
         self._flush()
         queries, slots = self._lookup(k1, k2)
         locations = self._locations(slots)
+        self._release()
         live = locations != DEAD
         queries, slots, locations = queries[live], slots[live], locations[live]
         rows = keys.num_rows
@@ -288,6 +388,7 @@ class KeyIndex:
         needed = np.bincount(group, weights=wanted, minlength=groups).astype(np.int64)
         queries, slots = self._lookup(k1[first_rows], None if k2 is None else k2[first_rows], presorted=True)
         locations = self._locations(slots)
+        self._release()
         live = locations != DEAD
         queries, slots, locations = queries[live], slots[live], locations[live]
         # main run's pairs, then the delta's, each by group: a stable sort by group keeps slots ascending
@@ -319,6 +420,10 @@ class KeyIndex:
             self._main = _Run.empty(hashed=not self._coder.integer)
             self._delta = _Run.empty(hashed=not self._coder.integer)
         return self._coder
+
+    @property
+    def _hashed(self) -> bool:
+        return self._coder is not None and not self._coder.integer
 
     def _intern(self, path: str) -> int:
         file_id = self._ids.get(path)
@@ -354,15 +459,35 @@ class KeyIndex:
         boundary = len(self._main)
         in_main = slots < boundary
         locations = np.empty(len(slots), np.int64)
-        locations[in_main] = self._main.loc[slots[in_main]]
+        main_slots = slots[in_main]
+        main_locations = self._main.loc[main_slots]
+        if len(self._patch_slots) and len(main_slots):
+            at = np.minimum(np.searchsorted(self._patch_slots, main_slots), len(self._patch_slots) - 1)
+            patched = self._patch_slots[at] == main_slots
+            main_locations[patched] = self._patch_locs[at[patched]]
+        locations[in_main] = main_locations
         locations[~in_main] = self._delta.loc[slots[~in_main] - boundary]
         return locations
 
     def _set_locations(self, slots: np.ndarray, locations: np.ndarray) -> None:
         boundary = len(self._main)
         in_main = slots < boundary
-        self._main.loc[slots[in_main]] = locations[in_main]
+        if isinstance(self._main, DiskRun):  # the run's files are never written: the patch holds the change
+            self._patch(slots[in_main], locations[in_main])
+        else:
+            self._main.loc[slots[in_main]] = locations[in_main]
         self._delta.loc[slots[~in_main] - boundary] = locations[~in_main]
+
+    def _patch(self, slots: np.ndarray, locations: np.ndarray) -> None:
+        if not len(slots):
+            return
+        every = np.concatenate([self._patch_slots, slots])
+        placed = np.concatenate([self._patch_locs, locations])
+        order = np.argsort(every, kind="stable")  # a slot patched again: its newest location last
+        every, placed = every[order], placed[order]
+        newest = np.ones(len(every), bool)
+        newest[:-1] = every[1:] != every[:-1]
+        self._patch_slots, self._patch_locs = every[newest], placed[newest]
 
     def _kill(self, slots: np.ndarray) -> int:
         """Marks distinct live slots dead; returns how many."""
@@ -373,23 +498,18 @@ class KeyIndex:
         self._dead += len(slots)
         return len(slots)
 
-    def _slots_between(self, low: int, high: int) -> np.ndarray:
-        """Slots whose location lies in [low, high] (dead slots never do: locations are not negative)."""
-        parts = []
-        for base, run in ((0, self._main), (len(self._main), self._delta)):
-            parts.append(np.flatnonzero((run.loc >= low) & (run.loc <= high)) + base)
-        return np.concatenate(parts)
-
-    def _slots_holding(self, targets: np.ndarray) -> np.ndarray:
-        """Slots holding any of these locations (sorted, distinct): one pass over the index that tests each
-        entry against a byte per row position of the files the targets name (a binary search per entry
-        would take seconds at 10M entries)."""
+    def _slots_holding(self, targets: np.ndarray, whole: np.ndarray | None = None) -> np.ndarray:
+        """Slots holding any of these locations (sorted, distinct), or any location of the file ids ``whole``:
+        one pass over the index that tests each entry against a byte per row position of the files the targets
+        name (a binary search per entry would take seconds at 10M entries). Of a run on disk, only the patch is
+        read when every file named was added after the run was written."""
+        whole = np.empty(0, np.int64) if whole is None else whole
         targets = targets[(targets >> POSITION_BITS) < len(self._paths)]  # ids never given out hold nothing
-        if not len(targets):
+        if not len(targets) and not len(whole):
             return np.empty(0, np.int64)
         files = targets >> POSITION_BITS
         positions = targets & MAX_POSITION
-        last_of_file = np.flatnonzero(np.append(files[1:] != files[:-1], True))
+        last_of_file = np.flatnonzero(np.append(files[1:] != files[:-1], True)) if len(files) else files
         named = files[last_of_file]
         extent = positions[last_of_file] + 1
         # per file id (and one more for dead entries, whose file is -1): where its marks start, how many
@@ -399,22 +519,48 @@ class KeyIndex:
         extent_of[named] = extent
         marked = np.zeros(int(extent.sum()), bool)
         marked[start_of[files] + positions] = True
+        all_of = np.zeros(len(self._paths) + 1, bool)
+        all_of[whole] = True
+
+        def holding(loc: np.ndarray) -> np.ndarray:
+            file_of = loc >> POSITION_BITS
+            position = loc & MAX_POSITION
+            candidates = np.flatnonzero(position < extent_of[file_of])
+            hits = np.zeros(len(loc), bool)
+            hits[candidates[marked[start_of[file_of[candidates]] + position[candidates]]]] = True
+            hits |= all_of[file_of] & (loc != DEAD)
+            return np.flatnonzero(hits)
+
         found = []
-        for base, run in ((0, self._main), (len(self._main), self._delta)):
-            for first in range(0, len(run), _SCAN_CHUNK):
-                loc = run.loc[first:first + _SCAN_CHUNK]
-                file_of = loc >> POSITION_BITS
-                position = loc & MAX_POSITION
-                candidates = np.flatnonzero(position < extent_of[file_of])
-                hits = candidates[marked[start_of[file_of[candidates]] + position[candidates]]]
-                found.append(hits + (base + first))
+        main = self._main
+        named_ids = np.concatenate([named, whole])
+        if isinstance(main, DiskRun) and (not len(named_ids) or named_ids.min() >= self._disk_ids):
+            # files added since the run was written: only patched slots of the run can hold them
+            found.append(self._patch_slots[holding(self._patch_locs)])
+        else:
+            for first in range(0, len(main), _SCAN_CHUNK):
+                found.append(holding(self._main_locations(first, first + _SCAN_CHUNK)) + first)
+            self._release()
+        for first in range(0, len(self._delta), _SCAN_CHUNK):
+            found.append(holding(self._delta.loc[first:first + _SCAN_CHUNK]) + (len(main) + first))
         return np.concatenate(found) if found else np.empty(0, np.int64)
 
-    def _flush(self) -> None:
-        """Places the queued rows of add(): sorted, then (keyed) moved into the slots of keys already held,
-        the rest merged into the delta."""
+    def _main_locations(self, first: int, stop: int) -> np.ndarray:
+        """The main run's locations of slots ``first``..``stop`` as they stand (its patch applied)."""
+        loc = np.array(self._main.loc[first:stop])
+        if len(self._patch_slots):
+            low, high = np.searchsorted(self._patch_slots, [first, stop])
+            loc[self._patch_slots[low:high] - first] = self._patch_locs[low:high]
+        return loc
+
+    def _release(self) -> None:
+        if isinstance(self._main, DiskRun):
+            self._main.release()
+
+    def _queued_run(self) -> _Run | None:
+        """The queued rows of add() as one sorted run (keyed: the row added last of each key), the queue emptied."""
         if not self._queued[0]:
-            return
+            return None
         # one column at a time, each queue emptied as soon as it is joined: a build holds one copy of its
         # entries plus one column, not two copies
         columns = []
@@ -428,15 +574,41 @@ class KeyIndex:
             last = _last_of_each_code(incoming)
             if not last.all():
                 incoming = incoming.select(last)  # of rows with one key, the row added last wins
-            if len(self._main) or len(self._delta):
-                queries, slots = self._lookup(incoming.k1, incoming.k2, presorted=True)
-                revived = int((self._locations(slots) == DEAD).sum())
-                self._set_locations(slots, incoming.loc[queries])
-                self._dead -= revived
-                self._live += revived
-                new = np.ones(len(incoming), bool)
-                new[queries] = False
-                incoming = incoming.select(new)
+        return incoming
+
+    def _spill_queue(self) -> None:
+        """The queued rows, sorted, to a run on disk of their own: merged into the main run at the next read."""
+        assert self._disk is not None
+        incoming = self._queued_run()
+        if incoming is None:
+            return
+        writer = RunWriter(self._disk.path, hashed=incoming.k2 is not None)
+        try:
+            writer.append(incoming.k1, incoming.k2, incoming.loc)
+            self._pending.append(DiskRun(self._disk.path, writer.finish()))
+        except BaseException:
+            writer.abandon()
+            raise
+
+    def _flush(self) -> None:
+        """Places the queued rows of add(): sorted, then (keyed) moved into the slots of keys already held,
+        the rest merged into the delta. With runs spilled to disk, everything is merged into a new main run."""
+        if self._pending:
+            self._rewrite()
+            return
+        incoming = self._queued_run()
+        if incoming is None:
+            return
+        if not self._multiset and (len(self._main) or len(self._delta)):
+            queries, slots = self._lookup(incoming.k1, incoming.k2, presorted=True)
+            revived = int((self._locations(slots) == DEAD).sum())
+            self._set_locations(slots, incoming.loc[queries])
+            self._release()
+            self._dead -= revived
+            self._live += revived
+            new = np.ones(len(incoming), bool)
+            new[queries] = False
+            incoming = incoming.select(new)
         self._live += len(incoming)
         if len(incoming):
             self._delta = _merged(self._delta, incoming)
@@ -446,13 +618,126 @@ class KeyIndex:
     def _settle(self) -> None:
         """Merges the delta into the main run, dropping dead entries, once it is large enough for the pass to
         pay off (amortized: a merge copies the main run once per eighth of it added), or when dead entries
-        make up a quarter of the index."""
+        make up a quarter of the index. A main run on disk is rewritten at checkpoints (:meth:`checkpoint`), or
+        here once what sits beside it takes twice its share of memory."""
+        if self._disk is not None:
+            if len(self._delta) + len(self._patch_slots) > 2 * self._overlay_entries:
+                self._rewrite()
+            return
         slots = len(self._main) + len(self._delta)
         if len(self._delta) > max(_MIN_MERGE, len(self._main) >> 3) or self._dead > max(_MIN_MERGE, slots >> 2):
-            self._main = _merged(self._main.without_dead(), self._delta.without_dead())
+            main = self._main
+            assert isinstance(main, _Run)
+            self._main = _merged(main.without_dead(), self._delta.without_dead())
             self._delta = _Run.empty(hashed=self._main.k2 is not None)
             self._dead = 0
             self._layout = object()
+
+    def _rewrite(self) -> None:
+        """One new main run on disk holding every live entry (the main run patched, the delta, the spilled runs,
+        the queue), written in one streaming pass; the old runs' files are removed unless a manifest names them."""
+        assert self._disk is not None
+        hashed = self._hashed
+        incoming = self._queued_run()
+        sources: list[_Source] = [_Source(self._main, self._patch_slots, self._patch_locs), _Source(self._delta)]
+        sources += [_Source(run) for run in self._pending]
+        if incoming is not None:
+            sources.append(_Source(incoming))
+        sources = [source for source in sources if len(source.run)]
+        # keyed main run and delta never share a key; spilled runs and the queue may hold keys held before
+        disjoint = self._multiset or not (self._pending or incoming is not None)
+        step = max(1 << 16, self._overlay_entries // (2 * max(1, len(sources))))
+        writer = RunWriter(self._disk.path, hashed=hashed)
+        try:
+            for k1, k2, loc in _merge_sources(sources, step, keyed=not self._multiset, disjoint=disjoint):
+                writer.append(k1, k2, loc)
+            run = DiskRun(self._disk.path, writer.finish())
+        except BaseException:
+            writer.abandon()
+            raise
+        old = [self._main, *self._pending]
+        self._main, self._pending = run, []
+        self._delta = _Run.empty(hashed=hashed)
+        self._patch_slots = np.empty(0, np.int64)
+        self._patch_locs = np.empty(0, np.int64)
+        self._live, self._dead = len(run), 0
+        self._disk_ids = len(self._paths)
+        self._layout = object()
+        saved = None if self._saved is None else self._saved[0]
+        for previous in old:
+            if isinstance(previous, DiskRun):
+                previous.close()
+                if previous.info.name != saved:
+                    for path in previous.files():
+                        path.unlink(missing_ok=True)
+
+
+class _Source:
+    """A sorted run read in chunks for a merge: its patch applied, its dead entries left out."""
+
+    def __init__(self, run: _Run | DiskRun, patch_slots: np.ndarray | None = None,
+                 patch_locs: np.ndarray | None = None) -> None:
+        self.run = run
+        self.patch_slots = patch_slots if patch_slots is not None else np.empty(0, np.int64)
+        self.patch_locs = patch_locs if patch_locs is not None else np.empty(0, np.int64)
+        self.at = 0
+
+    def __len__(self) -> int:
+        return len(self.run)
+
+    def search(self, value: np.ndarray) -> int:
+        return int(_search(self.run, value, "right")[0])
+
+    def read(self, stop: int) -> _Run:
+        first, self.at = self.at, stop
+        run = self.run
+        loc = np.array(run.loc[first:stop])
+        if len(self.patch_slots):
+            low, high = np.searchsorted(self.patch_slots, [first, stop])
+            loc[self.patch_slots[low:high] - first] = self.patch_locs[low:high]
+        k1 = np.array(run.k1[first:stop])
+        k2 = None if run.k2 is None else np.array(run.k2[first:stop])
+        if isinstance(run, DiskRun):
+            run.release()
+        return _Run(k1, k2, loc).without_dead()
+
+
+def _merge_sources(sources: list[_Source], step: int, *, keyed: bool, disjoint: bool
+                   ) -> Iterator[tuple[np.ndarray, np.ndarray | None, np.ndarray]]:
+    """The entries of sorted ``sources`` in code order, chunk by chunk (about ``step`` entries of each at a
+    time). ``keyed``: of entries with one code, the one of the latest source wins (``disjoint``: no two sources
+    share a code, so none needs dropping)."""
+    while True:
+        remaining = [source for source in sources if source.at < len(source)]
+        if not remaining:
+            return
+        bound = min(source.run.k1[min(source.at + step, len(source)) - 1] for source in remaining)
+        pieces = []
+        for source in remaining:
+            stop = max(source.at, source.search(np.array([bound], dtype=source.run.k1.dtype)))
+            if stop > source.at:
+                pieces.append(source.read(stop))
+        if len(pieces) == 1:
+            merged = pieces[0]
+        elif len(pieces) == 2 and disjoint:
+            merged = _merged(pieces[0], pieces[1])
+        else:
+            joined = _Run(np.concatenate([p.k1 for p in pieces]),
+                          None if pieces[0].k2 is None else np.concatenate([p.k2 for p in pieces if p.k2 is not None]),
+                          np.concatenate([p.loc for p in pieces]))
+            order = (np.argsort(joined.k1, kind="stable") if joined.k2 is None
+                     else np.lexsort((np.arange(len(joined)), joined.k2, joined.k1)))
+            merged = joined.select(order)
+            if keyed and not disjoint:
+                merged = merged.select(_last_of_each_code(merged))
+        yield merged.k1, merged.k2, merged.loc
+
+
+def _search(run: _Run | DiskRun, queries: np.ndarray, side: Literal["left", "right"]) -> np.ndarray:
+    """``np.searchsorted`` of a run's first words (a run on disk: through its fence)."""
+    if isinstance(run, DiskRun):
+        return run.search(queries, side)
+    return np.searchsorted(run.k1, queries, side)
 
 
 # -- arrays -------------------------------------------------------------------------------------------------
@@ -483,17 +768,17 @@ def _expand(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
 
 
-def _matches(run: _Run, k1: np.ndarray, k2: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _matches(run: _Run | DiskRun, k1: np.ndarray, k2: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """(query, slot) pairs for every slot of ``run`` whose code equals a query's (``k1`` sorted ascending)."""
     size = len(run)
     if not size or not len(k1):
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    low = np.searchsorted(run.k1, k1, "left")
+    low = _search(run, k1, "left")
     hit = (low < size) & (run.k1[np.minimum(low, size - 1)] == k1)
     several = hit & (low + 1 < size) & (run.k1[np.minimum(low + 1, size - 1)] == k1)
     if several.any():  # duplicate rows of a multiset, or (rarely) hashes whose first words collide
         high = low + hit
-        high[several] = np.searchsorted(run.k1, k1[several], "right")
+        high[several] = _search(run, k1[several], "right")
         queries = np.repeat(np.arange(len(k1)), high - low)
         slots = _expand(low, high)
     else:
