@@ -352,8 +352,12 @@ ApplyWorkers = Annotated[int, typer.Option(
 IndexMemory = Annotated[int | None, typer.Option(
     "--index-memory-mb", envvar="PGCDC_INDEX_MEMORY_MB", show_envvar=True, min=1, metavar="MB",
     rich_help_panel=PANEL_BATCHES,
-    help="Memory for all mirrors' key indexes (default: a quarter of the machine's); a mirror whose index does "
-         "not fit deletes by equality.")]
+    help="Memory for all mirrors' key indexes (default: a quarter of the machine's); an index that does not fit "
+         "is kept on disk in --index-dir, holding a share of it.")]
+IndexDir = Annotated[str | None, typer.Option(
+    "--index-dir", envvar="PGCDC_INDEX_DIR", metavar="DIR", rich_help_panel=PANEL_BATCHES,
+    help="Where key indexes kept on disk live, one directory per mirror, reopened at a restart (default: "
+         "~/.cache/pgcdc/index).")]
 CopyWorkers = Annotated[int, typer.Option(
     "--copy-workers", envvar="PGCDC_COPY_WORKERS", show_envvar=True, min=1, max=64, metavar="N",
     rich_help_panel=PANEL_COPY,
@@ -545,6 +549,7 @@ def run(
     apply: ApplyWriter = _CONFIG.apply_writer,
     deletes: Deletes = _CONFIG.deletes,
     index_memory_mb: IndexMemory = None,
+    index_dir: IndexDir = None,
     apply_workers: ApplyWorkers = _CONFIG.apply_workers,
     consistent_every: ConsistentEvery = _CONFIG.consistent_seconds,
     no_consistent_tags: NoConsistentTags = False,
@@ -568,7 +573,7 @@ def run(
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
         snapshot_writer=snapshot_writer, apply_writer=apply, deletes=deletes, index_memory_mb=index_memory_mb,
-        apply_workers=apply_workers, consistent_seconds=None if no_consistent_tags else consistent_every,
+        index_dir=index_dir, apply_workers=apply_workers, consistent_seconds=None if no_consistent_tags else consistent_every,
         snapshot_rows_per_task=snapshot_rows_per_task, copy_workers=copy_workers,
         memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout,
         on_conversion_error=on_conversion_error, on_identity_change=on_identity_change, maintenance=policy)

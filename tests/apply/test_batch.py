@@ -485,34 +485,84 @@ def test_an_equality_delta_racing_a_compaction_is_retried_and_lands_once(spark, 
     assert MirrorCatalog(spark, Destination(namespace=mirrors.namespace)).positions.read(mirror.identifier) == Lsn(3)
 
 
-def test_a_mirror_whose_index_does_not_fit_the_budget_deletes_by_equality_and_stays_right(spark, mirrors, caplog):
-    """--index-memory-mb bounds the key indexes: an index that would not fit is not built, and one that grows
-    past the bound with its mirror makes way; either mirror goes on with equality deletes, with a warning."""
+def test_a_mirror_whose_index_does_not_fit_in_memory_keeps_it_on_disk_through_restarts_kills_and_compactions(
+        spark, mirrors, tmp_path, caplog, monkeypatch):
+    """--index-memory-mb bounds the key indexes' memory: an index that does not fit is kept on disk, and the mirror
+    goes on deleting by position (PyIceberg reads it after every batch; no equality delete is ever written). A
+    clean stop saves it: the next start opens it without reading a data file. After a kill (nothing saved since
+    the build) and a foreign compaction, the next start reads only what changed, and a damaged index is built
+    again, never trusted."""
+    import numpy as np
+
+    from pgcdc.index import mirror_index
     from pgcdc.index.mirror_index import IndexBudget
 
-    caplog.set_level("WARNING", logger="pgcdc.apply.batch")
-    tight = IndexBudget(1)  # a byte: room for an empty index only
-    grows = mirrors.ensure(TableSpec("public", "budget_grows", FLAT, ("id",), "d"))
-    apply(spark, grows, flat_changes(("id",), *[("I", 1, i, {"id": i, "name": "v", "n": i}, None) for i in range(4)]),
-          lsn=Lsn(1), writer="delta", budget=tight)
-    assert grows.deletes != "equality" and grows.index is not None  # built while the mirror was empty
-    apply(spark, grows, flat_changes(("id",), ("U", 2, 0, {"id": 1, "name": "w", "n": 1}, None),
-                                     ("D", 2, 1, {"id": 2}, None)), lsn=Lsn(2), writer="delta", budget=tight)
-    assert grows.deletes == "equality" and grows.index is None
-    assert "budget_grows: its mirror deletes by equality (the key indexes grew" in caplog.text
-    assert last_summary(spark, grows.identifier)["added-equality-delete-files"] == "1"
-    assert sorted(tuple(r) for r in spark.table(grows.identifier).collect()) == [
-        (0, "v", 0), (1, "w", 1), (3, "v", 3)]
+    caplog.set_level("INFO", logger="pgcdc.index.mirror_index")
+    read = []
+    real_read = mirror_index.FileReader.read_columns
+    monkeypatch.setattr(mirror_index.FileReader, "read_columns",
+                        lambda self, location, *a, **k: read.append(location) or real_read(self, location, *a, **k))
+    mirror = mirrors.ensure(TableSpec("public", "index_on_disk", FLAT, ("id",)))
+    expected: dict[int, tuple] = {}
+    rng = np.random.default_rng(7)
+    lsn = 0
 
-    # a mirror that already holds rows, seen first with the tight budget (as after a restart)
-    full = mirrors.ensure(TableSpec("public", "budget_full", FLAT, ("id",), "d"))
-    apply(spark, full, flat_changes(("id",), *[("I", 1, i, {"id": i, "name": "v", "n": i}, None) for i in range(4)]),
-          lsn=Lsn(1), writer="delta")
-    full.index = None
-    apply(spark, full, flat_changes(("id",), ("D", 2, 0, {"id": 0}, None)), lsn=Lsn(2), writer="delta",
-          budget=tight)
-    assert full.deletes == "equality" and "would not fit" in caplog.text
-    assert sorted(r.id for r in spark.table(full.identifier).collect()) == [1, 2, 3]
+    def batch(budget, inserts=0, updates=0, deletes=0):
+        nonlocal lsn
+        lsn += 1
+        events = []
+        for i in range(inserts):
+            key = len(expected) + 1_000_000 * lsn + i
+            events.append(("I", lsn, len(events), {"id": key, "name": "new", "n": i % 100}, None))
+            expected[key] = (key, "new", i % 100)
+        for key in rng.choice(sorted(expected), updates + deletes, replace=False).tolist():
+            if updates:
+                updates -= 1
+                events.append(("U", lsn, len(events), {"id": key, "name": f"u{lsn}", "n": lsn}, None))
+                expected[key] = (key, f"u{lsn}", lsn)
+            else:
+                events.append(("D", lsn, len(events), {"id": key}, None))
+                del expected[key]
+        apply(spark, mirror, flat_changes(("id",), *events), lsn=Lsn(lsn), writer="delta", budget=budget)
+        assert assert_reads_alike(spark, mirror.identifier, hadoop_table(spark, mirror.identifier)) == len(expected)
+        assert sorted(tuple(r) for r in spark.table(mirror.identifier).collect()) == sorted(expected.values())
+        assert last_summary(spark, mirror.identifier).get("total-equality-deletes", "0") == "0"
+
+    budget = IndexBudget(1, tmp_path)  # a byte: every index is kept on disk
+    batch(budget, inserts=2000)
+    batch(budget, inserts=1500, updates=300, deletes=200)
+    assert mirror.deletes != "equality" and mirror.index is not None and mirror.index.disk is not None
+    assert mirror.index.keys.disk_bytes > 0
+    batch(budget, updates=400, deletes=100)
+
+    # a clean stop saves the index; the next start opens it and reads no data file to know where each row is
+    budget.close(save=True)
+    mirror.index, read[:] = None, []
+    budget = IndexBudget(1, tmp_path)
+    batch(budget, updates=50, deletes=50)
+    assert read == [] and "opened its index of" in caplog.text
+
+    # a kill: nothing saved since the build; then someone compacts the mirror
+    mirror.index.disk.close()  # the killed process's lock goes with it
+    mirror.index = None
+    caplog.clear()
+    spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{mirror.identifier}', "
+              "options => map('rewrite-all', 'true'))").collect()
+    budget = IndexBudget(1, tmp_path)
+    batch(budget, inserts=100, updates=200, deletes=100)
+    assert "data files added and" in caplog.text and "indexed" not in caplog.text  # caught up, not rebuilt
+
+    # a damaged run is never trusted: built again
+    budget.close(save=True)
+    mirror.index = None
+    run = next(path for path in (tmp_path).rglob("run-*.loc"))
+    with open(run, "r+b") as file:
+        file.seek(8)
+        file.write(b"\xff" * 8)
+    caplog.clear()
+    budget = IndexBudget(1, tmp_path)
+    batch(budget, updates=100, deletes=100)
+    assert "cannot be trusted" in caplog.text and "indexed" in caplog.text
 
 
 @pytest.mark.parametrize("fold_max_rows", [None, 40], ids=["one-small-file", "small-files-graduate"])

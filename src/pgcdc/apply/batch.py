@@ -150,15 +150,17 @@ def _follow_commit(index: MirrorIndex, indexed: int | None, committed: Committed
         return
     key_layout = pa.schema([target.schema.field(n) for n in index.key_names])
     keys = in_layout(rows.select(index.key_names), key_layout)
-    if truncated:
-        index.replaced(committed.snapshot_id, committed.data_path, keys)
-    else:
-        index.committed(committed.snapshot_id, located, committed.data_path, keys)
-    if fold is not None and fold.folded_path is not None:  # added first: each key keeps its slot, then moves
-        if committed.data_path is not None and fold.folded is not None and fold.folded.num_rows:
-            index.keys.add(committed.data_path, in_layout(fold.folded.select(index.key_names), key_layout),
-                           positions=np.arange(rows.num_rows, rows.num_rows + fold.folded.num_rows, dtype=np.int64))
-        index.keys.drop_file(fold.folded_path)
+    with index.following():
+        if truncated:
+            index.replaced(committed.snapshot_id, committed.data_path, keys)
+        else:
+            index.committed(committed.snapshot_id, located, committed.data_path, keys)
+        if fold is not None and fold.folded_path is not None:  # added first: each key keeps its slot, then moves
+            if committed.data_path is not None and fold.folded is not None and fold.folded.num_rows:
+                index.keys.add(committed.data_path, in_layout(fold.folded.select(index.key_names), key_layout),
+                               positions=np.arange(rows.num_rows, rows.num_rows + fold.folded.num_rows,
+                                                   dtype=np.int64))
+            index.keys.drop_file(fold.folded_path)
 
 
 def _index(mirror: MirrorTable, target: RowDeltaWriter, budget: IndexBudget | None) -> MirrorIndex | None:

@@ -16,6 +16,14 @@ snapshot of the mirror (:attr:`MirrorIndex.snapshot_id`):
   and the rows their position deletes remove leave it. When the walk cannot reach the indexed snapshot (expired,
   rolled back) or meets what it cannot follow (equality deletes), the index is built again from scratch.
 
+- **Kept on disk** when it does not fit its share of memory (:class:`IndexBudget`): its main run is a file under
+  the index directory (``--index-dir``, one directory per table uuid), tied by a manifest to the snapshot it
+  describes (:mod:`pgcdc.index.disk_runs`). A restart opens it and reads only what changed since that snapshot:
+  the data files added (their rows, less the deletes applying to them), those removed, and the position deletes
+  applying to the files it kept — set against the current snapshot's files, so an expired snapshot costs nothing.
+  A manifest that names another key, a run that fails its checksums, or a table holding equality deletes: the
+  index is built again, within the same bounded memory (sorted runs spilled to disk, merged once).
+
 Why a position never points at the wrong row: Iceberg data files are immutable, so (file, position) names one row
 for as long as the file is live; a batch resolves its positions against the snapshot the index describes, and its
 commit names that snapshot (``validateFromSnapshot``) and every data file its deletes refer to
@@ -25,12 +33,15 @@ and is resolved again against the new files and retried — it never deletes aga
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
+import time
 from collections import defaultdict, deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +50,7 @@ import pyarrow.compute as pc
 
 from pgcdc.errors import Unindexable
 from pgcdc.iceberg.locations import local_path, object_path
+from pgcdc.index.disk_runs import DamagedIndex, IndexDirectory, IndexInUse, default_index_directory
 from pgcdc.index.key_codes import Codes, KeyCoder
 from pgcdc.index.key_index import KeyIndex, Located
 from pgcdc.spark.iceberg_java import holds_equality_deletes, java_items
@@ -51,37 +63,127 @@ POSITION_DELETE_PATH_ID, POSITION_DELETE_POS_ID = 2147483546, 2147483545  # Iceb
 class MirrorIndex:
     """The key index of one mirror and the snapshot it describes (see the module)."""
 
-    def __init__(self, key_names: list[str], layout: pa.Schema, *, multiset: bool) -> None:
+    def __init__(self, key_names: list[str], layout: pa.Schema, *, multiset: bool,
+                 disk: IndexDirectory | None = None, overlay_bytes: int = 64 << 20) -> None:
         """``key_names``: the key's columns (every column of a keyless mirror); ``layout``: the mirror's Parquet
-        layout (field ids and stored types), which data files' columns are read in."""
+        layout (field ids and stored types), which data files' columns are read in. ``disk``: keep the index in
+        this directory, holding about ``overlay_bytes`` of it in memory (see the module)."""
         self.key_names = key_names
         self.layout = layout
         self.multiset = multiset
-        self.keys = KeyIndex(multiset=multiset)
+        self.disk = disk
+        self.overlay_bytes = overlay_bytes
+        self.keys = self._new_keys()
         self.snapshot_id: int | None = None
+        self.consistent = True  # False while a commit is being followed: a failure there leaves it half-moved
         self.files: FileReader  # set by index_for
+
+    def _new_keys(self) -> KeyIndex:
+        return KeyIndex(multiset=self.multiset, disk=self.disk, overlay_bytes=self.overlay_bytes)
+
+    def key_ids(self) -> list[int]:
+        return [_field_id(field) for field in self.key_fields()]
+
+    @contextlib.contextmanager
+    def following(self) -> Iterator[None]:
+        """Around changes that move the index from one snapshot to the next: it is saved once they are all made,
+        and never trusted again when they fail half-way."""
+        self.consistent = False
+        yield
+        self.consistent = True
+        self.save()
+
+    def save(self, *, force: bool = False) -> None:
+        """An index on disk writes what it holds in memory to its run when that has grown past its share (or
+        ``force``: at a clean stop), and a manifest naming the snapshot it describes."""
+        if self.disk is not None and self.consistent:
+            self.keys.checkpoint(self.snapshot_id, self.key_ids(), force=force)
+
+    def close(self, *, save: bool) -> None:
+        """Frees what the index holds (saved first when ``save`` and it is kept on disk)."""
+        if save:
+            self.save(force=True)
+        self.keys.close()
+        if self.disk is not None:
+            self.disk.close()
 
     # -- reading what the metadata says ----------------------------------------------------------------------
     def build(self, table: Any, files: FileReader) -> None:
         """The index of ``table``'s current snapshot, from its live data files and the deletes applying to them."""
-        self.keys = KeyIndex(multiset=self.multiset)
+        self.keys.close()
+        self.keys = self._new_keys()
         snapshot = table.currentSnapshot()
         self.snapshot_id = None if snapshot is None else int(snapshot.snapshotId())
-        if snapshot is None:
-            return
-        deletes = _DeleteFiles(self, files)
-        tasks = table.newScan().useSnapshot(snapshot.snapshotId()).planFiles()
-        try:  # (data file, the delete files applying to it), in the order Iceberg plans them
-            planned = [(str(task.file().location()), java_items(task.deletes())) for task in java_items(tasks)]
-        finally:
-            tasks.close()
+        if snapshot is not None:
+            planned = _planned(table, snapshot)
+            self._add_surviving(table, planned, files, _DeleteFiles(self, files))
+        self.consistent = True
+        self.save(force=True)
+        where = f", {self.keys.disk_bytes >> 20:,} MB on disk" if self.disk is not None else ""
+        log.info("indexed %d rows of %s (%d MB in memory%s)", self.keys.rows, table.name(),
+                 self.keys.memory_bytes >> 20, where)
+
+    def _add_surviving(self, table: Any, planned: list[tuple[str, list[Any]]], files: FileReader,
+                       deletes: _DeleteFiles) -> None:
+        """The rows of each planned data file that the delete files applying to it leave, with a progress line
+        every 10 s on a long read."""
         paths = [path for path, _ in planned]
-        for (path, applying), keys in zip(planned, files.read_each(paths, self.key_fields(), self.layout),
-                                          strict=True):
+        started = reported = time.monotonic()
+        rows = 0
+        for done, ((path, applying), keys) in enumerate(
+                zip(planned, files.read_each(paths, self.key_fields(), self.layout), strict=True), start=1):
             keep = deletes.surviving(path, keys, applying)
             positions = np.flatnonzero(keep) if keep is not None else None
             self.keys.add(path, keys if keep is None else keys.filter(pa.array(keep)), positions)
-        log.info("indexed %d rows of %s", self.keys.rows, table.name())
+            rows += keys.num_rows
+            if time.monotonic() - reported >= 10:
+                reported = time.monotonic()
+                log.info("indexing %s: %d of %d data files read, %d rows, %.0f s", table.name(), done, len(paths),
+                         rows, reported - started)
+
+    def open_saved(self, table: Any, files: FileReader) -> bool:
+        """The index saved on disk, brought to ``table``'s current snapshot by what changed since the one it
+        describes (see the module); False when there is none to trust (then :meth:`build`)."""
+        assert self.disk is not None
+        try:
+            manifest = self.disk.read_manifest()
+            if manifest is None:
+                return False
+            if manifest.key != self.key_ids() or manifest.multiset != self.multiset:
+                log.info("%s: its index on disk is of another key; indexing it again", table.name())
+                return False
+            current = table.currentSnapshot()
+            if current is None or holds_equality_deletes(current):
+                return False
+            keys = KeyIndex.opened(self.disk, manifest, pa.schema(self.key_fields()),
+                                   overlay_bytes=self.overlay_bytes)
+        except DamagedIndex as exc:
+            log.warning("%s: its index on disk cannot be trusted (%s); indexing it again", table.name(), exc)
+            return False
+        self.keys.close()
+        self.keys = keys
+        current_id = int(current.snapshotId())
+        if manifest.snapshot_id == current_id:
+            self.snapshot_id = current_id
+            log.info("%s: opened its index of %d rows on disk", table.name(), keys.rows)
+            return True
+        planned = _planned(table, current)
+        held = set(keys.paths())
+        live = {path for path, _ in planned}
+        added = [(path, applying) for path, applying in planned if path not in held]
+        deletes = _DeleteFiles(self, files)
+        dropped: dict[str, np.ndarray] = {}
+        for path, applying in planned:
+            if path in held and applying:
+                dropped[path] = deletes.positions_in(path, applying)
+        gone = sorted(held - live)
+        with self.following():
+            keys.drop_many(gone, dropped)
+            self._add_surviving(table, added, files, deletes)
+            self.snapshot_id = current_id
+        log.info("%s: opened its index of %d rows on disk, saved at snapshot %s: %d data files added and %d "
+                 "removed since", table.name(), keys.rows, manifest.snapshot_id, len(added), len(gone))
+        return True
 
     def refresh(self, table: Any, files: FileReader) -> None:
         """Bring the index up to ``table``'s current snapshot (see the module); built again when the snapshots in
@@ -101,28 +203,34 @@ class MirrorIndex:
             self.build(table, files)
             return
         io = table.io()
+        removed: list[str] = []
+        dropped: dict[str, list[np.ndarray]] = defaultdict(list)
         try:
-            for snapshot in between:
-                self._follow(snapshot, io, files)
+            with self.following():
+                for snapshot in between:
+                    self._follow(snapshot, io, files, removed, dropped)
+                # what left, in one pass over the index: a location once gone never comes back (data files are
+                # immutable, their paths never reused), so dropping it after later snapshots' rows came is the same
+                self.keys.drop_many(removed, {path: np.concatenate(parts) for path, parts in dropped.items()})
+                self.snapshot_id = current_id
         except _CannotFollow as exc:
             log.info("%s: indexing it again (%s)", table.name(), exc)
             self.build(table, files)
-            return
-        self.snapshot_id = current_id
 
-    def _follow(self, snapshot: Any, io: Any, files: FileReader) -> None:
-        """One snapshot someone else committed, followed: the rows it added and removed (added first: a keyed
-        entry then moves within its slot when a compaction rewrites its row)."""
+    def _follow(self, snapshot: Any, io: Any, files: FileReader, removed: list[str],
+                dropped: dict[str, list[np.ndarray]]) -> None:
+        """One snapshot someone else committed, followed: the rows it added enter the index now (a keyed entry
+        then moves within its slot when a compaction rewrites its row), the files it removed and the rows its
+        position deletes remove are noted in ``removed`` and ``dropped``, to leave it in one pass."""
         added = [str(data.location()) for data in java_items(snapshot.addedDataFiles(io))]
         for path, keys in zip(added, files.read_each(added, self.key_fields(), self.layout), strict=True):
             self.keys.add(path, keys)
-        for data in java_items(snapshot.removedDataFiles(io)):
-            self.keys.drop_file(str(data.location()))
+        removed += [str(data.location()) for data in java_items(snapshot.removedDataFiles(io))]
         for delete in java_items(snapshot.addedDeleteFiles(io)):
             if str(delete.content()) != "POSITION_DELETES":
                 raise _CannotFollow(f"snapshot {snapshot.snapshotId()} added equality deletes")
             for path, positions in files.read_position_deletes(str(delete.location())).items():
-                self.keys.drop_positions(path, positions)
+                dropped[path].append(positions)
 
     def key_fields(self) -> list[pa.Field]:
         return [self.layout.field(name) for name in self.key_names]
@@ -130,7 +238,7 @@ class MirrorIndex:
     # -- a batch ---------------------------------------------------------------------------------------------
     def committed(self, snapshot_id: int, deleted: Located | None, path: str | None, rows: pa.Table | None) -> None:
         """pgcdc's own commit landed as ``snapshot_id``: the ``deleted`` entries are gone, the rows of the data
-        file at ``path`` are there at their positions."""
+        file at ``path`` are there at their positions. (Called within :meth:`following`.)"""
         if deleted is not None:
             self.keys.forget(deleted)
         if path is not None and rows is not None and rows.num_rows:
@@ -139,7 +247,8 @@ class MirrorIndex:
 
     def replaced(self, snapshot_id: int, path: str | None, rows: pa.Table | None) -> None:
         """pgcdc's own commit replaced every row (a TRUNCATE): the index holds the new file's rows only."""
-        self.keys = KeyIndex(multiset=self.multiset)
+        self.keys.close()
+        self.keys = self._new_keys()
         self.committed(snapshot_id, None, path, rows)
 
 
@@ -173,6 +282,20 @@ class _DeleteFiles:
                 keep &= ~self._equality_matches(delete, keys)
         return keep
 
+    def positions_in(self, path: str, deletes: list[Any]) -> np.ndarray:
+        """The positions of the data file at ``path`` that the position-delete files ``deletes`` remove."""
+        found = [np.empty(0, np.int64)]
+        for delete in deletes:
+            location = str(delete.location())
+            if str(delete.content()) != "POSITION_DELETES":
+                raise Unindexable(f"an equality delete file ({location})")
+            if location not in self._positions:
+                self._positions[location] = self._files.read_position_deletes(location)
+            positions = self._positions[location].get(path)
+            if positions is not None:
+                found.append(positions)
+        return np.concatenate(found)
+
     def _equality_matches(self, delete: Any, keys: pa.Table) -> np.ndarray:
         """Which rows of ``keys`` an equality delete file removes (its columns must be the index's key): equal on
         every column, NULL matching NULL, as Iceberg applies them — by their 128-bit codes."""
@@ -197,6 +320,15 @@ def _code_pairs(codes: Codes) -> np.ndarray:
 
 def _field_id(field: pa.Field) -> int:
     return int(field.metadata[b"PARQUET:field_id"])
+
+
+def _planned(table: Any, snapshot: Any) -> list[tuple[str, list[Any]]]:
+    """(data file, the delete files applying to it) of a snapshot, in the order Iceberg plans them."""
+    tasks = table.newScan().useSnapshot(snapshot.snapshotId()).planFiles()
+    try:
+        return [(str(task.file().location()), java_items(task.deletes())) for task in java_items(tasks)]
+    finally:
+        tasks.close()
 
 
 def _snapshots_after(table: Any, current: Any, indexed: int | None) -> list[Any] | None:
@@ -291,29 +423,44 @@ class FileReader:
 
 
 BYTES_PER_ROW = 24  # what an index is planned at per row before it is built (KeyIndex holds 16-24)
+MIN_OVERLAY_BYTES = 1 << 20  # what an index on disk holds in memory beside its run at the least ...
+MAX_OVERLAY_BYTES = 256 << 20  # ... and at the most
 
 
 class IndexBudget:
-    """The memory the mirrors' key indexes may take together (None: no limit). A mirror whose index would not fit
-    keeps equality deletes, with a warning: every reader but PyIceberg reads them, more slowly. The mirrors of a
-    batch are indexed on several threads at once: an index being built holds its room from the moment it is
-    admitted, so two builds never both take the last of it."""
+    """The memory the mirrors' key indexes may take together (None: no limit), and where the indexes that do not
+    fit in it are kept on disk (``directory``, one directory per table uuid; default: the user's cache).
 
-    def __init__(self, limit_bytes: int | None) -> None:
+    A mirror's index is held in memory when it fits beside the others; otherwise it is kept on disk, holding in
+    memory a share of what is left (a quarter of it, 1 to 256 MB): its fence, and the changes not yet written
+    into its run. The mirrors of a batch are indexed on several threads at once: an index being built holds its
+    room from the moment it is admitted, so two builds never both take the last of it."""
+
+    def __init__(self, limit_bytes: int | None, directory: str | Path | None = None) -> None:
         self.limit_bytes = limit_bytes
+        self.directory = Path(directory) if directory is not None else default_index_directory()
         self._indexes: list[MirrorIndex] = []
         self._reserved = 0  # bytes promised to indexes being built
         self._lock = threading.Lock()
 
     def reserve(self, rows: int) -> int | None:
-        """Room for an index of about ``rows`` rows beside the indexes built or being built: the bytes held for it
-        until :meth:`add` or :meth:`cancel` (None: it does not fit)."""
+        """Room for an in-memory index of about ``rows`` rows beside the indexes built or being built: the bytes
+        held for it until :meth:`add` or :meth:`cancel` (None: it does not fit)."""
         wanted = rows * BYTES_PER_ROW
         with self._lock:
             if self.limit_bytes is not None and self._held() + self._reserved + wanted > self.limit_bytes:
                 return None
             self._reserved += wanted
             return wanted
+
+    def reserve_overlay(self) -> int:
+        """The memory share of an index kept on disk (held until :meth:`add` or :meth:`cancel`)."""
+        with self._lock:
+            free = MAX_OVERLAY_BYTES * 4 if self.limit_bytes is None else \
+                self.limit_bytes - self._held() - self._reserved
+            share = max(MIN_OVERLAY_BYTES, min(MAX_OVERLAY_BYTES, free // 4))
+            self._reserved += share
+            return share
 
     def cancel(self, reserved: int) -> None:
         with self._lock:
@@ -339,34 +486,84 @@ class IndexBudget:
         with self._lock:
             self._indexes = [held for held in self._indexes if held is not index]
 
+    def directory_for(self, table: Any) -> IndexDirectory:
+        """The directory of ``table``'s index, locked for this process (:class:`Unindexable` when another process
+        holds it, or it cannot be made)."""
+        path = self.directory / str(table.operations().current().uuid())
+        try:
+            return IndexDirectory(path)
+        except IndexInUse as exc:
+            raise Unindexable(f"its index directory {exc}") from None
+        except OSError as exc:
+            raise Unindexable(f"its index cannot be kept in {path} ({exc.strerror}); choose --index-dir") from None
+
+    def close(self, *, save: bool) -> None:
+        """Every index freed; those on disk saved first when ``save`` (a clean stop), so a restart reads nothing."""
+        with self._lock:
+            indexes, self._indexes = self._indexes, []
+        for index in indexes:
+            try:
+                index.close(save=save)
+            except Exception as exc:  # a stop goes on: the index is built again, or caught up, at the next start
+                log.warning("could not save the key index of %s: %s", ", ".join(index.key_names), exc)
+
 
 def index_for(mirror_index: MirrorIndex | None, table: Any, key_names: list[str], layout: pa.Schema, *,
               multiset: bool, budget: IndexBudget | None) -> MirrorIndex:
-    """The mirror's index, built when it has none, brought up to ``table``'s current snapshot. Raises
-    :class:`Unindexable` when its files are out of reach or the index would not fit the budget."""
+    """The mirror's index, brought up to ``table``'s current snapshot: in memory when it fits the budget, else on
+    disk (opened from what was saved, or built). Raises :class:`Unindexable` when its files are out of reach."""
+    if mirror_index is not None and not mirror_index.consistent:  # a failure left it half-way: never trusted
+        if budget is not None:
+            budget.release(mirror_index)
+        mirror_index.close(save=False)
+        mirror_index = None
     if mirror_index is None:
         snapshot = table.currentSnapshot()
         rows = 0 if snapshot is None else int(snapshot.summary().getOrDefault("total-records", "0"))
         reserved = budget.reserve(rows) if budget is not None else 0
-        if reserved is None:
-            limit = budget.limit_bytes if budget is not None else 0
-            raise Unindexable(f"an index of its {rows:,} rows (about {rows * BYTES_PER_ROW >> 20:,} MB) would not fit "
-                              f"the {(limit or 0) >> 20:,} MB the key indexes may take (--index-memory-mb)")
+        disk = None
         try:
-            mirror_index = MirrorIndex(key_names, layout, multiset=multiset)
+            if reserved is None:
+                assert budget is not None
+                disk = budget.directory_for(table)
+                reserved = budget.reserve_overlay()
+                mirror_index = MirrorIndex(key_names, layout, multiset=multiset, disk=disk, overlay_bytes=reserved)
+                log.info("%s: its index of %d rows is kept on disk in %s (%d MB of memory beside it)", table.name(),
+                         rows, disk.path, reserved >> 20)
+            else:
+                mirror_index = MirrorIndex(key_names, layout, multiset=multiset)
             mirror_index.files = FileReader(table)
-            mirror_index.build(table, mirror_index.files)
+            if disk is None or not mirror_index.open_saved(table, mirror_index.files):
+                mirror_index.build(table, mirror_index.files)
         except BaseException:
-            if budget is not None:
+            if budget is not None and reserved is not None:
                 budget.cancel(reserved)
+            if mirror_index is not None:
+                mirror_index.close(save=False)
+            elif disk is not None:
+                disk.close()
             raise
         if budget is not None:
             budget.add(mirror_index, reserved)
         return mirror_index
     mirror_index.refresh(table, mirror_index.files)
-    if budget is not None and budget.exceeded():  # the mirror grew: this index makes way, its memory freed
-        held = budget.held_bytes()
+    if budget is not None and mirror_index.disk is None and budget.exceeded():
+        # the mirror grew: its index moves to disk, built there within a share of memory
+        log.info("%s: the key indexes grew to %d MB with their mirrors, past the %d MB they may take "
+                 "(--index-memory-mb): its index moves to disk", table.name(), budget.held_bytes() >> 20,
+                 (budget.limit_bytes or 0) >> 20)
         budget.release(mirror_index)
-        raise Unindexable(f"the key indexes grew to {held >> 20:,} MB with their mirrors, past the "
-                          f"{(budget.limit_bytes or 0) >> 20:,} MB they may take (--index-memory-mb)")
+        mirror_index.close(save=False)
+        disk = budget.directory_for(table)
+        reserved = budget.reserve_overlay()
+        moved = MirrorIndex(key_names, layout, multiset=multiset, disk=disk, overlay_bytes=reserved)
+        moved.files = mirror_index.files
+        try:
+            moved.build(table, moved.files)
+        except BaseException:
+            budget.cancel(reserved)
+            moved.close(save=False)
+            raise
+        budget.add(moved, reserved)
+        return moved
     return mirror_index

@@ -82,17 +82,19 @@ class Applier:
 
     def __init__(self, tables: SourceTables, spark: Callable[[], SparkSession], progress: Progress,
                  emit: Callable[[], None], *, changelog: bool, writer: str = "delta", deletes: str = "position",
-                 index_memory_bytes: int | None = None, maintenance: MaintenancePolicy | None = None,
+                 index_memory_bytes: int | None = None, index_dir: str | None = None,
+                 maintenance: MaintenancePolicy | None = None,
                  consistent_seconds: float | None = None, target: MirrorTarget | None = None,
                  apply_workers: int = 1, batch_seconds: float = 0.5) -> None:
         """``target``: what batches are applied to (default: the mirrors in Iceberg, through ``spark``, written by
-        ``writer``, deleting by ``deletes``, their key indexes within ``index_memory_bytes``). ``apply_workers``:
+        ``writer``, deleting by ``deletes``, their key indexes within ``index_memory_bytes``, those that do not fit
+        kept on disk in ``index_dir``). ``apply_workers``:
         how many mirrors of a batch are applied at once. ``batch_seconds``: the batch clock.
         ``consistent_seconds``: how often at most the mirrors' consistent tags move to the last batch applied
         (0: after every batch; None: never; :mod:`pgcdc.mirrors.consistent`)."""
         self.tables = tables
         self.target = target or SparkMirrors(tables, spark, changelog=changelog, writer=writer, deletes=deletes,
-                                             budget=IndexBudget(index_memory_bytes))
+                                             budget=IndexBudget(index_memory_bytes, index_dir))
         self._spark = spark
         self.progress = progress
         self._emit = emit
@@ -126,6 +128,11 @@ class Applier:
         self._maintenance_executor.shutdown()
         if self._mirror_workers is not None:
             self._mirror_workers.shutdown()
+        close = getattr(self.target, "close", None)
+        # a clean stop, no apply running: the indexes kept on disk are saved, so the next start reads nothing (after
+        # a failure they are left as they are: an apply may still be using them, and the next start catches up)
+        if close is not None and exc_info[0] is None and not self.busy:
+            close(save=True)
 
     def stop_maintenance(self, timeout: float) -> None:
         """Cancel the maintenance turn in flight, if any (its Spark jobs: a step cut short commits nothing), and
@@ -430,6 +437,11 @@ class SparkMirrors:
 
     def held_position(self, relation: Relation) -> Lsn | None:
         return self.tables.held_position(relation.namespace, relation.name, changelog=self._changelog)
+
+    def close(self, *, save: bool) -> None:
+        """Frees the mirrors' key indexes, saving those kept on disk when ``save``."""
+        if self._budget is not None:
+            self._budget.close(save=save)
 
     def mirror(self, relation: Relation) -> MirrorTable:
         return self.tables.mirror_for(relation)

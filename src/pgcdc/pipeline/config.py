@@ -48,6 +48,7 @@ class PipelineConfig:
     # "equality" (no index; PyIceberg cannot read them)
     deletes: str = "position"
     index_memory_mb: int | None = None  # what the key indexes may take together (None: a quarter of the memory)
+    index_dir: str | None = None  # where indexes that do not fit are kept on disk (None: ~/.cache/pgcdc/index)
     # how many mirrors of a batch are applied at once (1: one after another). Side by side is not the default: with
     # --changelog, and someone else's compaction committing beside the stream, a test lost deletes of a mirror
     # (1 run in 3 or 4; never one after another, nor side by side without the change log); until that is

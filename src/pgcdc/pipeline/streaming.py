@@ -88,7 +88,8 @@ class StreamRun:
         with SourceWatch(config.dsn, config.slot) as watch, \
                 Applier(self.tables, self._spark, self.progress, self._emit, changelog=config.changelog,
                         writer=config.apply_writer, deletes=config.deletes,
-                        index_memory_bytes=config.index_memory_bytes, maintenance=config.maintenance,
+                        index_memory_bytes=config.index_memory_bytes, index_dir=config.index_dir,
+                        maintenance=config.maintenance,
                         consistent_seconds=config.consistent_seconds,
                         apply_workers=config.apply_workers, batch_seconds=config.batch_max_seconds) as applier:
             applier.settle_tags(self.checkpoint.confirmed)
