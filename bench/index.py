@@ -1,12 +1,25 @@
 """Key index: what a mirror's key -> (data file, row position) index costs to build and to hold, and what a
-batch of 50,000 keys costs against it.
+batch of 50,000 keys costs against it, held in memory and kept on disk, side by side in one run.
 
 The index is built the way a mirror builds it: each Parquet data file's key column read with pyarrow (the
 next files read ahead in two threads), its rows added at positions 0..n-1, then placed (sorted). Data:
 10,000,000 rows (--quick: 1,000,000) in files of 500,000 rows, with a bigint key in random order and a text
 key 'user-<uuid>' (41 bytes). Text keys are hashed by the C module and, for comparison, by its numpy
 fallback. Times are the median of several runs with their spread (the machine is shared); sizes are the
-index's own count (memory_bytes) and the process's RSS growth. Last line: one JSON object of the figures.
+index's own count (memory_bytes) and the process's RSS growth.
+
+On disk (``KeyIndex(disk=IndexDirectory(...), overlay_bytes=64 MiB)``, files in a temporary directory), for the
+bigint key and the text key (C hash), beside the in-memory index as the peer: the build from the same files
+read the same way (large adds spill sorted runs, merged when placed) and its first checkpoint (the run and
+manifest written), peak and settled RSS growth, memory_bytes, bytes on disk per row; a reopen (closed, then
+``KeyIndex.opened`` from the manifest, checksums verified) and RSS after it; batches of 50,000 keys drawn
+uniformly from the rows of every file (over the whole key range, not recent keys): find, forget of what was
+found, add of the keys as a new data file, a warm-up batch apart and then repeats, the same keys against the
+in-memory index, the ratio printed; a forced checkpoint rewriting the run after those batches. The two
+indexes' answers for the same keys after the same changes are compared (and again after a checkpoint and a
+reopen). From the per-row figures, what a 1,000,000,000-row mirror would need (extrapolated). The run's files
+stay in the kernel's page cache (warm): a reopen or batch after a cold start reads them from the device.
+Last line: one JSON object of the figures.
 The apply rate and lag with the index, beside the equality-delete writer in the same run: bench/pipeline.py
 and bench/catchup.py.
 """
@@ -17,7 +30,9 @@ import argparse
 import contextlib
 import ctypes
 import gc
+import hashlib
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -35,11 +50,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pgcdc.index import key_codes
+from pgcdc.index.disk_runs import BLOCK, IndexDirectory
 from pgcdc.index.key_index import KeyIndex, Located
 
 ROWS_PER_FILE = 500_000
 BATCH = 50_000
 MIRROR_ROWS = 1_000_000_000
+OVERLAY_BYTES = 64 << 20  # the on-disk index's memory share beside its run
+POOL_KEYS = 1_000_000  # keys drawn from every file, which the whole-range batches draw from
+CHECK_KEYS = 100_000  # keys whose answers the in-memory and on-disk indexes must agree on
+REOPENS = 3
+CHECKPOINTS = 3
 HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
 
 
@@ -110,11 +131,13 @@ def read_ahead(paths: list[str], column: str, depth: int = 2) -> Iterator[tuple[
             yield path, table
 
 
-def build(paths: list[str], column: str) -> tuple[KeyIndex, dict[str, float]]:
-    """One index from the files, added in this thread, then placed."""
+def build(paths: list[str], column: str, disk: IndexDirectory | None = None) -> tuple[KeyIndex, dict[str, float]]:
+    """One index from the files, added in this thread, then placed (``disk``: kept there, its adds spilling
+    sorted runs that placing merges)."""
     started = time.perf_counter()
     adding = 0.0
-    index = KeyIndex(multiset=False)
+    index = KeyIndex(multiset=False) if disk is None else KeyIndex(multiset=False, disk=disk,
+                                                                   overlay_bytes=OVERLAY_BYTES)
     for path, table in read_ahead(paths, column):
         began = time.perf_counter()
         index.add(path, table)
@@ -162,8 +185,76 @@ def timed(action: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def measure(paths: list[str], column: str, rows: int, builds: int, batches: int) -> dict:
-    """Build ``builds`` times (figures of each), keep the last index, then time batches of 50,000 keys."""
+def whole_range_keys(paths: list[str], column: str, count: int) -> pa.Table:
+    """``count`` distinct keys (every key when there are fewer rows) drawn uniformly from the rows of every file:
+    over the whole key range, as a run sorted by key code sees them, not one file's or the recent ones."""
+    sizes = np.array([pq.ParquetFile(path).metadata.num_rows for path in paths])
+    starts = np.cumsum(sizes) - sizes
+    total = int(sizes.sum())
+    chosen = np.sort(np.random.default_rng(13).choice(total, min(count, total), replace=False))
+    tables = []
+    for path, start, size in zip(paths, starts, sizes, strict=True):
+        rows = chosen[(chosen >= start) & (chosen < start + size)] - start
+        if len(rows):
+            tables.append(pq.read_table(path, columns=[column]).take(pa.array(rows)))
+    return pa.concat_tables(tables).combine_chunks()
+
+
+def absent_keys(column: str, count: int) -> pa.Table:
+    """Keys no file holds (bigint keys of the files are 1,000,000 + 7k; text keys are random uuids)."""
+    rng = np.random.default_rng(23)
+    if column == "id":
+        return pa.table({"id": pa.array(rng.integers(0, 2**40, count) * 7 + 1_000_003, pa.int64())})
+    return pa.table({"key": user_uuids(rng, count)})
+
+
+def whole_range_batches(index: KeyIndex, pool: pa.Table, repeats: int) -> dict[str, list[float]]:
+    """A warm-up batch, then ``repeats`` batches, of 50,000 keys drawn from ``pool`` (the same keys whichever the
+    index): find, forget of what was found, add of the keys as a new data file, placed. Seconds per step, the
+    warm-up's first; ``missing``: keys the index did not find (it holds every one)."""
+    rng = np.random.default_rng(17)
+    times: dict[str, list[float]] = {"find": [], "forget": [], "add": [], "total": [], "missing": []}
+    for number in range(1 + repeats):
+        keys = pool.take(pa.array(rng.choice(pool.num_rows, min(BATCH, pool.num_rows), replace=False)))
+        started = time.perf_counter()
+        located = index.find(keys)
+        found = time.perf_counter()
+        index.forget(located)
+        forgotten = time.perf_counter()
+        index.add(f"whole-range-{number}.parquet", keys)
+        index.rows  # noqa: B018 - placing the batch's rows is part of it
+        done = time.perf_counter()
+        for name, seconds in (("find", found - started), ("forget", forgotten - found), ("add", done - forgotten),
+                              ("total", done - started)):
+            times[name].append(seconds)
+        times["missing"].append(int((located.file_ids < 0).sum()))
+    return times
+
+
+def answers(index: KeyIndex, keys: pa.Table) -> str:
+    """A digest of where the index says each key is (data file path and row position, or nothing)."""
+    located = index.find(keys)
+    names = {int(file_id): index.path(int(file_id)) for file_id in np.unique(located.file_ids[located.file_ids >= 0])}
+    digest = hashlib.sha256()
+    for file_id, position in zip(located.file_ids.tolist(), located.positions.tolist(), strict=True):
+        digest.update(f"{names.get(file_id, '-')}:{position}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def batch_figures(times: dict[str, list[float]]) -> dict[str, object]:
+    """The warm-up batch apart, then median [min-max] of the repeats, per step, in ms."""
+    figures: dict[str, object] = {f"warmup_{name}_ms": round(times[name][0] * 1e3, 1)
+                                  for name in ("find", "forget", "add", "total")}
+    for name in ("find", "forget", "add", "total"):
+        figures[f"{name}_ms"] = spread(times[name][1:], 1e3)
+    figures["missing"] = sum(times["missing"])
+    return figures
+
+
+def measure(paths: list[str], column: str, rows: int, builds: int, batches: int,
+            whole_range: tuple[pa.Table, pa.Table] | None = None) -> dict:
+    """Build ``builds`` times (figures of each), keep the last index, then time batches of 50,000 keys.
+    ``whole_range``: (pool, check keys) of the whole-range batches, run first (the on-disk index's peer)."""
     times: dict[str, list[float]] = {"total": [], "read_and_hash": [], "codes": [], "sort": []}
     index = None
     growth = []
@@ -180,6 +271,11 @@ def measure(paths: list[str], column: str, rows: int, builds: int, batches: int)
     assert index is not None
     held = index.rows
     index_bytes = index.memory_bytes
+    peer: dict[str, object] = {}
+    if whole_range is not None:
+        pool, checks = whole_range
+        peer = batch_figures(whole_range_batches(index, pool, batches))
+        peer["answers"] = answers(index, checks)
     # batches: keys of rows spread over every file, as a stream's changes are
     rng = np.random.default_rng(11)
     sample_files = [paths[i] for i in rng.choice(len(paths), min(len(paths), 4), replace=False)]
@@ -223,6 +319,108 @@ def measure(paths: list[str], column: str, rows: int, builds: int, batches: int)
         "forget_scan_ms": spread(scan_s, 1e3),
         "insert_new_ms": spread(new_s, 1e3),
         "hashed": hashed,
+        "whole_range": peer,
+    }
+
+
+def measure_disk(paths: list[str], column: str, builds: int, batches: int, pool: pa.Table, checks: pa.Table
+                 ) -> dict:
+    """The index kept on disk (files in a temporary directory, removed after): built ``builds`` times and
+    checkpointed, then reopened, the whole-range batches, forced checkpoints (see the module)."""
+    times: dict[str, list[float]] = {"total": [], "read_and_hash": [], "codes": [], "sort": [], "save": []}
+    growth: list[int] = []
+    peak = 0
+    with tempfile.TemporaryDirectory(prefix="pgcdc-index-disk-") as scratch:
+        where = Path(scratch) / "index"
+        index: KeyIndex | None = None
+        directory: IndexDirectory | None = None
+        baseline = 0
+        for _ in range(builds):
+            if index is not None and directory is not None:
+                index.close()
+                directory.close()
+                index = directory = None
+                shutil.rmtree(where)
+            baseline = settled_rss()
+            directory = IndexDirectory(where)
+            with PeakRss() as watched:
+                index, figures = build(paths, column, directory)
+                started = time.perf_counter()
+                index.checkpoint(1, [1], force=True)  # the first manifest: what a restart opens
+                figures["save"] = time.perf_counter() - started
+            peak = max(peak, watched.highest - baseline)
+            growth.append(settled_rss() - baseline)
+            for name, seconds in figures.items():
+                times[name].append(seconds)
+        assert index is not None and directory is not None
+        held = index.rows
+        built_memory, built_disk = index.memory_bytes, index.disk_bytes
+        # a restart: closed, then opened from its manifest (checksums verified)
+        reopen_s = []
+        for _ in range(REOPENS):
+            index.close()
+            directory.close()
+            started = time.perf_counter()
+            directory = IndexDirectory(where)
+            manifest = directory.read_manifest()
+            assert manifest is not None
+            index = KeyIndex.opened(directory, manifest, pool.schema, overlay_bytes=OVERLAY_BYTES)
+            reopen_s.append(time.perf_counter() - started)
+        reopened_rss = settled_rss() - baseline
+        reopened_memory = index.memory_bytes
+        batch = batch_figures(whole_range_batches(index, pool, batches))
+        batch["answers"] = answers(index, checks)
+        after_batches_memory = index.memory_bytes
+        after_batches_rss = settled_rss() - baseline
+        # forced checkpoints rewriting the run: the first after all the batches, then each after one more
+        checkpoint_s, checkpoint_peak = [], 0
+        rng = np.random.default_rng(19)
+        for number in range(CHECKPOINTS):
+            if number:
+                keys = pool.take(pa.array(rng.choice(pool.num_rows, min(BATCH, pool.num_rows), replace=False)))
+                index.forget(index.find(keys))
+                index.add(f"before-checkpoint-{number}.parquet", keys)
+            before = settled_rss()
+            with PeakRss() as watched:
+                started = time.perf_counter()
+                index.checkpoint(2 + number, [1], force=True)
+                checkpoint_s.append(time.perf_counter() - started)
+            checkpoint_peak = max(checkpoint_peak, watched.highest - before)
+            if not number:  # the state the batches left, saved: the same answers, and after a reopen
+                after_checkpoint = answers(index, checks)
+                index.close()
+                directory.close()
+                directory = IndexDirectory(where)
+                manifest = directory.read_manifest()
+                assert manifest is not None
+                index = KeyIndex.opened(directory, manifest, pool.schema, overlay_bytes=OVERLAY_BYTES)
+                after_reopen = answers(index, checks)
+        final_disk = index.disk_bytes
+        index.close()
+        directory.close()
+    return {
+        "rows": held,
+        "build_s": spread(times["total"]),
+        "read_and_hash_s": spread(times["read_and_hash"]),
+        "codes_s": spread(times["codes"]),
+        "sort_s": spread(times["sort"]),
+        "save_s": spread(times["save"]),
+        "build_and_save_s": spread([a + b for a, b in zip(times["total"], times["save"], strict=True)]),
+        "memory_bytes": built_memory,
+        "rss_growth_bytes": int(statistics.median(growth)),
+        "peak_rss_bytes_per_row": round(peak / held, 1) if held else None,
+        "disk_bytes_per_row": round(built_disk / held, 2) if held else None,
+        "reopen_s": spread(reopen_s),
+        "reopen_rss_bytes": reopened_rss,
+        "reopen_memory_bytes": reopened_memory,
+        "after_batches_memory_bytes": after_batches_memory,
+        "after_batches_rss_bytes": after_batches_rss,
+        "checkpoint_s": spread(checkpoint_s),
+        "checkpoint_peak_rss_bytes": checkpoint_peak,
+        "final_disk_bytes_per_row": round(final_disk / held, 2) if held else None,
+        "whole_range": batch,
+        "answers_after_checkpoint": after_checkpoint,
+        "answers_after_reopen": after_reopen,
     }
 
 

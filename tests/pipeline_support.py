@@ -194,12 +194,18 @@ def catalog_arguments(config: PipelineConfig) -> list[str]:
     return arguments
 
 
+def index_arguments(config: PipelineConfig) -> list[str]:
+    """The flags of ``config``'s key-index memory and directory, when it sets them."""
+    arguments = [] if config.index_memory_mb is None else ["--index-memory-mb", str(config.index_memory_mb)]
+    return arguments + ([] if config.index_dir is None else ["--index-dir", config.index_dir])
+
+
 def run_cli(config: PipelineConfig, *args: str, env: dict[str, str] | None = None) -> Command:
     """``pgcdc run`` of ``config`` started (tests/cli_support.py), its output one stream read as it comes."""
     return start_pgcdc("run", "--dsn", config.dsn, "--publication", config.publication, "--slot", config.slot,
                        *catalog_arguments(config), "--namespace", config.destination.namespace, "--batch-seconds",
                        str(config.batch_max_seconds), "--apply", config.apply_writer, "--deletes", config.deletes,
-                       "--apply-workers", str(config.apply_workers), *args,
+                       "--apply-workers", str(config.apply_workers), *index_arguments(config), *args,
                        env={"PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
 
 

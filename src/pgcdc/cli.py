@@ -350,10 +350,10 @@ ApplyWorkers = Annotated[int, typer.Option(
     rich_help_panel=PANEL_BATCHES,
     help="Mirrors of a batch applied at once (default 1: one after another; not with --changelog yet).")]
 IndexMemory = Annotated[int | None, typer.Option(
-    "--index-memory-mb", envvar="PGCDC_INDEX_MEMORY_MB", show_envvar=True, min=1, metavar="MB",
+    "--index-memory-mb", envvar="PGCDC_INDEX_MEMORY_MB", show_envvar=True, min=0, metavar="MB",
     rich_help_panel=PANEL_BATCHES,
     help="Memory for all mirrors' key indexes (default: a quarter of the machine's); an index that does not fit "
-         "is kept on disk in --index-dir, holding a share of it.")]
+         "is kept on disk in --index-dir, holding a share of it (0: every index on disk).")]
 IndexDir = Annotated[str | None, typer.Option(
     "--index-dir", envvar="PGCDC_INDEX_DIR", metavar="DIR", rich_help_panel=PANEL_BATCHES,
     help="Where key indexes kept on disk live, one directory per mirror, reopened at a restart (default: "

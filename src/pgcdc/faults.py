@@ -38,6 +38,7 @@ POINTS = (
     "apply.beside-commits",   # one mirror of a batch committed while another is being applied beside it
     "apply.before-confirm",   # every mirror of a batch committed, the slot not yet told
     "assembler.prepared",     # a prepared transaction is held, its COMMIT PREPARED not yet seen
+    "index.manifest",         # a key index kept on disk wrote a new run, its manifest still names the one before
     # table maintenance (pgcdc.mirrors.maintenance): each step about to run, and every step done
     "maintain.compact-data",
     "maintain.compact-deletes",

@@ -20,9 +20,11 @@ pytestmark = pytest.mark.slow
 # the initial copy, the writer's own windows (before its files, between its data and delete files, after both
 # but before the commit, which also folds the mirror's small file), between two mirrors' commits and while the
 # mirrors of a batch commit side by side, a prepared
-# transaction held, after every commit but before the slot is told; random instants in make soak
+# transaction held, after every commit but before the slot is told, a key index on disk between its new run and its
+# manifest; random instants in make soak
 ROUNDS = [
     "snapshot.copy:2:0.3",        # the initial copy: one table copied, the next mid-copy
+    "index.manifest:2",           # the first batch: a key index's run on disk written, its manifest not yet
     "apply.delta-write:1",        # before the batch's files
     "apply.delta-deletes:2",      # the data file written, the delete file not
     "apply.between-mirrors:1",    # one mirror of a batch committed, another not yet
@@ -43,9 +45,11 @@ MERGE_ROUNDS = [
 
 
 @pytest.mark.long(5)
-def test_killed_in_every_window_loses_and_duplicates_nothing(pg, spark):
-    # the mirrors of a batch applied side by side (--apply-workers 4): one after another is every other test's
-    crash_loop(pg, spark, ROUNDS, seed=20261122, aim_timeout=120, apply_workers=4)
+def test_killed_in_every_window_loses_and_duplicates_nothing(pg, spark, tmp_path):
+    # the mirrors of a batch applied side by side (--apply-workers 4): one after another is every other test's;
+    # every key index kept on disk (--index-memory-mb 0), each restart opening what the killed run saved
+    crash_loop(pg, spark, ROUNDS, seed=20261122, aim_timeout=120, apply_workers=4, index_memory_mb=0,
+               index_dir=str(tmp_path / "indexes"))
 
 
 @pytest.mark.soak

@@ -49,6 +49,7 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 
+from pgcdc.faults import injection_point
 from pgcdc.index.disk_runs import DiskRun, IndexDirectory, Manifest, RunWriter
 from pgcdc.index.key_codes import KeyCoder
 
@@ -333,6 +334,7 @@ class KeyIndex:
         assert isinstance(main, DiskRun)
         if self._saved == (main.info.name, snapshot_id):
             return False
+        injection_point("index.manifest")  # the new run written, the manifest still naming the one before
         self._disk.write_manifest(Manifest(snapshot_id, self._multiset, key_ids, main.info, list(self._paths)))
         self._saved = (main.info.name, snapshot_id)
         self._disk.remove_except({main.info.name})
@@ -481,13 +483,20 @@ class KeyIndex:
     def _patch(self, slots: np.ndarray, locations: np.ndarray) -> None:
         if not len(slots):
             return
-        every = np.concatenate([self._patch_slots, slots])
-        placed = np.concatenate([self._patch_locs, locations])
-        order = np.argsort(every, kind="stable")  # a slot patched again: its newest location last
-        every, placed = every[order], placed[order]
-        newest = np.ones(len(every), bool)
-        newest[:-1] = every[1:] != every[:-1]
-        self._patch_slots, self._patch_locs = every[newest], placed[newest]
+        order = np.argsort(slots, kind="stable")  # a slot given twice: its last location wins
+        slots, locations = slots[order], locations[order]
+        last = np.ones(len(slots), bool)
+        last[:-1] = slots[1:] != slots[:-1]
+        slots, locations = slots[last], locations[last]
+        # slots patched before are changed in place; the others are inserted (one pass over the patch, not a sort)
+        at = np.searchsorted(self._patch_slots, slots)
+        held = at < len(self._patch_slots)
+        held[held] = self._patch_slots[at[held]] == slots[held]
+        self._patch_locs[at[held]] = locations[held]
+        new = ~held
+        if new.any():
+            self._patch_slots = np.insert(self._patch_slots, at[new], slots[new])
+            self._patch_locs = np.insert(self._patch_locs, at[new], locations[new])
 
     def _kill(self, slots: np.ndarray) -> int:
         """Marks distinct live slots dead; returns how many."""

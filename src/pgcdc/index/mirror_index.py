@@ -448,7 +448,8 @@ class IndexBudget:
         held for it until :meth:`add` or :meth:`cancel` (None: it does not fit)."""
         wanted = rows * BYTES_PER_ROW
         with self._lock:
-            if self.limit_bytes is not None and self._held() + self._reserved + wanted > self.limit_bytes:
+            if self.limit_bytes is not None and (self.limit_bytes == 0 or  # 0: every index on disk
+                                                 self._held() + self._reserved + wanted > self.limit_bytes):
                 return None
             self._reserved += wanted
             return wanted

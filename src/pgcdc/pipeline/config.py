@@ -47,7 +47,8 @@ class PipelineConfig:
     # how the row-delta writer removes rows: "position" (every reader reads them; a key index per mirror) or
     # "equality" (no index; PyIceberg cannot read them)
     deletes: str = "position"
-    index_memory_mb: int | None = None  # what the key indexes may take together (None: a quarter of the memory)
+    index_memory_mb: int | None = None  # what the key indexes may take together (None: a quarter of the memory; 0:
+    # every index kept on disk)
     index_dir: str | None = None  # where indexes that do not fit are kept on disk (None: ~/.cache/pgcdc/index)
     # how many mirrors of a batch are applied at once (1: one after another). Side by side is not the default: with
     # --changelog, and someone else's compaction committing beside the stream, a test lost deletes of a mirror
@@ -103,8 +104,8 @@ class PipelineConfig:
             problems.append(f"deletes {self.deletes!r} must be position or equality")
         if self.consistent_seconds is not None and self.consistent_seconds < 0:
             problems.append("consistent_seconds must be 0 or more")
-        if self.index_memory_mb is not None and self.index_memory_mb < 1:
-            problems.append("index_memory_mb must be at least 1")
+        if self.index_memory_mb is not None and self.index_memory_mb < 0:
+            problems.append("index_memory_mb must be 0 (every key index on disk) or more")
         if not 1 <= self.apply_workers <= 64:
             problems.append(f"apply workers {self.apply_workers} must be 1 to 64")
         elif self.apply_workers > 1 and self.changelog:
