@@ -410,7 +410,7 @@ def measure_disk(paths: list[str], column: str, builds: int, batches: int, pool:
         "rss_growth_bytes": int(statistics.median(growth)),
         "peak_rss_bytes_per_row": round(peak / held, 1) if held else None,
         "disk_bytes_per_row": round(built_disk / held, 2) if held else None,
-        "reopen_s": spread(reopen_s),
+        "reopen_ms": spread(reopen_s, 1e3),
         "reopen_rss_bytes": reopened_rss,
         "reopen_memory_bytes": reopened_memory,
         "after_batches_memory_bytes": after_batches_memory,
@@ -424,12 +424,126 @@ def measure_disk(paths: list[str], column: str, builds: int, batches: int, pool:
     }
 
 
+def report_disk(rows: int, runs: dict[str, dict], disk: dict[str, dict], batches: int) -> dict[str, object]:
+    """Prints the on-disk index beside its in-memory peer; returns their figures for the JSON line."""
+    mib = 2**20
+
+    def cell(figure: dict, width: int, digits: int = 2) -> str:
+        return f"{figure['median']:.{digits}f} [{figure['min']:.{digits}f}-{figure['max']:.{digits}f}]".rjust(width)
+
+    print(f"\non disk (overlay {OVERLAY_BYTES // mib} MiB) beside in memory (the peer, same run, same files and keys); "
+          "median [min-max]; the machine is shared with another engineer's tests: timings are noisy")
+    print(f"{'key':<11} {'where':<6} {'build s':>18} {'save s':>6} {'peak B/row':>10} {'index MiB':>9} "
+          f"{'RSS MiB':>7} {'disk B/row':>10} {'reopen ms':>18} {'RSS MiB after':>13}")
+    figures: dict[str, object] = {"disk_overlay_bytes": OVERLAY_BYTES}
+    for name, run in disk.items():
+        peer = runs[name]
+        print(f"{name:<11} {'memory':<6} {cell(peer['build_s'], 18)} {'-':>6} {peer['peak_rss_bytes_per_row']:>10.0f} "
+              f"{peer['bytes_per_row'] * rows / mib:>9.1f} {peer['rss_bytes_per_row'] * rows / mib:>7.1f} {'-':>10} "
+              f"{'(a rebuild)':>18} {'-':>13}")
+        print(f"{'':<11} {'disk':<6} {cell(run['build_s'], 18)} {run['save_s']['median']:>6.2f} "
+              f"{run['peak_rss_bytes_per_row']:>10.0f} {run['memory_bytes'] / mib:>9.2f} "
+              f"{run['rss_growth_bytes'] / mib:>7.1f} {run['disk_bytes_per_row']:>10.2f} "
+              f"{cell(run['reopen_ms'], 18, 1)} {run['reopen_rss_bytes'] / mib:>13.1f}")
+        ratio = run["build_and_save_s"]["median"] / peer["build_s"]["median"]
+        print(f"{'':<11} disk/memory: build and save {ratio:.2f}x; restart: reopen {run['reopen_ms']['median']:.1f} ms "
+              f"against a rebuild of {peer['build_s']['median']:.2f} s")
+        figures.update({
+            f"{name}_disk_build_s": run["build_s"]["median"], f"{name}_disk_build_s_min": run["build_s"]["min"],
+            f"{name}_disk_build_s_max": run["build_s"]["max"], f"{name}_disk_codes_s": run["codes_s"]["median"],
+            f"{name}_disk_sort_s": run["sort_s"]["median"], f"{name}_disk_save_s": run["save_s"]["median"],
+            f"{name}_disk_build_and_save_s": run["build_and_save_s"]["median"],
+            f"{name}_ratio_build_disk_vs_memory": round(ratio, 2),
+            f"{name}_disk_memory_bytes": run["memory_bytes"], f"{name}_disk_rss_growth_bytes": run["rss_growth_bytes"],
+            f"{name}_disk_peak_rss_bytes_per_row": run["peak_rss_bytes_per_row"],
+            f"{name}_disk_bytes_per_row": run["disk_bytes_per_row"],
+            f"{name}_disk_reopen_ms": run["reopen_ms"]["median"], f"{name}_disk_reopen_ms_min": run["reopen_ms"]["min"],
+            f"{name}_disk_reopen_ms_max": run["reopen_ms"]["max"],
+            f"{name}_disk_reopen_rss_bytes": run["reopen_rss_bytes"],
+            f"{name}_disk_reopen_memory_bytes": run["reopen_memory_bytes"],
+        })
+    print("  build: until placed (on disk: adds spill sorted runs of the queue, placing merges them into the run); "
+          "save: the first checkpoint (run and manifest);\n"
+          "  index MiB: memory_bytes after the build (on disk: fence, overlay, path table); RSS: growth once settled; "
+          "peak: highest RSS growth during a build and save;\n"
+          f"  reopen: closed, then opened from the manifest, checksums verified (median of {REOPENS}; the run's "
+          "files in the page cache, as they are right after writing)")
+
+    print(f"\nbatches of {BATCH:,} keys drawn uniformly from the rows of every file (the whole key range): find, "
+          f"forget, add as a new file; warm-up apart, then median [min-max] of {batches}")
+    print(f"{'key':<11} {'where':<6} {'warm-up ms':>10} {'find ms':>17} {'forget ms':>17} {'add ms':>17} "
+          f"{'batch ms':>17} {'missing':>7}")
+    for name, run in disk.items():
+        for where, batch in (("memory", runs[name]["whole_range"]), ("disk", run["whole_range"])):
+            print(f"{name if where == 'memory' else '':<11} {where:<6} {batch['warmup_total_ms']:>10.1f} "
+                  f"{cell(batch['find_ms'], 17, 1)} {cell(batch['forget_ms'], 17, 1)} {cell(batch['add_ms'], 17, 1)} "
+                  f"{cell(batch['total_ms'], 17, 1)} {batch['missing']:>7}")
+            prefix = f"{name}_{where}_whole_range"
+            figures[f"{prefix}_warmup_ms"] = batch["warmup_total_ms"]
+            for step in ("find", "forget", "add", "total"):
+                figures[f"{prefix}_{step}_ms"] = batch[f"{step}_ms"]["median"]  # type: ignore[index]
+            figures[f"{prefix}_total_ms_min"] = batch["total_ms"]["min"]  # type: ignore[index]
+            figures[f"{prefix}_total_ms_max"] = batch["total_ms"]["max"]  # type: ignore[index]
+            figures[f"{prefix}_missing"] = batch["missing"]
+        memory_batch, disk_batch = runs[name]["whole_range"], run["whole_range"]
+        ratios = {step: disk_batch[f"{step}_ms"]["median"] / memory_batch[f"{step}_ms"]["median"]
+                  for step in ("total", "find", "forget", "add")}
+        print(f"{'':<11} disk/memory: batch {ratios['total']:.2f}x (find {ratios['find']:.2f}x, forget "
+              f"{ratios['forget']:.2f}x, add {ratios['add']:.2f}x)")
+        for step, value in ratios.items():
+            figures[f"{name}_ratio_{'batch' if step == 'total' else step}_disk_vs_memory"] = round(value, 2)
+        figures[f"{name}_disk_after_batches_memory_bytes"] = run["after_batches_memory_bytes"]
+        figures[f"{name}_disk_after_batches_rss_bytes"] = run["after_batches_rss_bytes"]
+
+    print(f"\nforced checkpoint rewriting the run (median [min-max] of {CHECKPOINTS}: the first after the "
+          f"{1 + batches} batches, each other after one more), and the indexes' answers for {CHECK_KEYS:,} keys and "
+          "1,000 absent ones")
+    for name, run in disk.items():
+        agree = run["whole_range"]["answers"] == runs[name]["whole_range"]["answers"]
+        kept = run["answers_after_checkpoint"] == run["whole_range"]["answers"] == run["answers_after_reopen"]
+        seconds = run["checkpoint_s"]["median"]
+        print(f"  {name:<11} checkpoint {cell(run['checkpoint_s'], 18)} s ({run['rows'] / seconds / 1e6:.1f} M "
+              f"rows/s), peak RSS +{run['checkpoint_peak_rss_bytes'] / mib:.0f} MiB; memory_bytes after the batches "
+              f"{run['after_batches_memory_bytes'] / mib:.1f} MiB, RSS growth {run['after_batches_rss_bytes'] / mib:.1f}"
+              f" MiB; answers: on disk {'=' if agree else '!='} in memory, "
+              f"{'unchanged' if kept else 'CHANGED'} by the checkpoint and a reopen")
+        figures.update({
+            f"{name}_disk_checkpoint_s": seconds, f"{name}_disk_checkpoint_s_min": run["checkpoint_s"]["min"],
+            f"{name}_disk_checkpoint_s_max": run["checkpoint_s"]["max"],
+            f"{name}_disk_checkpoint_peak_rss_bytes": run["checkpoint_peak_rss_bytes"],
+            f"{name}_disk_answers_agree": agree, f"{name}_disk_answers_kept": kept,
+        })
+
+    scale = MIRROR_ROWS / rows
+    fence = MIRROR_ROWS / BLOCK * 8
+    print(f"\nEXTRAPOLATED (not measured): a mirror of {MIRROR_ROWS:,} rows, the per-row figures at {rows:,} rows "
+          "scaled linearly")
+    for name, run in disk.items():
+        peer = runs[name]
+        on_disk = run["disk_bytes_per_row"] * MIRROR_ROWS
+        reopen = run["reopen_ms"]["median"] / 1e3 * scale
+        print(f"  {name:<11} on disk {on_disk / 2**30:.1f} GiB; in memory fence {fence / mib:.1f} MiB + overlay "
+              f"{OVERLAY_BYTES / mib:.0f} MiB = {(fence + OVERLAY_BYTES) / mib:.0f} MiB (and the path table); reopen "
+              f"about {reopen:.0f} s (the run's checksums read: from the page cache, else at the device's speed); "
+              f"in memory instead {peer['bytes_per_row'] * MIRROR_ROWS / 2**30:.1f} GiB, rebuilt at each start in "
+              f"about {peer['build_s']['median'] * scale:.0f} s")
+        figures.update({
+            f"{name}_disk_gib_at_1e9_rows_extrapolated": round(on_disk / 2**30, 1),
+            f"{name}_disk_memory_mib_at_1e9_rows_extrapolated": round((fence + OVERLAY_BYTES) / mib, 1),
+            f"{name}_disk_reopen_s_at_1e9_rows_extrapolated": round(reopen, 1),
+            f"{name}_memory_rebuild_s_at_1e9_rows_extrapolated": round(peer["build_s"]["median"] * scale, 1),
+        })
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="1,000,000 rows, fewer repeats (under 2 minutes)")
     parser.add_argument("--rows", type=int, default=None)
     parser.add_argument("--data", type=Path, default=None,
                         help="a directory for the generated Parquet files (kept and reused); default: temporary")
+    parser.add_argument("--no-numpy", action="store_true",
+                        help="skip the text key's builds by the numpy fallback hash (when the C hash is built)")
     args = parser.parse_args()
     rows = args.rows or (1_000_000 if args.quick else 10_000_000)
     builds, batches = (3, 5) if args.quick else (3, 10)
@@ -445,13 +559,29 @@ def main() -> None:
             started = time.perf_counter()
             paths = write_files(directory, rows)
             print(f"wrote {rows:,} rows in {len(paths)} Parquet files in {time.perf_counter() - started:.1f} s")
-        runs = {"bigint": measure(paths, "id", rows, builds, batches)}
+
+        def whole_range(column: str) -> tuple[pa.Table, pa.Table]:
+            pool = whole_range_keys(paths, column, POOL_KEYS)
+            return pool, pa.concat_tables([pool.slice(0, CHECK_KEYS), absent_keys(column, 1_000)])
+
+        # each key: the in-memory index (the peer), then the one on disk, given the same whole-range batches
+        bigint = whole_range("id")
+        runs = {"bigint": measure(paths, "id", rows, builds, batches, bigint)}
+        disk = {"bigint": measure_disk(paths, "id", builds, batches, *bigint)}
+        del bigint
+        text = whole_range("key")
         if key_codes.accelerator is not None:
-            runs["text_c"] = measure(paths, "key", rows, builds, batches)
+            runs["text_c"] = measure(paths, "key", rows, builds, batches, text)
+            disk["text_c"] = measure_disk(paths, "key", builds, batches, *text)
         else:
             print("the C key hash (_keyhash) is not built here: text keys are hashed by numpy only")
         with hashing_by("numpy"):
-            runs["text_numpy"] = measure(paths, "key", rows, builds if args.quick else 2, batches)
+            if "text_c" not in disk:
+                runs["text_numpy"] = measure(paths, "key", rows, builds, batches, text)
+                disk["text_numpy"] = measure_disk(paths, "key", builds, batches, *text)
+            elif not args.no_numpy:
+                runs["text_numpy"] = measure(paths, "key", rows, builds if args.quick else 2, batches)
+        del text
 
     print(f"\nkey index of {rows:,} rows ({len(paths)} files of {ROWS_PER_FILE:,}); times: median [min-max] of "
           f"{builds} builds, {batches} batches of {BATCH:,} keys")
@@ -495,7 +625,8 @@ def main() -> None:
             figures[f"{name}_{batch}"] = run[batch]["median"]
             figures[f"{name}_{batch}_max"] = run[batch]["max"]
         figures[f"{name}_gib_at_1e9_rows"] = round(run["bytes_per_row"] * MIRROR_ROWS / 2**30, 1)
-    if "text_c" in runs:
+    figures.update(report_disk(rows, runs, disk, batches))
+    if "text_c" in runs and "text_numpy" in runs:
         figures["ratio_build_c_vs_numpy"] = round(runs["text_numpy"]["build_s"]["median"]
                                                   / runs["text_c"]["build_s"]["median"], 2)
         figures["ratio_codes_c_vs_numpy"] = round(runs["text_numpy"]["codes_s"]["median"]

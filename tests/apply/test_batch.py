@@ -491,7 +491,7 @@ def test_a_mirror_whose_index_does_not_fit_in_memory_keeps_it_on_disk_through_re
     goes on deleting by position (PyIceberg reads it after every batch; no equality delete is ever written). A
     clean stop saves it: the next start opens it without reading a data file. After a kill (nothing saved since
     the build) and a foreign compaction, the next start reads only what changed, and a damaged index is built
-    again, never trusted."""
+    again, never trusted; a TRUNCATE starts it over."""
     import numpy as np
 
     from pgcdc.index import mirror_index
@@ -507,10 +507,12 @@ def test_a_mirror_whose_index_does_not_fit_in_memory_keeps_it_on_disk_through_re
     rng = np.random.default_rng(7)
     lsn = 0
 
-    def batch(budget, inserts=0, updates=0, deletes=0):
+    def batch(budget, inserts=0, updates=0, deletes=0, truncate=False):
         nonlocal lsn
         lsn += 1
-        events = []
+        events = [("T", lsn, 0, {}, None)] if truncate else []
+        if truncate:
+            expected.clear()
         for i in range(inserts):
             key = len(expected) + 1_000_000 * lsn + i
             events.append(("I", lsn, len(events), {"id": key, "name": "new", "n": i % 100}, None))
@@ -563,6 +565,11 @@ def test_a_mirror_whose_index_does_not_fit_in_memory_keeps_it_on_disk_through_re
     budget = IndexBudget(1, tmp_path)
     batch(budget, updates=100, deletes=100)
     assert "cannot be trusted" in caplog.text and "indexed" in caplog.text
+
+    # a TRUNCATE replaces every row: the index on disk starts over from the new rows
+    batch(budget, truncate=True, inserts=300)
+    batch(budget, updates=100, deletes=50)
+    assert mirror.index.disk is not None and mirror.index.keys.rows == len(expected)
 
 
 @pytest.mark.parametrize("fold_max_rows", [None, 40], ids=["one-small-file", "small-files-graduate"])

@@ -78,13 +78,17 @@ class DiskRun:
         self.directory = directory
         self._maps: list[mmap.mmap] = []
         arrays = {}
-        for column in info.columns():
-            arrays[column] = self._map(directory / f"{info.name}.{column}", _dtype(column, info.hashed))
+        fence = directory / f"{info.name}.fence"
+        try:
+            for column in info.columns():
+                arrays[column] = self._map(directory / f"{info.name}.{column}", _dtype(column, info.hashed))
+            self.fence = np.fromfile(fence, dtype=_dtype("k1", info.hashed))
+        except FileNotFoundError as exc:
+            self.close()
+            raise DamagedIndex(f"{exc.filename} is missing") from None
         self.k1: np.ndarray = arrays["k1"]
         self.k2: np.ndarray | None = arrays.get("k2")
         self.loc: np.ndarray = arrays["loc"]
-        fence = directory / f"{info.name}.fence"
-        self.fence = np.fromfile(fence, dtype=_dtype("k1", info.hashed)) if info.rows else self.k1[:0].copy()
         if len(self.fence) != -(-info.rows // BLOCK):
             raise DamagedIndex(f"{fence} holds {len(self.fence)} values for {info.rows} entries")
 
@@ -267,6 +271,7 @@ class IndexDirectory:
         except BlockingIOError:
             self._lock.close()
             raise IndexInUse(f"{path} is in use by another process") from None
+        os.utime(path / "lock")  # when it was last opened: see prune_unused
 
     def read_manifest(self) -> Manifest | None:
         try:
@@ -316,6 +321,29 @@ class IndexDirectory:
 
 class IndexInUse(Exception):
     """Another process holds this index directory."""
+
+
+def prune_unused(directory: Path, *, older_than_seconds: float) -> list[Path]:
+    """Removes the index directories under ``directory`` that no process holds and none opened for
+    ``older_than_seconds`` (a mirror dropped and made again has a new uuid: its old index describes nothing);
+    returns them."""
+    import shutil
+    import time
+
+    removed = []
+    cutoff = time.time() - older_than_seconds
+    for entry in directory.iterdir() if directory.is_dir() else []:
+        lock = entry / "lock"
+        try:
+            if not entry.is_dir() or lock.stat().st_mtime > cutoff:
+                continue
+            with open(lock, "a") as file:
+                fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(entry)
+            removed.append(entry)
+        except (OSError, BlockingIOError):
+            continue  # in use, or not an index directory
+    return removed
 
 
 def default_index_directory() -> Path:

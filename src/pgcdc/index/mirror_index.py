@@ -50,7 +50,13 @@ import pyarrow.compute as pc
 
 from pgcdc.errors import Unindexable
 from pgcdc.iceberg.locations import local_path, object_path
-from pgcdc.index.disk_runs import DamagedIndex, IndexDirectory, IndexInUse, default_index_directory
+from pgcdc.index.disk_runs import (
+    DamagedIndex,
+    IndexDirectory,
+    IndexInUse,
+    default_index_directory,
+    prune_unused,
+)
 from pgcdc.index.key_codes import Codes, KeyCoder
 from pgcdc.index.key_index import KeyIndex, Located
 from pgcdc.spark.iceberg_java import holds_equality_deletes, java_items
@@ -423,6 +429,7 @@ class FileReader:
 
 
 BYTES_PER_ROW = 24  # what an index is planned at per row before it is built (KeyIndex holds 16-24)
+UNUSED_INDEX_SECONDS = 30 * 86400  # an index directory no start opened for this long is removed
 MIN_OVERLAY_BYTES = 1 << 20  # what an index on disk holds in memory beside its run at the least ...
 MAX_OVERLAY_BYTES = 256 << 20  # ... and at the most
 
@@ -442,6 +449,7 @@ class IndexBudget:
         self._indexes: list[MirrorIndex] = []
         self._reserved = 0  # bytes promised to indexes being built
         self._lock = threading.Lock()
+        self._pruned = False
 
     def reserve(self, rows: int) -> int | None:
         """Room for an in-memory index of about ``rows`` rows beside the indexes built or being built: the bytes
@@ -491,6 +499,12 @@ class IndexBudget:
         """The directory of ``table``'s index, locked for this process (:class:`Unindexable` when another process
         holds it, or it cannot be made)."""
         path = self.directory / str(table.operations().current().uuid())
+        with self._lock:
+            first, self._pruned = not self._pruned, True
+        if first:
+            for removed in prune_unused(self.directory, older_than_seconds=UNUSED_INDEX_SECONDS):
+                log.info("removed the key index %s: no mirror opened it for %d days", removed,
+                         UNUSED_INDEX_SECONDS // 86400)
         try:
             return IndexDirectory(path)
         except IndexInUse as exc:
