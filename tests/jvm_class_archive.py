@@ -62,10 +62,10 @@ def suite_archive() -> Path:
     import pyspark
 
     from pgcdc.spark.session import ensure_java
-    from pgcdc.spark.settings import LOCAL_FILE_SYSTEM_JAR, iceberg_runtime_jar
+    from pgcdc.spark.settings import PGCDC_JAR, iceberg_runtime_jar
 
     java = os.path.realpath(ensure_java())
-    jars = [str(LOCAL_FILE_SYSTEM_JAR), str(iceberg_runtime_jar())]
+    jars = [str(PGCDC_JAR), str(iceberg_runtime_jar())]
     # the layout of the class path the archive was dumped with: pgcdc's file system first, the Iceberg runtime
     # after Spark's jars (pgcdc.spark.session.jars_on_the_class_path)
     parts = [java, str(os.stat(java).st_mtime_ns), pyspark.__version__, "iceberg after spark", *jars]

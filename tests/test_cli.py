@@ -378,3 +378,28 @@ def test_apply_writer_is_chosen_by_flag_environment_or_config_file_and_checked(t
         assert "must be delta or merge" in _output(result) and "Traceback" not in _output(result)
         wanted = {"fast", "quick", "fastest"} & set(_output(result).replace("'", " ").split())
         assert wanted, _output(result)
+
+
+def test_partition_by_is_read_from_flags_and_config_files_and_bad_ones_refused_before_connecting(tmp_path):
+    """--partition-by TABLE=TRANSFORMS (repeated) and a config file's [partition-by] table reach the pipeline's
+    config; a spec it cannot read, or a table not named with its schema, is refused, saying which and why."""
+    from pgcdc.cli import _config_defaults, _partition_specs
+    from pgcdc.pipeline import PipelineConfig
+
+    specs = _partition_specs(["shop.orders=days(created_at), bucket(16, tenant)", '"Sales"."Order Lines"=id'])
+    config = PipelineConfig(dsn="host=h", publication="p", partition_by=specs)
+    assert {table: [str(t) for t in transforms] for table, transforms in config.partition_specs.items()} == {
+        ("shop", "orders"): ["day(created_at)", "bucket(16, tenant)"], ("Sales", "Order Lines"): ["id"]}
+    file = tmp_path / "pgcdc.toml"
+    file.write_text('[partition-by]\n"shop.orders" = "days(created_at)"\n"shop.lines" = ["bucket(4, id)", "v"]\n')
+    defaults = _config_defaults(["--config", str(file), "run"])
+    assert defaults is not None and sorted(defaults["run"]["partition_by"]) == [
+        "shop.lines=bucket(4, id), v", "shop.orders=days(created_at)"]
+    for given, message in ((["orders=days(at)"], "not a table named with its schema"),
+                           (["shop.orders=weeks(at)"], "is not a partition transform"),
+                           (["shop.orders"], "give SCHEMA.TABLE=TRANSFORMS"),
+                           (["shop.orders=a", "shop.orders=b"], "twice")):
+        result = pgcdc("run", "--dsn", "host=127.0.0.1 port=1", "-p", "pub",
+                       *[f"--partition-by={g}" for g in given])
+        assert result.returncode == 2 and message in _output(result), _output(result)
+        assert "Traceback" not in _output(result)

@@ -358,6 +358,10 @@ IndexDir = Annotated[str | None, typer.Option(
     "--index-dir", envvar="PGCDC_INDEX_DIR", metavar="DIR", rich_help_panel=PANEL_BATCHES,
     help="Where key indexes kept on disk live, one directory per mirror, reopened at a restart (default: "
          "~/.cache/pgcdc/index).")]
+PartitionBy = Annotated[list[str] | None, typer.Option(
+    "--partition-by", metavar="SCHEMA.TABLE=TRANSFORMS", rich_help_panel=PANEL_DESTINATION,
+    help="Partition the mirror pgcdc makes of a table, e.g. 'shop.orders=days(created_at), bucket(16, tenant)' "
+         "(transforms: column, years, months, days, hours, bucket(N, c), truncate(W, c)); repeat per table.")]
 CopyWorkers = Annotated[int, typer.Option(
     "--copy-workers", envvar="PGCDC_COPY_WORKERS", show_envvar=True, min=1, max=64, metavar="N",
     rich_help_panel=PANEL_COPY,
@@ -494,6 +498,21 @@ def _key_values(pairs: list[str] | None) -> dict[str, str]:
     return conf
 
 
+def _partition_specs(pairs: list[str] | None) -> dict[str, str]:
+    """``--partition-by SCHEMA.TABLE=TRANSFORMS`` flags as {table: transforms} (checked by the pipeline's config)."""
+    specs: dict[str, str] = {}
+    for pair in pairs or []:
+        table, sep, transforms = pair.partition("=")
+        if not sep or not table.strip() or not transforms.strip():
+            raise ConfigError(f"--partition-by {pair!r}: give SCHEMA.TABLE=TRANSFORMS, e.g. "
+                              "'shop.orders=days(created_at)'")
+        if table.strip() in specs:
+            raise ConfigError(f"--partition-by names {table.strip()} twice: give all its transforms in one, "
+                              "separated by commas")
+        specs[table.strip()] = transforms.strip()
+    return specs
+
+
 def _pipeline_config(**kwargs: Any):
     from pgcdc.pipeline import PipelineConfig
     from pgcdc.warehouse import require_writable_warehouse
@@ -550,6 +569,7 @@ def run(
     deletes: Deletes = _CONFIG.deletes,
     index_memory_mb: IndexMemory = None,
     index_dir: IndexDir = None,
+    partition_by: PartitionBy = None,
     apply_workers: ApplyWorkers = _CONFIG.apply_workers,
     consistent_every: ConsistentEvery = _CONFIG.consistent_seconds,
     no_consistent_tags: NoConsistentTags = False,
@@ -573,7 +593,7 @@ def run(
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
         snapshot_writer=snapshot_writer, apply_writer=apply, deletes=deletes, index_memory_mb=index_memory_mb,
-        index_dir=index_dir, apply_workers=apply_workers, consistent_seconds=None if no_consistent_tags else consistent_every,
+        index_dir=index_dir, partition_by=_partition_specs(partition_by), apply_workers=apply_workers, consistent_seconds=None if no_consistent_tags else consistent_every,
         snapshot_rows_per_task=snapshot_rows_per_task, copy_workers=copy_workers,
         memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout,
         on_conversion_error=on_conversion_error, on_identity_change=on_identity_change, maintenance=policy)
@@ -603,6 +623,7 @@ def snapshot(
     snapshot_writer: SnapshotWriter = "auto",
     snapshot_rows_per_task: SnapshotRowsPerTask = _CONFIG.snapshot_rows_per_task,
     copy_workers: CopyWorkers = _CONFIG.copy_workers,
+    partition_by: PartitionBy = None,
     *,
     destination: Destination,
 ) -> None:
@@ -613,7 +634,7 @@ def snapshot(
     config = _pipeline_config(dsn=dsn, publication=publication, slot=slot, destination=destination,
                               resnapshot=resnapshot,
                               snapshot_writer=snapshot_writer, snapshot_rows_per_task=snapshot_rows_per_task,
-                              copy_workers=copy_workers)
+                              copy_workers=copy_workers, partition_by=_partition_specs(partition_by))
     with SnapshotProgress(console) as bars:
         copied = Pipeline(config, on_progress=bars.update).snapshot()
     if not copied:
@@ -1157,6 +1178,10 @@ def _config_defaults(argv: list[str]) -> dict[str, Any] | None:
     _refuse_unknown_keys(path, settings, command)
     if isinstance(settings.get("spark"), dict):
         flat["conf"] = [f"{k}={v}" for k, v in settings["spark"].items()]
+    for key in ("partition-by", "partition_by"):  # [partition-by] "shop.orders" = "days(created_at)" (or a list)
+        if isinstance(settings.get(key), dict):
+            flat["partition_by"] = [f"{table}={', '.join(v) if isinstance(v, list) else v}"
+                                    for table, v in settings[key].items()]
     return _defaults_for(command, flat)
 
 
@@ -1167,7 +1192,7 @@ def _refuse_unknown_keys(path: str, settings: dict[str, Any], command: Any) -> N
     known = _option_names(command) | {"spark"}
     for key, value in settings.items():
         name = key.replace("-", "_")
-        if name in known and (name == "spark") == isinstance(value, dict):
+        if name in known and ((name == "spark") == isinstance(value, dict) or name == "partition_by"):
             continue
         if name == "spark" or isinstance(value, dict):
             raise ConfigError(f"config file {path}: [{key}] is not a known table; Spark settings go in [spark]")

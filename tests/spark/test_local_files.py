@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from py4j.protocol import Py4JJavaError
 
-from pgcdc.spark.settings import LOCAL_FILE_SYSTEM, LOCAL_FILE_SYSTEM_JAR, spark_settings
+from pgcdc.spark.settings import LOCAL_FILE_SYSTEM, PGCDC_JAR, spark_settings
 
 SOURCES = Path(__file__).parents[2] / "src" / "pgcdc" / "spark" / "java"
 
@@ -22,18 +22,18 @@ SOURCES = Path(__file__).parents[2] / "src" / "pgcdc" / "spark" / "java"
 def test_a_local_session_writes_files_with_pgcdcs_file_system_and_a_cluster_with_hadoops():
     local = spark_settings("/w")
     assert local["spark.hadoop.fs.file.impl"] == LOCAL_FILE_SYSTEM
-    assert local["spark.driver.extraClassPath"] == str(LOCAL_FILE_SYSTEM_JAR)
-    assert local["spark.executor.extraClassPath"] == str(LOCAL_FILE_SYSTEM_JAR)
-    assert LOCAL_FILE_SYSTEM_JAR.is_file()
+    assert local["spark.driver.extraClassPath"] == str(PGCDC_JAR)
+    assert local["spark.executor.extraClassPath"] == str(PGCDC_JAR)
+    assert PGCDC_JAR.is_file()
     # a class path of the user's own keeps its entries, first; a file system of the user's own is theirs
     mine = spark_settings("/w", conf={"spark.driver.extraClassPath": "/opt/mine.jar",
                                       "spark.hadoop.fs.file.impl": "org.example.Files"})
-    assert mine["spark.driver.extraClassPath"] == os.pathsep.join(["/opt/mine.jar", str(LOCAL_FILE_SYSTEM_JAR)])
+    assert mine["spark.driver.extraClassPath"] == os.pathsep.join(["/opt/mine.jar", str(PGCDC_JAR)])
     assert mine["spark.hadoop.fs.file.impl"] == "org.example.Files"
-    # a cluster's executors may not have the jar: Hadoop's own file system there
+    # a cluster's executors may not have the jar: Hadoop's own file system there; the driver, here, has it
     cluster = spark_settings("/w", local=False)
     assert "spark.hadoop.fs.file.impl" not in cluster
-    assert not [key for key in cluster if key.endswith("extraClassPath")]
+    assert [key for key in cluster if key.endswith("extraClassPath")] == ["spark.driver.extraClassPath"]
 
 
 def test_the_shipped_jar_is_what_its_sources_compile_to(tmp_path):
@@ -44,7 +44,7 @@ def test_the_shipped_jar_is_what_its_sources_compile_to(tmp_path):
     build_jar = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build_jar)
     built = build_jar.build(tmp_path / "built.jar")
-    with zipfile.ZipFile(built) as fresh, zipfile.ZipFile(LOCAL_FILE_SYSTEM_JAR) as shipped:
+    with zipfile.ZipFile(built) as fresh, zipfile.ZipFile(PGCDC_JAR) as shipped:
         assert fresh.namelist() == shipped.namelist()
         for name in fresh.namelist():
             assert fresh.read(name) == shipped.read(name), f"{name} differs from its source: run make jar"

@@ -128,11 +128,12 @@ def _commit_by_position(mirror: MirrorTable, reduction: Reduction, lsn: Lsn, tar
         committed = target.commit(rows, deletes, summary, table_properties=properties, replace_all=True,
                                   validate_from=indexed, clock=clock)
     else:
-        fold = small.plan(rows, deletes.files, built_on=indexed,
+        # a partitioned mirror's batch writes a file per partition: maintenance compacts them, nothing is folded
+        fold = small.plan(rows, deletes.files, built_on=None if target.partitioned else indexed,
                           equality_deletes=holds_equality_deletes(target.table.currentSnapshot()))
         clock.lap("fold")
-        committed = target.commit(fold.rows, PositionDeletes(fold.deletes), summary, table_properties=properties,
-                                  validate_from=indexed, removed=fold.remove_data,
+        committed = target.commit(fold.rows, PositionDeletes(fold.deletes, deletes.partitions), summary,
+                                  table_properties=properties, validate_from=indexed, removed=fold.remove_data,
                                   removed_deletes=fold.remove_deletes, clock=clock)
     _follow_commit(index, indexed, committed, located, rows, target, truncated=reduction.truncated, fold=fold)
     small.committed(committed, fold)
@@ -150,17 +151,21 @@ def _follow_commit(index: MirrorIndex, indexed: int | None, committed: Committed
         return
     key_layout = pa.schema([target.schema.field(n) for n in index.key_names])
     keys = in_layout(rows.select(index.key_names), key_layout)
+    # each data file holds the batch's rows it was given, in that order (all of them, unpartitioned)
+    written = [(file.path, keys.take(pa.array(file.rows[file.rows < rows.num_rows])), file.data_file)
+               for file in committed.written]
     with index.following():
         if truncated:
-            index.replaced(committed.snapshot_id, committed.data_path, keys)
+            index.replaced(committed.snapshot_id, written)
         else:
-            index.committed(committed.snapshot_id, located, committed.data_path, keys)
+            index.committed(committed.snapshot_id, located, written)
         if fold is not None and fold.folded_path is not None:  # added first: each key keeps its slot, then moves
             if committed.data_path is not None and fold.folded is not None and fold.folded.num_rows:
-                index.keys.add(committed.data_path, in_layout(fold.folded.select(index.key_names), key_layout),
-                               positions=np.arange(rows.num_rows, rows.num_rows + fold.folded.num_rows,
-                                                   dtype=np.int64))
-            index.keys.drop_file(fold.folded_path)
+                index.add_file(committed.data_path, in_layout(fold.folded.select(index.key_names), key_layout),
+                               committed.data_file, positions=np.arange(rows.num_rows,
+                                                                        rows.num_rows + fold.folded.num_rows,
+                                                                        dtype=np.int64))
+            index.drop_file(fold.folded_path)
 
 
 def _index(mirror: MirrorTable, target: RowDeltaWriter, budget: IndexBudget | None) -> MirrorIndex | None:

@@ -171,17 +171,17 @@ def position_deletes(index: MirrorIndex, located: Located | None) -> PositionDel
     from pgcdc.apply.row_delta import PositionDeletes
 
     if located is None:
-        return PositionDeletes({})
+        return PositionDeletes({}, index.partitions_of([]))
     present = located.file_ids >= 0
     if not present.any():
-        return PositionDeletes({})
+        return PositionDeletes({}, index.partitions_of([]))
     places = np.unique((located.file_ids[present].astype(np.int64) << 32) | located.positions[present])
     ids, positions = places >> 32, places & 0xFFFFFFFF
     files: dict[str, np.ndarray] = {}
     bounds = np.flatnonzero(np.diff(ids)) + 1
     for chunk_ids, chunk_positions in zip(np.split(ids, bounds), np.split(positions, bounds), strict=True):
         files[index.keys.path(int(chunk_ids[0]))] = chunk_positions
-    return PositionDeletes(files)
+    return PositionDeletes(files, index.partitions_of(list(files)))
 
 
 def _fill_unchanged_from_files(rows: pa.Table, keys: list[str], index: MirrorIndex, layout: pa.Schema) -> pa.Table:

@@ -14,7 +14,10 @@ changes, TRUNCATE); this module makes it durable:
   deletes name rows of older files only, and an equality delete applies only to data files of a *lower* data
   sequence number, so a row written in the same commit as the delete of its key survives it, while every older
   row with that key is gone;
-- a batch that begins by emptying the mirror (TRUNCATE) is one overwrite of every row by the new file.
+- a batch that begins by emptying the mirror (TRUNCATE) is one overwrite of every row by the new file;
+- a partitioned mirror gets a data file per partition its rows fall in (:mod:`pgcdc.iceberg.partition_values`), and a
+  position-delete file per partition of the data files its deletes name, each labelled with its partition (and
+  its spec: a file written before the user evolved the spec keeps its own).
 
 A commit that loses a race with another writer (a maintenance commit) is retried by Iceberg on the new
 table state with the same files; the position is in the same commit, so it lands once or not at all. The
@@ -38,13 +41,19 @@ from pgcdc.apply.steps import StepClock
 from pgcdc.faults import injection_point
 from pgcdc.iceberg.locations import local_path
 from pgcdc.iceberg.parquet import layout_schema, parquet_footer, write_parquet
+from pgcdc.iceberg.partition_specs import PartitionField, UnsupportedPartitioning, spec_fields
+from pgcdc.iceberg.partition_values import partition_rows
 from pgcdc.spark.iceberg_java import (
+    PartitionsUnavailable,
     commit_outcome_unknown,
     data_file,
     footer_metrics,
     iceberg_classes,
     parquet_compression,
     parquet_layout,
+    partition_data,
+    partition_spec_json,
+    schema_json,
     steps_where_cheapest,
 )
 
@@ -66,22 +75,36 @@ POSITION_DELETE_SCHEMA = pa.schema([
 @dataclass(frozen=True)
 class PositionDeletes:
     """Rows removed by their place: per data file (its location exactly as the table's manifests hold it, which
-    is how readers match them), the positions of its rows that go."""
+    is how readers match them), the positions of its rows that go. ``partitions``: of a table with a partitioned
+    spec (now or before), each data file's spec id and partition (a Java ``StructLike``), which its deletes share."""
 
     files: dict[str, np.ndarray]
+    partitions: Mapping[str, tuple[int, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Written:
+    """A data file a commit added: its location, its Iceberg ``DataFile``, and which rows of the batch it holds, in
+    its order (row i of the file is row ``rows[i]`` of the batch)."""
+
+    path: str
+    data_file: Any
+    rows: np.ndarray
 
 
 @dataclass(frozen=True)
 class Committed:
     """A commit that landed: its snapshot and that snapshot's parent (another writer's, when Iceberg retried the
-    commit on top of a commit made meanwhile), the data file it added (None: none) and its Iceberg ``DataFile``,
-    and the position-delete file's ``DeleteFile``."""
+    commit on top of a commit made meanwhile), the data files it added, and — when it wrote one data file and one
+    position-delete file, which is what folding carries to the next commit — that data file's location and
+    ``DataFile`` and the delete file's ``DeleteFile``."""
 
     snapshot_id: int
     parent_id: int | None
     data_path: str | None
     data_file: Any = None
     delete_file: Any = None
+    written: tuple[Written, ...] = ()
 
 
 class RowDeltaWriter:
@@ -100,13 +123,26 @@ class RowDeltaWriter:
             self.layout_problem, layout = str(exc), []
         self.schema = layout_schema(layout)
         self.compression = parquet_compression(self.table)
+        self.spec = self.table.spec()
+        self.partitioned = bool(self.spec.isPartitioned())
+        self.partition_fields: list[PartitionField] = []
+        self.partition_problem: str | None = None
+        if self.partitioned:
+            try:
+                self.partition_fields = spec_fields(partition_spec_json(self.spec), schema_json(self.table))
+            except UnsupportedPartitioning as exc:
+                self.partition_problem = f"its partition spec holds {exc}"
+            if iceberg_classes().partitions is None:
+                self.partition_problem = str(PartitionsUnavailable())
 
     def unwritable(self, key_columns: list[str]) -> str | None:
         """Why the row-delta writer cannot write this mirror (the MERGE writer does), or None when it can.
         ``key_columns``: the columns its equality deletes would name (every column of a table without a key;
         none when it deletes by position)."""
-        if self.table.spec().isPartitioned():
-            return "it is partitioned"
+        if self.partition_problem is not None:
+            return self.partition_problem
+        if self.partitioned and key_columns:
+            return "it is partitioned, and deletes by equality (deleting by position, the default, writes it)"
         if int(self.table.operations().current().formatVersion()) < 2:
             return "it is an Iceberg format-version 1 table, which has no delete files"
         if self.layout_problem is not None:
@@ -133,27 +169,22 @@ class RowDeltaWriter:
         (apply/fold.py): no data or delete file may have been added since ``validate_from``.
         ``clock`` times the files and the commit."""
         clock = clock or StepClock()
-        classes = iceberg_classes()
         written: list[str] = []
-        data_path = None
         try:
             injection_point("apply.delta-write")
-            data = None
-            if rows is not None and rows.num_rows:
-                data_path, size, footer = self._write(rows, self.schema, written)
-                data = data_file(self.spark, self.table, data_path, size, footer,
-                                 metrics_config=classes.metrics_for_table(self.table))
+            added = self._data_files(rows, written) if rows is not None and rows.num_rows else []
             clock.lap("data file")
             injection_point("apply.delta-deletes")
-            delete_file = None if replace_all else self._delete_file(deletes, written)
+            delete_files = [] if replace_all else self._delete_files(deletes, written)
             clock.lap("delete file")
             injection_point("apply.delta-commit")
             # one transaction: the snapshot and the table properties land in one metadata file, or neither
             transaction = self.table.newTransaction()
+            classes = iceberg_classes()
             if replace_all:
                 operation = transaction.newOverwrite().overwriteByRowFilter(classes.always_true)
-                if data is not None:
-                    operation = operation.addFile(data)
+                for file in added:
+                    operation = operation.addFile(file.data_file)
             else:
                 operation = transaction.newRowDelta()
                 start = validate_from if validate_from is not None else (
@@ -176,9 +207,9 @@ class RowDeltaWriter:
                     operation = operation.removeRows(old)
                 for old in removed_deletes:
                     operation = operation.removeDeletes(old)
-                if data is not None:
-                    operation = operation.addRows(data)
-                if delete_file is not None:
+                for file in added:
+                    operation = operation.addRows(file.data_file)
+                for delete_file in delete_files:
                     operation = operation.addDeletes(delete_file)
             # a truncate's overwrite removes every file, as replace_with_files's does
             operation = steps_where_cheapest(operation, self.table, self.start_snapshot,
@@ -196,8 +227,13 @@ class RowDeltaWriter:
             snapshot = transaction.table().currentSnapshot()
             parent = snapshot.parentId()
             clock.lap("commit")
-            return Committed(int(snapshot.snapshotId()), None if parent is None else int(parent), data_path, data,
-                             delete_file if isinstance(deletes, PositionDeletes) else None)
+            # folding carries one data file and one position-delete file to the next commit
+            single = added[0] if len(added) == 1 and not self.partitioned else None
+            delete_file = delete_files[0] if len(delete_files) == 1 and isinstance(deletes, PositionDeletes) \
+                and not self.partitioned else None
+            return Committed(int(snapshot.snapshotId()), None if parent is None else int(parent),
+                             None if single is None else single.path, None if single is None else single.data_file,
+                             delete_file, tuple(added))
         except Exception as exc:
             if commit_outcome_unknown(exc):
                 log.error("the commit's outcome is unknown; its files are kept: %s", ", ".join(written))
@@ -205,37 +241,68 @@ class RowDeltaWriter:
                 self._remove(written)
             raise
 
-    def _delete_file(self, deletes: pa.Table | PositionDeletes | None, written: list[str]) -> Any:
-        """The delete file of ``deletes`` (None: nothing to delete): equality deletes on the table's columns, or
-        position deletes (``file_path``, ``pos`` sorted, as the spec asks), their metrics from the footer."""
+    def _data_files(self, rows: pa.Table, written: list[str]) -> list[Written]:
+        """``rows`` as data files: one, or one per partition their values fall in."""
         classes = iceberg_classes()
+        metrics_config = classes.metrics_for_table(self.table)
+        if not self.partitioned:
+            path, size, footer = self._write(rows, self.schema, written)
+            return [Written(path, data_file(self.spark, self.table, path, size, footer, metrics_config=metrics_config),
+                            np.arange(rows.num_rows))]
+        files = []
+        for group in partition_rows(rows, self.partition_fields):
+            partition = partition_data(self.spec, group.values)
+            path, size, footer = self._write(rows.take(pa.array(group.rows)), self.schema, written,
+                                             partition=partition)
+            files.append(Written(path, data_file(self.spark, self.table, path, size, footer,
+                                                 metrics_config=metrics_config, partition=partition), group.rows))
+        return files
+
+    def _delete_files(self, deletes: pa.Table | PositionDeletes | None, written: list[str]) -> list[Any]:
+        """The delete files of ``deletes`` (none: nothing to delete): equality deletes on the table's columns, or
+        position deletes (``file_path``, ``pos`` sorted, as the spec asks), their metrics from the footer — one
+        file per spec and partition of the data files they name."""
         if isinstance(deletes, PositionDeletes):
             if not deletes.files:
-                return None
-            paths = sorted(deletes.files)
-            positions = [np.sort(deletes.files[path]) for path in paths]
-            rows = pa.Table.from_arrays(
-                [pa.array(np.repeat(np.array(paths, dtype=object), [len(p) for p in positions]), pa.string()),
-                 pa.array(np.concatenate(positions), pa.int64())], schema=POSITION_DELETE_SCHEMA)
-            path, size, footer = self._write(rows, POSITION_DELETE_SCHEMA, written)
-            metrics = footer_metrics(footer, classes.metrics_for_position_deletes(self.table))
-            builder = (classes.delete_file_builder(self.table.spec()).ofPositionDeletes()
-                       .withPath(path).withFormat(classes.PARQUET).withFileSizeInBytes(size)
-                       .withMetrics(metrics))
-            if len(paths) == 1:  # readers that match delete files to data files by it go straight to the one
-                builder = builder.withReferencedDataFile(paths[0])
-            return builder.build()
+                return []
+            if deletes.partitions is None:
+                return [self._position_delete_file(deletes.files, self.spec, None, written)]
+            return [self._position_delete_file(files, self.table.specs().get(spec_id), partition, written)
+                    for spec_id, partition, files in _by_partition(deletes)]
         if deletes is None or not deletes.num_rows:
-            return None
+            return []
         names = deletes.column_names
         key_schema = pa.schema([self.schema.field(name) for name in names])
         path, size, footer = self._write(deletes, key_schema, written)
-        return data_file(self.spark, self.table, path, size, footer, equality_ids=self.field_ids(names))
+        return [data_file(self.spark, self.table, path, size, footer, equality_ids=self.field_ids(names))]
 
-    def _write(self, rows: pa.Table, schema: pa.Schema, written: list[str]) -> tuple[str, int, bytes]:
+    def _position_delete_file(self, files: Mapping[str, np.ndarray], spec: Any, partition: Any,
+                              written: list[str]) -> Any:
+        classes = iceberg_classes()
+        paths = sorted(files)
+        positions = [np.sort(files[path]) for path in paths]
+        rows = pa.Table.from_arrays(
+            [pa.array(np.repeat(np.array(paths, dtype=object), [len(p) for p in positions]), pa.string()),
+             pa.array(np.concatenate(positions), pa.int64())], schema=POSITION_DELETE_SCHEMA)
+        path, size, footer = self._write(rows, POSITION_DELETE_SCHEMA, written, partition=partition, spec=spec)
+        metrics = footer_metrics(footer, classes.metrics_for_position_deletes(self.table))
+        builder = (classes.delete_file_builder(spec).ofPositionDeletes()
+                   .withPath(path).withFormat(classes.PARQUET).withFileSizeInBytes(size)
+                   .withMetrics(metrics))
+        if partition is not None:
+            builder = builder.withPartition(partition)
+        if len(paths) == 1:  # readers that match delete files to data files by it go straight to the one
+            builder = builder.withReferencedDataFile(paths[0])
+        return builder.build()
+
+    def _write(self, rows: pa.Table, schema: pa.Schema, written: list[str], *, partition: Any = None,
+               spec: Any = None) -> tuple[str, int, bytes]:
         """``rows`` as one Parquet file in ``schema`` (field ids, Iceberg's types) at a new location of the
-        table; returns its path, size and footer."""
-        path = str(self.table.locationProvider().newDataLocation(f"{uuid.uuid4()}.parquet"))
+        table (under its partition's, when given); returns its path, size and footer."""
+        name = f"{uuid.uuid4()}.parquet"
+        provider = self.table.locationProvider()
+        path = str(provider.newDataLocation(spec or self.spec, partition, name) if partition is not None
+                   else provider.newDataLocation(name))
         written.append(path)
         local = local_path(path)
         if local is not None:
@@ -263,3 +330,25 @@ class RowDeltaWriter:
                 self.table.io().deleteFile(path)
             except Exception as exc:
                 log.warning("could not remove %s of a failed commit: %s", path, exc)
+
+
+def _by_partition(deletes: PositionDeletes) -> list[tuple[int, Any, dict[str, np.ndarray]]]:
+    """The files of ``deletes`` grouped by their data files' spec and partition (Java's ``equals``, within a
+    bucket of its ``hashCode``: one round trip a file, not one a pair)."""
+    assert deletes.partitions is not None
+    groups: list[tuple[int, Any, dict[str, np.ndarray]]] = []
+    by_hash: dict[tuple[int, int], list[int]] = {}
+    for path, positions in deletes.files.items():
+        held = deletes.partitions.get(path)
+        if held is None:
+            raise KeyError(f"the partition of {path}, a data file its deletes name, is not known")
+        spec_id, partition = held
+        bucket = by_hash.setdefault((spec_id, 0 if partition is None else int(partition.hashCode())), [])
+        for index in bucket:
+            if partition is None or groups[index][1] is None or groups[index][1].equals(partition):
+                groups[index][2][path] = positions
+                break
+        else:
+            bucket.append(len(groups))
+            groups.append((spec_id, partition, {path: positions}))
+    return groups

@@ -83,6 +83,9 @@ class MirrorIndex:
         self.snapshot_id: int | None = None
         self.consistent = True  # False while a commit is being followed: a failure there leaves it half-moved
         self.files: FileReader  # set by index_for
+        # of a table with a partitioned spec (now or before): each data file's spec id and partition (a Java
+        # StructLike), which a position-delete file naming it must carry; None for a table never partitioned
+        self.partitions: dict[str, tuple[int, Any]] | None = None
 
     def _new_keys(self) -> KeyIndex:
         return KeyIndex(multiset=self.multiset, disk=self.disk, overlay_bytes=self.overlay_bytes)
@@ -120,8 +123,9 @@ class MirrorIndex:
         self.keys = self._new_keys()
         snapshot = table.currentSnapshot()
         self.snapshot_id = None if snapshot is None else int(snapshot.snapshotId())
+        self.partitions = {} if _ever_partitioned(table) else None
         if snapshot is not None:
-            planned = _planned(table, snapshot)
+            planned = self._planned(table, snapshot)
             self._add_surviving(table, planned, files, _DeleteFiles(self, files))
         self.consistent = True
         self.save(force=True)
@@ -169,11 +173,14 @@ class MirrorIndex:
         self.keys.close()
         self.keys = keys
         current_id = int(current.snapshotId())
+        self.partitions = {} if _ever_partitioned(table) else None
         if manifest.snapshot_id == current_id:
             self.snapshot_id = current_id
+            if self.partitions is not None:
+                self._planned(table, current)  # each data file's partition
             log.info("%s: opened its index of %d rows on disk", table.name(), keys.rows)
             return True
-        planned = _planned(table, current)
+        planned = self._planned(table, current)
         held = set(keys.paths())
         live = {path for path, _ in planned}
         added = [(path, applying) for path, applying in planned if path not in held]
@@ -185,6 +192,7 @@ class MirrorIndex:
         gone = sorted(held - live)
         with self.following():
             keys.drop_many(gone, dropped)
+            self._forget_partitions(gone)
             self._add_surviving(table, added, files, deletes)
             self.snapshot_id = current_id
         log.info("%s: opened its index of %d rows on disk, saved at snapshot %s: %d data files added and %d "
@@ -218,6 +226,7 @@ class MirrorIndex:
                 # what left, in one pass over the index: a location once gone never comes back (data files are
                 # immutable, their paths never reused), so dropping it after later snapshots' rows came is the same
                 self.keys.drop_many(removed, {path: np.concatenate(parts) for path, parts in dropped.items()})
+                self._forget_partitions(removed)
                 self.snapshot_id = current_id
         except _CannotFollow as exc:
             log.info("%s: indexing it again (%s)", table.name(), exc)
@@ -228,7 +237,11 @@ class MirrorIndex:
         """One snapshot someone else committed, followed: the rows it added enter the index now (a keyed entry
         then moves within its slot when a compaction rewrites its row), the files it removed and the rows its
         position deletes remove are noted in ``removed`` and ``dropped``, to leave it in one pass."""
-        added = [str(data.location()) for data in java_items(snapshot.addedDataFiles(io))]
+        added_files = java_items(snapshot.addedDataFiles(io))
+        added = [str(data.location()) for data in added_files]
+        if self.partitions is not None:
+            for path, data in zip(added, added_files, strict=True):
+                self.partitions[path] = (int(data.specId()), data.partition())
         for path, keys in zip(added, files.read_each(added, self.key_fields(), self.layout), strict=True):
             self.keys.add(path, keys)
         removed += [str(data.location()) for data in java_items(snapshot.removedDataFiles(io))]
@@ -242,20 +255,63 @@ class MirrorIndex:
         return [self.layout.field(name) for name in self.key_names]
 
     # -- a batch ---------------------------------------------------------------------------------------------
-    def committed(self, snapshot_id: int, deleted: Located | None, path: str | None, rows: pa.Table | None) -> None:
-        """pgcdc's own commit landed as ``snapshot_id``: the ``deleted`` entries are gone, the rows of the data
-        file at ``path`` are there at their positions. (Called within :meth:`following`.)"""
+    def committed(self, snapshot_id: int, deleted: Located | None, written: list[tuple[str, pa.Table, Any]]
+                  ) -> None:
+        """pgcdc's own commit landed as ``snapshot_id``: the ``deleted`` entries are gone, and each data file it
+        wrote — (location, its rows' keys in file order, its ``DataFile``) — holds its rows at their positions.
+        (Called within :meth:`following`.)"""
         if deleted is not None:
             self.keys.forget(deleted)
-        if path is not None and rows is not None and rows.num_rows:
-            self.keys.add(path, rows.select(self.key_names))
+        for path, rows, data_file in written:
+            self.add_file(path, rows, data_file)
         self.snapshot_id = snapshot_id
 
-    def replaced(self, snapshot_id: int, path: str | None, rows: pa.Table | None) -> None:
-        """pgcdc's own commit replaced every row (a TRUNCATE): the index holds the new file's rows only."""
+    def add_file(self, path: str, rows: pa.Table, data_file: Any, positions: np.ndarray | None = None) -> None:
+        """The rows of a data file pgcdc wrote (at ``positions``, default 0..n-1)."""
+        if self.partitions is not None and data_file is not None:
+            self.partitions[path] = (int(data_file.specId()), data_file.partition())
+        if rows.num_rows:
+            self.keys.add(path, rows.select(self.key_names), positions)
+
+    def drop_file(self, path: str) -> None:
+        """A data file pgcdc's own commit removed (folded into its new one)."""
+        self.keys.drop_file(path)
+        self._forget_partitions([path])
+
+    def replaced(self, snapshot_id: int, written: list[tuple[str, pa.Table, Any]]) -> None:
+        """pgcdc's own commit replaced every row (a TRUNCATE): the index holds the new files' rows only."""
         self.keys.close()
         self.keys = self._new_keys()
-        self.committed(snapshot_id, None, path, rows)
+        if self.partitions is not None:
+            self.partitions.clear()
+        self.committed(snapshot_id, None, written)
+
+    def partitions_of(self, paths: Iterator[str] | list[str]) -> dict[str, tuple[int, Any]] | None:
+        """The spec id and partition of each of these data files (None: the table was never partitioned)."""
+        if self.partitions is None:
+            return None
+        return {path: self.partitions[path] for path in paths if path in self.partitions}
+
+    def _forget_partitions(self, paths: list[str]) -> None:
+        if self.partitions is not None:
+            for path in paths:
+                self.partitions.pop(path, None)
+
+    def _planned(self, table: Any, snapshot: Any) -> list[tuple[str, list[Any]]]:
+        """(data file, the delete files applying to it) of a snapshot, in the order Iceberg plans them; each
+        file's partition noted (of a table ever partitioned)."""
+        tasks = table.newScan().useSnapshot(snapshot.snapshotId()).planFiles()
+        try:
+            planned = []
+            for task in java_items(tasks):
+                file = task.file()
+                path = str(file.location())
+                if self.partitions is not None:
+                    self.partitions[path] = (int(file.specId()), file.partition())
+                planned.append((path, java_items(task.deletes())))
+            return planned
+        finally:
+            tasks.close()
 
 
 class _CannotFollow(Exception):
@@ -328,13 +384,9 @@ def _field_id(field: pa.Field) -> int:
     return int(field.metadata[b"PARQUET:field_id"])
 
 
-def _planned(table: Any, snapshot: Any) -> list[tuple[str, list[Any]]]:
-    """(data file, the delete files applying to it) of a snapshot, in the order Iceberg plans them."""
-    tasks = table.newScan().useSnapshot(snapshot.snapshotId()).planFiles()
-    try:
-        return [(str(task.file().location()), java_items(task.deletes())) for task in java_items(tasks)]
-    finally:
-        tasks.close()
+def _ever_partitioned(table: Any) -> bool:
+    """Whether any spec of the table partitions it: then its files' partitions must be known to delete from them."""
+    return any(bool(spec.isPartitioned()) for spec in table.specs().values())
 
 
 def _snapshots_after(table: Any, current: Any, indexed: int | None) -> list[Any] | None:

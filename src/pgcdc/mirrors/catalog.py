@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pgcdc.errors import ConfigError, IdentityChangedError
+from pgcdc.iceberg.partition_specs import PartitionTransform
 from pgcdc.lsn import Lsn
 from pgcdc.mirrors.positions import MirrorPositions
 from pgcdc.mirrors.properties import (
@@ -185,13 +186,15 @@ class MirrorNames:
 class MirrorCatalog(MirrorNames):
     """The mirrors of one pgcdc pipeline, through Spark: ``<catalog>.<namespace>.<source schema>.<source table>``."""
 
-    def __init__(self, spark: SparkSession, destination: Destination, *, slot: str | None = None) -> None:
+    def __init__(self, spark: SparkSession, destination: Destination, *, slot: str | None = None,
+                 partition_by: Mapping[tuple[str, str], Sequence[PartitionTransform]] | None = None) -> None:
         """The mirrors of ``destination``'s namespace. ``slot``: the replication slot the mirrors stream from,
         recorded in each mirror it creates or opens (None: a reader such as ``pgcdc status``, which records
-        nothing)."""
+        nothing). ``partition_by``: the partition spec of the mirrors it creates, by source (schema, table)."""
         super().__init__(destination.catalog, destination.namespace)
         self.spark = spark
         self.slot = slot
+        self.partition_by = dict(partition_by or {})
         self._tables: dict[tuple[str, str], MirrorTable] = {}
         self._readable: set[str] = set()  # tables found usable; only this catalog drops them (_drop)
         self._namespaces: set[str] = set()  # source schemas whose namespace this process made or found
@@ -282,6 +285,8 @@ class MirrorCatalog(MirrorNames):
         else:
             mirror = self._table(spec, self._evolve(identifier, spec, current))
             self._open(mirror, known, properties, replacing_rows=replacing_rows, table=table)
+            if known is None and table is not None:
+                self._tell_other_partitioning(spec, table)
         self._tables[key] = mirror
         return mirror
 
@@ -345,10 +350,32 @@ class MirrorCatalog(MirrorNames):
         identifier = self.identifier_for(source_schema, source_table)
         return set(self.spark.table(identifier).schema.names) if self.readable(identifier) else None
 
+    def _tell_other_partitioning(self, spec: TableSpec, table: Any) -> None:
+        """A mirror made before, whose partition spec is not the one --partition-by gives it now: said once (a spec
+        is given at creation; pgcdc writes whatever spec the mirror has, evolved by its users or not)."""
+        wanted = self.partition_by.get((spec.source_schema, spec.source_table))
+        if wanted is None:
+            return
+        from pgcdc.iceberg.partition_specs import spec_fields
+        from pgcdc.spark.iceberg_java import partition_spec_json, schema_json
+
+        has = [f.as_given() for f in spec_fields(partition_spec_json(table.spec()), schema_json(table))]
+        if has != list(wanted):
+            log.warning("%s: its mirror is partitioned by [%s], not by the [%s] --partition-by gives: a partition "
+                        "spec is given when a mirror is made. To change it, evolve the mirror's spec (ALTER TABLE "
+                        "... ADD/DROP PARTITION FIELD; pgcdc writes the new spec from its next batch), or copy the "
+                        "table again", spec.source, ", ".join(str(t) for t in has) or "nothing",
+                        ", ".join(str(t) for t in wanted))
+
     def _create(self, identifier: str, spec: TableSpec) -> None:
         missing = [k for k in spec.key_columns if k not in spec.spark_schema.names]
         if missing:
             raise ConfigError(f"{spec.source}: key columns {missing} are not among its columns")
+        partitioning = self.partition_by.get((spec.source_schema, spec.source_table), ())
+        unknown = [str(t) for t in partitioning if t.column not in spec.spark_schema.names]
+        if unknown:
+            raise ConfigError(f"--partition-by {spec.source}: {', '.join(unknown)} names no column of the table "
+                              f"(its columns: {', '.join(spec.spark_schema.names)})")
         # Iceberg identifier fields must be required columns.
         columns = ", ".join(
             f"{quote(f.name)} {ddl_type(f.dataType)}{' NOT NULL' if f.name in spec.key_columns else ''}"
@@ -365,8 +392,22 @@ class MirrorCatalog(MirrorNames):
             **({SHAPE_PROPERTY: spec.shape.encode()} if spec.shape is not None else {}),
         }
         self.ensure_namespace(spec.source_schema)
-        self.spark.sql(f"CREATE TABLE {identifier} ({columns}) USING iceberg TBLPROPERTIES ("
-                       + ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items()) + ")")
+        partitioned = f" PARTITIONED BY ({', '.join(t.ddl() for t in partitioning)})" if partitioning else ""
+        statement = (f"CREATE TABLE {identifier} ({columns}) USING iceberg{partitioned} TBLPROPERTIES ("
+                     + ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items()) + ")")
+        if not partitioning:
+            self.spark.sql(statement)
+        else:
+            from py4j.protocol import Py4JJavaError
+            from pyspark.errors import PySparkException
+
+            try:
+                self.spark.sql(statement)
+            except (PySparkException, Py4JJavaError) as exc:  # a transform of a type it does not take: days(text)
+                reason = str(exc.java_exception.getMessage()) if isinstance(exc, Py4JJavaError) else \
+                    next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+                raise ConfigError(f"--partition-by {spec.source}={', '.join(str(t) for t in partitioning)}: "
+                                  f"Iceberg refuses it: {reason.strip()[:300]}") from None
         refused = [k for k in spec.key_columns if not _can_identify(spec.spark_schema[k].dataType)]
         if spec.key_columns and not refused:
             self.spark.sql(f"ALTER TABLE {identifier} SET IDENTIFIER FIELDS "
@@ -374,7 +415,8 @@ class MirrorCatalog(MirrorNames):
         elif refused:  # the key stays pgcdc's (pgcdc.key); Iceberg's identifier fields are only a declaration
             log.info("%s: no Iceberg identifier fields for %s: its key holds %s, which Iceberg does not take as "
                      "identifier fields (floating-point or nested types)", identifier, spec.source, ", ".join(refused))
-        log.info("created mirror %s for %s (key: %s)", identifier, spec.source, ", ".join(spec.key_columns) or "none")
+        log.info("created mirror %s for %s (key: %s%s)", identifier, spec.source, ", ".join(spec.key_columns) or "none",
+                 f"; partitioned by {', '.join(str(t) for t in partitioning)}" if partitioning else "")
 
     def ensure_namespace(self, source_schema: str) -> None:
         """The namespace of ``source_schema``'s mirrors, made if missing: once per process and schema. Called
@@ -475,5 +517,6 @@ def ddl_type(data_type: DataType) -> str:
     if isinstance(data_type, MapType):
         return f"MAP<{ddl_type(data_type.keyType)}, {ddl_type(data_type.valueType)}>"
     return data_type.simpleString()
+
 
 

@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from pgcdc.errors import ConfigError
+from pgcdc.iceberg.partition_specs import PartitionTransform, parse_transforms
 from pgcdc.lsn import Lsn
 from pgcdc.mirrors.maintenance import MaintenancePolicy
 from pgcdc.replication.slots import slot_name_problem
 from pgcdc.secrets import parse_dsn
 from pgcdc.spark.destination import Destination
+
+_NAME_PART = r'(?:"((?:[^"]|"")+)"|([^".\s]+))'
+_QUALIFIED = re.compile(rf"^\s*{_NAME_PART}\.{_NAME_PART}\s*$")
+
+
+def source_table(name: str) -> tuple[str, str]:
+    """A published table's name as users write it, ``schema.table`` (a part in double quotes when it holds a dot,
+    a quote or capitals: ``"Sales"."Order Lines"``), as (schema, table) as PostgreSQL names them."""
+    match = _QUALIFIED.match(name)
+    if match is None:
+        raise ValueError(f"{name!r} is not a table named with its schema, e.g. public.orders")
+    schema_quoted, schema_plain, table_quoted, table_plain = match.groups()
+    schema = schema_quoted.replace('""', '"') if schema_quoted is not None else schema_plain.lower()
+    table = table_quoted.replace('""', '"') if table_quoted is not None else table_plain.lower()
+    return schema, table
 
 
 @dataclass
@@ -50,6 +67,8 @@ class PipelineConfig:
     index_memory_mb: int | None = None  # what the key indexes may take together (None: a quarter of the memory; 0:
     # every index kept on disk)
     index_dir: str | None = None  # where indexes that do not fit are kept on disk (None: ~/.cache/pgcdc/index)
+    # the partition spec of the mirrors pgcdc makes, by source table: {"shop.orders": "days(created_at), ..."}
+    partition_by: dict[str, str] = field(default_factory=dict)
     # how many mirrors of a batch are applied at once (1: one after another). Side by side is not the default: with
     # --changelog, and someone else's compaction committing beside the stream, a test lost deletes of a mirror
     # (1 run in 3 or 4; never one after another, nor side by side without the change log); until that is
@@ -116,10 +135,26 @@ class PipelineConfig:
             problems.append(f"copy workers {self.copy_workers} must be 1 to 64")
         if self.snapshot_rows_per_task < 1:
             problems.append(f"snapshot rows per task {self.snapshot_rows_per_task} must be at least 1")
+        problems += self._partition_problems()
         problems += self.maintenance.problems()
         if problems:
             raise ConfigError("; ".join(problems))
 
+
+    def _partition_problems(self) -> list[str]:
+        problems = []
+        for table, transforms in self.partition_by.items():
+            try:
+                source_table(table)
+                parse_transforms(transforms)
+            except ValueError as exc:
+                problems.append(f"--partition-by {table}={transforms}: {exc}")
+        return problems
+
+    @property
+    def partition_specs(self) -> dict[tuple[str, str], list[PartitionTransform]]:
+        """``partition_by`` read: the transforms of each source (schema, table)."""
+        return {source_table(table): parse_transforms(transforms) for table, transforms in self.partition_by.items()}
 
     @property
     def index_memory_bytes(self) -> int:

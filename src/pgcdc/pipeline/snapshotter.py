@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from pgcdc.checkpoint import refuse_lost_slot, refuse_positions_ahead
-from pgcdc.errors import ConversionError
+from pgcdc.errors import ConfigError, ConversionError
 from pgcdc.faults import injection_point
 from pgcdc.lsn import Lsn
 from pgcdc.mirrors.status import namespace_positions, slot_mirrors_of
@@ -51,6 +51,7 @@ class Snapshotter:
             tables = published_tables(conn, config.publication)
             self.tables.registry.load_from_server(conn)
             two_phase = config.two_phase if config.two_phase is not None else two_phase_by_default(conn)
+        refuse_unpublished_partitioning(config, tables)
         slots = SlotManager(config.dsn)
         existing = slots.get(config.slot)
         slots.refuse_busy(existing)
@@ -280,3 +281,16 @@ class Snapshotter:
                  extra={"event": "snapshot.copied", "table": label, "rows": result.rows,
                         "lsn": str(consistent_lsn), "seconds": round(result.seconds, 3)})
         return result.rows
+
+
+def refuse_unpublished_partitioning(config: PipelineConfig, tables: list[PublishedTable]) -> None:
+    """A --partition-by naming a table the publication does not publish is a mistake that would otherwise show only
+    as a mirror made without its partitioning: refused, naming what is published."""
+    published = {(t.schema, t.name) for t in tables}
+    unknown = [name for name, (schema, table) in zip(config.partition_by, config.partition_specs, strict=True)
+               if (schema, table) not in published]
+    if unknown:
+        names = ", ".join(sorted(f"{schema}.{table}" for schema, table in published)[:20]) or "no table"
+        raise ConfigError(f"--partition-by names {', '.join(unknown)}, which publication {config.publication} does "
+                          f"not publish (it publishes {names}); name each table with its schema, as PostgreSQL "
+                          "does (double quotes around a name with capitals or dots)")

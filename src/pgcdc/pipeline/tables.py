@@ -85,7 +85,8 @@ class SourceTables:
         if self._mirrors is None:
             from pgcdc.mirrors.catalog import MirrorCatalog
 
-            self._mirrors = MirrorCatalog(self._spark(), self.config.destination, slot=self.config.slot)
+            self._mirrors = MirrorCatalog(self._spark(), self.config.destination, slot=self.config.slot,
+                                          partition_by=self.config.partition_specs)
         return self._mirrors
 
     def opened_mirrors(self) -> list[MirrorTable]:

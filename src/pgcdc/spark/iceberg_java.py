@@ -76,6 +76,12 @@ class IcebergClasses:
         self.in_calling_thread = (iceberg.relocated.com.google.common.util.concurrent.MoreExecutors
                                   .newDirectExecutorService())
         self.ArrayList = jvm.java.util.ArrayList
+        self.spec_json = iceberg.PartitionSpecParser.toJson
+        # pgcdc's own class, from its jar (None: a session started without it)
+        from py4j.java_gateway import JavaClass
+
+        partitions = jvm.pgcdc.iceberg.Partitions
+        self.partitions = partitions if isinstance(partitions, JavaClass) else None
 
 
 _CLASSES: weakref.WeakKeyDictionary[Any, IcebergClasses] = weakref.WeakKeyDictionary()
@@ -276,6 +282,34 @@ def _view_key(current: Any) -> tuple[str, str] | None:
     return None if location is None or uuid is None else (str(location), str(uuid))
 
 
+def partition_data(spec: Any, values: tuple[bytes | None, ...]) -> Any:
+    """The partition of ``spec`` holding ``values`` (each in Iceberg's single-value binary form, None: NULL, as
+    :func:`pgcdc.iceberg.partition_values.partition_rows` gives them): a Java ``StructLike`` a data or delete file is
+    labelled with, each value converted by Iceberg itself to the Java type its field holds."""
+    classes = iceberg_classes()
+    if classes.partitions is None:
+        raise PartitionsUnavailable()
+    listed = classes.ArrayList()
+    for value in values:
+        listed.add(None if value is None else bytearray(value))
+    return classes.partitions.of(spec, listed)
+
+
+class PartitionsUnavailable(RuntimeError):
+    def __init__(self) -> None:
+        super().__init__("pgcdc's jar (pgcdc.spark.settings.PGCDC_JAR) is not on this Spark session's driver class "
+                         "path, so the row-delta writer cannot label a partitioned mirror's files; start the session "
+                         "with pgcdc.spark_settings(), or add the jar to spark.driver.extraClassPath")
+
+
+def partition_spec_json(spec: Any) -> dict[str, Any]:
+    return dict(json.loads(str(iceberg_classes().spec_json(spec))))
+
+
+def schema_json(table: Any) -> dict[str, Any]:
+    return dict(json.loads(str(iceberg_classes().schema_json(table.schema()))))
+
+
 def holds_equality_deletes(snapshot: Any) -> bool:
     """Whether a snapshot's table holds equality-delete files (its summary's total): they apply to every data file
     older than they are, by sequence number, so a file rewritten from older ones would escape them."""
@@ -330,10 +364,10 @@ def parquet_compression(table: Any) -> tuple[str, int | None]:
 
 
 def data_file(spark: SparkSession, table: Any, path: str, size: int, footer: bytes, *,
-              equality_ids: list[int] | None = None, metrics_config: Any = None) -> Any:
+              equality_ids: list[int] | None = None, metrics_config: Any = None, partition: Any = None) -> Any:
     """The Iceberg ``DataFile`` (or, with ``equality_ids``, equality ``DeleteFile`` on those field ids) of the
     Parquet file at ``path``, its column metrics read from the file's ``footer`` (``metrics_config``: the table's
-    ``MetricsConfig``, when the caller has it already)."""
+    ``MetricsConfig``, when the caller has it already), in ``partition`` of the table's spec when given."""
     classes = iceberg_classes()
     if metrics_config is None:
         metrics_config = classes.metrics_for_table(table)
@@ -346,6 +380,8 @@ def data_file(spark: SparkSession, table: Any, path: str, size: int, footer: byt
         for index, field_id in enumerate(equality_ids):
             ids[index] = field_id
         builder = classes.delete_file_builder(table.spec()).ofEqualityDeletes(ids)
+    if partition is not None:
+        builder = builder.withPartition(partition)
     return (builder.withPath(path).withFormat(classes.PARQUET).withFileSizeInBytes(size)
             .withMetrics(metrics).build())
 

@@ -18,8 +18,9 @@ DEFAULT_CATALOG = "pgcdc"
 DEFAULT_NAMESPACE = "mirror"
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
-# Hadoop's local file system, but setting permissions without a chmod process per file (java/, make jar)
-LOCAL_FILE_SYSTEM_JAR = Path(__file__).with_name("pgcdc-hadoop.jar")
+# pgcdc's Java classes (java/, make jar): Hadoop's local file system setting permissions without a chmod process
+# per file, and the partitions of the row-delta writer's files (pgcdc.iceberg.Partitions)
+PGCDC_JAR = Path(__file__).with_name("pgcdc-hadoop.jar")
 LOCAL_FILE_SYSTEM = "pgcdc.hadoop.LocalFileSystem"
 CLASS_PATH_SETTINGS = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
 
@@ -100,8 +101,9 @@ def spark_settings(
         # executors are JVMs of this machine, where the jar is. A cluster's executors may not have it: there,
         # Hadoop's own.
         settings["spark.hadoop.fs.file.impl"] = LOCAL_FILE_SYSTEM
-        for key in CLASS_PATH_SETTINGS:
-            settings[key] = os.pathsep.join(filter(None, [conf.pop(key, ""), str(LOCAL_FILE_SYSTEM_JAR)]))
+    # the driver is this process's JVM, where the jar is; a cluster's executors may not have it
+    for key in CLASS_PATH_SETTINGS if local else CLASS_PATH_SETTINGS[:1]:
+        settings[key] = os.pathsep.join(filter(None, [conf.pop(key, ""), str(PGCDC_JAR)]))
     settings.update(conf)
     return settings
 

@@ -1,7 +1,8 @@
 """Build ``pgcdc/spark/pgcdc-hadoop.jar`` from the Java sources beside this file (``make jar``).
 
 The jar is shipped with pgcdc, so that no Java compiler is needed where pgcdc runs; ``javac --release 17`` (the
-oldest Java Spark 3.5 runs on here) compiles the sources against the Hadoop API that pyspark ships, and the jar is
+oldest Java Spark 3.5 runs on here) compiles the sources against the Hadoop API that pyspark ships and the Iceberg
+runtime pgcdc runs with, and the jar is
 written byte for byte the same from the same classes (sorted entries, fixed times), so that a test can tell that
 the shipped jar is what these sources compile to.
 
@@ -10,6 +11,7 @@ the shipped jar is what these sources compile to.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -37,7 +39,10 @@ def compile_classes(into: Path) -> list[Path]:
     if javac is None:
         raise SystemExit("building the jar needs a JDK's javac (apt-get install default-jdk-headless)")
     sources = sorted(str(path) for path in SOURCES.rglob("*.java"))
-    subprocess.run([javac, "--release", JAVA_RELEASE, "-encoding", "UTF-8", "-nowarn", "-cp", str(hadoop_api_jar()),
+    from pgcdc.spark.settings import iceberg_runtime_jar
+
+    class_path = os.pathsep.join([str(hadoop_api_jar()), str(iceberg_runtime_jar())])
+    subprocess.run([javac, "--release", JAVA_RELEASE, "-encoding", "UTF-8", "-nowarn", "-cp", class_path,
                     "-d", str(into), *sources], check=True)
     return sorted(path.relative_to(into) for path in into.rglob("*.class"))
 
