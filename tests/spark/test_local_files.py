@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from py4j.protocol import Py4JJavaError
 
-from pgcdc.spark.settings import LOCAL_FILE_SYSTEM, PGCDC_JAR, spark_settings
+from pgcdc.spark.settings import LOCAL_FILE_SYSTEM, PGCDC_JAR, iceberg_runtime_jar, spark_settings
 
 SOURCES = Path(__file__).parents[2] / "src" / "pgcdc" / "spark" / "java"
 
@@ -30,10 +30,12 @@ def test_a_local_session_writes_files_with_pgcdcs_file_system_and_a_cluster_with
                                       "spark.hadoop.fs.file.impl": "org.example.Files"})
     assert mine["spark.driver.extraClassPath"] == os.pathsep.join(["/opt/mine.jar", str(PGCDC_JAR)])
     assert mine["spark.hadoop.fs.file.impl"] == "org.example.Files"
-    # a cluster's executors may not have the jar: Hadoop's own file system there; the driver, here, has it
+    # a cluster's executors may not have the jar on their class path: Hadoop's own file system there; its driver
+    # loads the jar beside the Iceberg runtime, whose classes pgcdc.iceberg.Partitions calls
     cluster = spark_settings("/w", local=False)
     assert "spark.hadoop.fs.file.impl" not in cluster
-    assert [key for key in cluster if key.endswith("extraClassPath")] == ["spark.driver.extraClassPath"]
+    assert not [key for key in cluster if key.endswith("extraClassPath")]
+    assert cluster["spark.jars"].split(",")[:2] == [str(iceberg_runtime_jar()), str(PGCDC_JAR)]
 
 
 def test_the_shipped_jar_is_what_its_sources_compile_to(tmp_path):

@@ -79,8 +79,12 @@ class IcebergClasses:
         self.spec_json = iceberg.PartitionSpecParser.toJson
         # pgcdc's own class, from its jar (None: a session started without it)
         from py4j.java_gateway import JavaClass
+        from py4j.protocol import Py4JError
 
-        partitions = jvm.pgcdc.iceberg.Partitions
+        try:
+            partitions = jvm.pgcdc.iceberg.Partitions
+        except Py4JError:  # a class loader that sees the jar but not Iceberg
+            partitions = None
         self.partitions = partitions if isinstance(partitions, JavaClass) else None
 
 

@@ -73,7 +73,9 @@ def spark_settings(
         raise ConfigError(f"catalog name {catalog!r} must be a plain identifier (letters, digits, _)")
     conf = dict(conf or {})
     register_conf_secrets(conf)
-    jars = [str(iceberg_runtime_jar())]
+    # a cluster's driver loads pgcdc's jar beside the Iceberg runtime its classes call (a local JVM has it on its
+    # class path from its start, below)
+    jars = [str(iceberg_runtime_jar())] + ([] if local else [str(PGCDC_JAR)])
     jars += [jar.strip() for jar in conf.pop("spark.jars", "").split(",") if jar.strip() and jar.strip() not in jars]
     java_options = " ".join(filter(None, [f"-Dlog4j.configurationFile={LOG_CONFIG.as_uri()}",
                                           SHORT_LIVED_JVM if short_lived else "",
@@ -101,9 +103,8 @@ def spark_settings(
         # executors are JVMs of this machine, where the jar is. A cluster's executors may not have it: there,
         # Hadoop's own.
         settings["spark.hadoop.fs.file.impl"] = LOCAL_FILE_SYSTEM
-    # the driver is this process's JVM, where the jar is; a cluster's executors may not have it
-    for key in CLASS_PATH_SETTINGS if local else CLASS_PATH_SETTINGS[:1]:
-        settings[key] = os.pathsep.join(filter(None, [conf.pop(key, ""), str(PGCDC_JAR)]))
+        for key in CLASS_PATH_SETTINGS:
+            settings[key] = os.pathsep.join(filter(None, [conf.pop(key, ""), str(PGCDC_JAR)]))
     settings.update(conf)
     return settings
 
