@@ -17,8 +17,10 @@ uniformly from the rows of every file (over the whole key range, not recent keys
 found, add of the keys as a new data file, a warm-up batch apart and then repeats, the same keys against the
 in-memory index, the ratio printed; a forced checkpoint rewriting the run after those batches. The two
 indexes' answers for the same keys after the same changes are compared (and again after a checkpoint and a
-reopen). From the per-row figures, what a 1,000,000,000-row mirror would need (extrapolated). The run's files
-stay in the kernel's page cache (warm): a reopen or batch after a cold start reads them from the device.
+reopen). The peak RSS growth of each step is shown with its anonymous part apart (the rest is mostly pages of
+the run's files mapped in from the page cache). From the per-row figures, what a 1,000,000,000-row mirror would
+need (extrapolated). The run's files stay in the kernel's page cache (warm): a reopen or batch after a cold start
+reads them from the device.
 Last line: one JSON object of the figures.
 The apply rate and lag with the index, beside the equality-delete writer in the same run: bench/pipeline.py
 and bench/catchup.py.
@@ -150,20 +152,30 @@ def build(paths: list[str], column: str, disk: IndexDirectory | None = None) -> 
 
 
 class PeakRss:
-    """The highest RSS of this process while the block runs, sampled every 20 ms in a thread."""
+    """The highest RSS of this process while the block runs, sampled every 20 ms in a thread; and the highest
+    growth of its anonymous part (RSS less file-backed pages: not the pages of an index's mapped files, which are
+    the kernel's page cache mapped in)."""
 
     def __init__(self) -> None:
         self.highest = 0
+        self.anonymous_growth = 0
+        self._anonymous_before = 0
         self._running = False
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
+    def _sample(self) -> None:
+        info = psutil.Process().memory_info()
+        self.highest = max(self.highest, info.rss)
+        self.anonymous_growth = max(self.anonymous_growth, info.rss - info.shared - self._anonymous_before)
+
     def _watch(self) -> None:
-        process = psutil.Process()
         while self._running:
-            self.highest = max(self.highest, process.memory_info().rss)
+            self._sample()
             time.sleep(0.02)
 
     def __enter__(self) -> PeakRss:
+        info = psutil.Process().memory_info()
+        self._anonymous_before = info.rss - info.shared
         self._running = True
         self._thread.start()
         return self
@@ -171,7 +183,7 @@ class PeakRss:
     def __exit__(self, *exc: object) -> None:
         self._running = False
         self._thread.join()
-        self.highest = max(self.highest, rss())
+        self._sample()
 
 
 def spread(values: list[float], scale: float = 1.0) -> dict[str, float]:
@@ -241,13 +253,16 @@ def answers(index: KeyIndex, keys: pa.Table) -> str:
     return digest.hexdigest()[:16]
 
 
-def batch_figures(times: dict[str, list[float]]) -> dict[str, object]:
-    """The warm-up batch apart, then median [min-max] of the repeats, per step, in ms."""
+def batch_figures(times: dict[str, list[float]], watched: PeakRss, before: int) -> dict[str, object]:
+    """The warm-up batch apart, then median [min-max] of the repeats, per step, in ms; the peak RSS growth during
+    the batches (``before``: the settled RSS before them)."""
     figures: dict[str, object] = {f"warmup_{name}_ms": round(times[name][0] * 1e3, 1)
                                   for name in ("find", "forget", "add", "total")}
     for name in ("find", "forget", "add", "total"):
         figures[f"{name}_ms"] = spread(times[name][1:], 1e3)
     figures["missing"] = sum(times["missing"])
+    figures["peak_rss_bytes"] = watched.highest - before
+    figures["peak_anonymous_bytes"] = watched.anonymous_growth
     return figures
 
 
@@ -258,13 +273,14 @@ def measure(paths: list[str], column: str, rows: int, builds: int, batches: int,
     times: dict[str, list[float]] = {"total": [], "read_and_hash": [], "codes": [], "sort": []}
     index = None
     growth = []
-    peak = 0
+    peak = peak_anonymous = 0
     for _ in range(builds):
         index = None
         before = settled_rss()
         with PeakRss() as watched:
             index, figures = build(paths, column)
         peak = max(peak, watched.highest - before)
+        peak_anonymous = max(peak_anonymous, watched.anonymous_growth)
         growth.append(settled_rss() - before)
         for name, seconds in figures.items():
             times[name].append(seconds)
@@ -274,7 +290,10 @@ def measure(paths: list[str], column: str, rows: int, builds: int, batches: int,
     peer: dict[str, object] = {}
     if whole_range is not None:
         pool, checks = whole_range
-        peer = batch_figures(whole_range_batches(index, pool, batches))
+        before = settled_rss()
+        with PeakRss() as watched:
+            batch_times = whole_range_batches(index, pool, batches)
+        peer = batch_figures(batch_times, watched, before)
         peer["answers"] = answers(index, checks)
     # batches: keys of rows spread over every file, as a stream's changes are
     rng = np.random.default_rng(11)
@@ -313,6 +332,7 @@ def measure(paths: list[str], column: str, rows: int, builds: int, batches: int,
         "bytes_per_row": round(index_bytes / held, 2) if held else None,
         "rss_bytes_per_row": round(statistics.median(growth) / held, 2) if held else None,
         "peak_rss_bytes_per_row": round(peak / held, 1) if held else None,
+        "peak_anonymous_bytes": peak_anonymous,
         "find_ms": spread(find_s, 1e3),
         "forget_ms": spread(forget_s, 1e3),
         "add_ms": spread(add_s, 1e3),
@@ -329,7 +349,7 @@ def measure_disk(paths: list[str], column: str, builds: int, batches: int, pool:
     checkpointed, then reopened, the whole-range batches, forced checkpoints (see the module)."""
     times: dict[str, list[float]] = {"total": [], "read_and_hash": [], "codes": [], "sort": [], "save": []}
     growth: list[int] = []
-    peak = 0
+    peak = peak_anonymous = 0
     with tempfile.TemporaryDirectory(prefix="pgcdc-index-disk-") as scratch:
         where = Path(scratch) / "index"
         index: KeyIndex | None = None
@@ -349,6 +369,7 @@ def measure_disk(paths: list[str], column: str, builds: int, batches: int, pool:
                 index.checkpoint(1, [1], force=True)  # the first manifest: what a restart opens
                 figures["save"] = time.perf_counter() - started
             peak = max(peak, watched.highest - baseline)
+            peak_anonymous = max(peak_anonymous, watched.anonymous_growth)
             growth.append(settled_rss() - baseline)
             for name, seconds in figures.items():
                 times[name].append(seconds)
@@ -357,35 +378,45 @@ def measure_disk(paths: list[str], column: str, builds: int, batches: int, pool:
         built_memory, built_disk = index.memory_bytes, index.disk_bytes
         # a restart: closed, then opened from its manifest (checksums verified)
         reopen_s = []
+        reopen_peak = reopen_peak_anonymous = 0
         for _ in range(REOPENS):
             index.close()
             directory.close()
-            started = time.perf_counter()
-            directory = IndexDirectory(where)
-            manifest = directory.read_manifest()
-            assert manifest is not None
-            index = KeyIndex.opened(directory, manifest, pool.schema, overlay_bytes=OVERLAY_BYTES)
-            reopen_s.append(time.perf_counter() - started)
+            before = settled_rss()
+            with PeakRss() as watched:
+                started = time.perf_counter()
+                directory = IndexDirectory(where)
+                manifest = directory.read_manifest()
+                assert manifest is not None
+                index = KeyIndex.opened(directory, manifest, pool.schema, overlay_bytes=OVERLAY_BYTES)
+                reopen_s.append(time.perf_counter() - started)
+            reopen_peak = max(reopen_peak, watched.highest - before)
+            reopen_peak_anonymous = max(reopen_peak_anonymous, watched.anonymous_growth)
         reopened_rss = settled_rss() - baseline
         reopened_memory = index.memory_bytes
-        batch = batch_figures(whole_range_batches(index, pool, batches))
+        before = settled_rss()
+        with PeakRss() as watched:
+            batch_times = whole_range_batches(index, pool, batches)
+        batch = batch_figures(batch_times, watched, before)
         batch["answers"] = answers(index, checks)
         after_batches_memory = index.memory_bytes
         after_batches_rss = settled_rss() - baseline
         # forced checkpoints rewriting the run: the first after all the batches, then each after one more
-        checkpoint_s, checkpoint_peak = [], 0
+        checkpoint_s, checkpoint_peak, checkpoint_peak_anonymous = [], 0, 0
         rng = np.random.default_rng(19)
         for number in range(CHECKPOINTS):
             if number:
                 keys = pool.take(pa.array(rng.choice(pool.num_rows, min(BATCH, pool.num_rows), replace=False)))
                 index.forget(index.find(keys))
                 index.add(f"before-checkpoint-{number}.parquet", keys)
+                index.rows  # noqa: B018 - placed before the checkpoint, not by it
             before = settled_rss()
             with PeakRss() as watched:
                 started = time.perf_counter()
                 index.checkpoint(2 + number, [1], force=True)
                 checkpoint_s.append(time.perf_counter() - started)
             checkpoint_peak = max(checkpoint_peak, watched.highest - before)
+            checkpoint_peak_anonymous = max(checkpoint_peak_anonymous, watched.anonymous_growth)
             if not number:  # the state the batches left, saved: the same answers, and after a reopen
                 after_checkpoint = answers(index, checks)
                 index.close()
@@ -409,14 +440,18 @@ def measure_disk(paths: list[str], column: str, builds: int, batches: int, pool:
         "memory_bytes": built_memory,
         "rss_growth_bytes": int(statistics.median(growth)),
         "peak_rss_bytes_per_row": round(peak / held, 1) if held else None,
+        "peak_anonymous_bytes": peak_anonymous,
         "disk_bytes_per_row": round(built_disk / held, 2) if held else None,
         "reopen_ms": spread(reopen_s, 1e3),
         "reopen_rss_bytes": reopened_rss,
+        "reopen_peak_rss_bytes": reopen_peak,
+        "reopen_peak_anonymous_bytes": reopen_peak_anonymous,
         "reopen_memory_bytes": reopened_memory,
         "after_batches_memory_bytes": after_batches_memory,
         "after_batches_rss_bytes": after_batches_rss,
         "checkpoint_s": spread(checkpoint_s),
         "checkpoint_peak_rss_bytes": checkpoint_peak,
+        "checkpoint_peak_anonymous_bytes": checkpoint_peak_anonymous,
         "final_disk_bytes_per_row": round(final_disk / held, 2) if held else None,
         "whole_range": batch,
         "answers_after_checkpoint": after_checkpoint,
@@ -432,7 +467,7 @@ def report_disk(rows: int, runs: dict[str, dict], disk: dict[str, dict], batches
         return f"{figure['median']:.{digits}f} [{figure['min']:.{digits}f}-{figure['max']:.{digits}f}]".rjust(width)
 
     print(f"\non disk (overlay {OVERLAY_BYTES // mib} MiB) beside in memory (the peer, same run, same files and keys); "
-          "median [min-max]; the machine is shared with another engineer's tests: timings are noisy")
+          "median [min-max]")
     print(f"{'key':<11} {'where':<6} {'build s':>18} {'save s':>6} {'peak B/row':>10} {'index MiB':>9} "
           f"{'RSS MiB':>7} {'disk B/row':>10} {'reopen ms':>18} {'RSS MiB after':>13}")
     figures: dict[str, object] = {"disk_overlay_bytes": OVERLAY_BYTES}
@@ -503,16 +538,40 @@ def report_disk(rows: int, runs: dict[str, dict], disk: dict[str, dict], batches
         kept = run["answers_after_checkpoint"] == run["whole_range"]["answers"] == run["answers_after_reopen"]
         seconds = run["checkpoint_s"]["median"]
         print(f"  {name:<11} checkpoint {cell(run['checkpoint_s'], 18)} s ({run['rows'] / seconds / 1e6:.1f} M "
-              f"rows/s), peak RSS +{run['checkpoint_peak_rss_bytes'] / mib:.0f} MiB; memory_bytes after the batches "
+              f"rows/s); memory_bytes after the batches "
               f"{run['after_batches_memory_bytes'] / mib:.1f} MiB, RSS growth {run['after_batches_rss_bytes'] / mib:.1f}"
               f" MiB; answers: on disk {'=' if agree else '!='} in memory, "
               f"{'unchanged' if kept else 'CHANGED'} by the checkpoint and a reopen")
         figures.update({
             f"{name}_disk_checkpoint_s": seconds, f"{name}_disk_checkpoint_s_min": run["checkpoint_s"]["min"],
             f"{name}_disk_checkpoint_s_max": run["checkpoint_s"]["max"],
-            f"{name}_disk_checkpoint_peak_rss_bytes": run["checkpoint_peak_rss_bytes"],
             f"{name}_disk_answers_agree": agree, f"{name}_disk_answers_kept": kept,
         })
+
+    print("\npeak RSS growth, MiB, anonymous in brackets (the rest: file-backed pages, mostly the run's files mapped "
+          "in from the page cache,\nhanded back after each step; the kernel maps whole neighbourhoods of a page "
+          "touched, so a batch's random lookups map most of the run)")
+    print(f"{'key':<11} {'where':<6} {'build':>15} {'reopen':>15} {'batches':>15} {'checkpoint':>15}")
+
+    def peak(total: float, anonymous: float) -> str:
+        return f"{total / mib:.0f} ({anonymous / mib:.0f})".rjust(15)
+
+    for name, run in disk.items():
+        peer = runs[name]
+        print(f"{name:<11} {'memory':<6} {peak(peer['peak_rss_bytes_per_row'] * rows, peer['peak_anonymous_bytes'])} "
+              f"{'-':>15} {peak(peer['whole_range']['peak_rss_bytes'], peer['whole_range']['peak_anonymous_bytes'])} "
+              f"{'-':>15}")
+        print(f"{'':<11} {'disk':<6} {peak(run['peak_rss_bytes_per_row'] * rows, run['peak_anonymous_bytes'])} "
+              f"{peak(run['reopen_peak_rss_bytes'], run['reopen_peak_anonymous_bytes'])} "
+              f"{peak(run['whole_range']['peak_rss_bytes'], run['whole_range']['peak_anonymous_bytes'])} "
+              f"{peak(run['checkpoint_peak_rss_bytes'], run['checkpoint_peak_anonymous_bytes'])}")
+        for where, figure in (("memory", peer), ("disk", run)):
+            figures[f"{name}_{where}_build_peak_anonymous_bytes"] = figure["peak_anonymous_bytes"]
+            figures[f"{name}_{where}_batches_peak_rss_bytes"] = figure["whole_range"]["peak_rss_bytes"]
+            figures[f"{name}_{where}_batches_peak_anonymous_bytes"] = figure["whole_range"]["peak_anonymous_bytes"]
+        for step in ("reopen", "checkpoint"):
+            figures[f"{name}_disk_{step}_peak_rss_bytes"] = run[f"{step}_peak_rss_bytes"]
+            figures[f"{name}_disk_{step}_peak_anonymous_bytes"] = run[f"{step}_peak_anonymous_bytes"]
 
     scale = MIRROR_ROWS / rows
     fence = MIRROR_ROWS / BLOCK * 8
@@ -522,15 +581,18 @@ def report_disk(rows: int, runs: dict[str, dict], disk: dict[str, dict], batches
         peer = runs[name]
         on_disk = run["disk_bytes_per_row"] * MIRROR_ROWS
         reopen = run["reopen_ms"]["median"] / 1e3 * scale
+        checkpoint = run["checkpoint_s"]["median"] * scale
         print(f"  {name:<11} on disk {on_disk / 2**30:.1f} GiB; in memory fence {fence / mib:.1f} MiB + overlay "
               f"{OVERLAY_BYTES / mib:.0f} MiB = {(fence + OVERLAY_BYTES) / mib:.0f} MiB (and the path table); reopen "
               f"about {reopen:.0f} s (the run's checksums read: from the page cache, else at the device's speed); "
-              f"in memory instead {peer['bytes_per_row'] * MIRROR_ROWS / 2**30:.1f} GiB, rebuilt at each start in "
-              f"about {peer['build_s']['median'] * scale:.0f} s")
+              f"a forced checkpoint about {checkpoint:.0f} s; in memory instead "
+              f"{peer['bytes_per_row'] * MIRROR_ROWS / 2**30:.1f} GiB, rebuilt at each start in about "
+              f"{peer['build_s']['median'] * scale:.0f} s")
         figures.update({
             f"{name}_disk_gib_at_1e9_rows_extrapolated": round(on_disk / 2**30, 1),
             f"{name}_disk_memory_mib_at_1e9_rows_extrapolated": round((fence + OVERLAY_BYTES) / mib, 1),
             f"{name}_disk_reopen_s_at_1e9_rows_extrapolated": round(reopen, 1),
+            f"{name}_disk_checkpoint_s_at_1e9_rows_extrapolated": round(checkpoint, 1),
             f"{name}_memory_rebuild_s_at_1e9_rows_extrapolated": round(peer["build_s"]["median"] * scale, 1),
         })
     return figures

@@ -130,7 +130,7 @@ class DiskRun:
             crc = 0
             for start in range(0, len(raw), _CRC_CHUNK):
                 crc = zlib.crc32(raw[start:start + _CRC_CHUNK].data, crc)
-            self.release()
+                self.release()
             if crc != self.info.crc.get(column):
                 raise DamagedIndex(f"{self.directory / f'{self.info.name}.{column}'} fails its checksum")
 

@@ -312,6 +312,7 @@ class KeyIndex:
             # A slot that holds another location now lost this entry to a later add (or forget): entries have
             # not moved since the answer, so it is nowhere else.
             self._kill(_distinct(slots[self._locations(slots) == targets]))
+            self._release()
         elif len(targets):
             self._flush()
             self._kill(self._slots_holding(_distinct(targets)))
@@ -464,7 +465,10 @@ class KeyIndex:
         main_slots = slots[in_main]
         main_locations = self._main.loc[main_slots]
         if len(self._patch_slots) and len(main_slots):
-            at = np.minimum(np.searchsorted(self._patch_slots, main_slots), len(self._patch_slots) - 1)
+            order = np.argsort(main_slots)  # searched in order: each search starts where the one before ended
+            at = np.empty(len(main_slots), np.int64)
+            at[order] = np.searchsorted(self._patch_slots, main_slots[order])
+            np.minimum(at, len(self._patch_slots) - 1, out=at)
             patched = self._patch_slots[at] == main_slots
             main_locations[patched] = self._patch_locs[at[patched]]
         locations[in_main] = main_locations
@@ -494,9 +498,16 @@ class KeyIndex:
         held[held] = self._patch_slots[at[held]] == slots[held]
         self._patch_locs[at[held]] = locations[held]
         new = ~held
-        if new.any():
-            self._patch_slots = np.insert(self._patch_slots, at[new], slots[new])
-            self._patch_locs = np.insert(self._patch_locs, at[new], locations[new])
+        added = int(new.sum())
+        if added:  # one pass: the patch's entries and the new ones, each to its place
+            placed = at[new] + np.arange(added)
+            others = np.ones(len(self._patch_slots) + added, bool)
+            others[placed] = False
+            merged_slots = np.empty(len(others), np.int64)
+            merged_locs = np.empty(len(others), np.int64)
+            merged_slots[placed], merged_locs[placed] = slots[new], locations[new]
+            merged_slots[others], merged_locs[others] = self._patch_slots, self._patch_locs
+            self._patch_slots, self._patch_locs = merged_slots, merged_locs
 
     def _kill(self, slots: np.ndarray) -> int:
         """Marks distinct live slots dead; returns how many."""
@@ -655,7 +666,8 @@ class KeyIndex:
         sources = [source for source in sources if len(source.run)]
         # keyed main run and delta never share a key; spilled runs and the queue may hold keys held before
         disjoint = self._multiset or not (self._pending or incoming is not None)
-        step = max(1 << 16, self._overlay_entries // (2 * max(1, len(sources))))
+        # what the merge holds at once stays within half the index's share of memory, however many runs it merges
+        step = max(1 << 10, (self._overlay_entries // 2) // max(1, len(sources)))
         writer = RunWriter(self._disk.path, hashed=hashed)
         try:
             for k1, k2, loc in _merge_sources(sources, step, keyed=not self._multiset, disjoint=disjoint):
@@ -731,12 +743,11 @@ def _merge_sources(sources: list[_Source], step: int, *, keyed: bool, disjoint: 
         elif len(pieces) == 2 and disjoint:
             merged = _merged(pieces[0], pieces[1])
         else:
-            joined = _Run(np.concatenate([p.k1 for p in pieces]),
+            merged = _Run(np.concatenate([p.k1 for p in pieces]),
                           None if pieces[0].k2 is None else np.concatenate([p.k2 for p in pieces if p.k2 is not None]),
                           np.concatenate([p.loc for p in pieces]))
-            order = (np.argsort(joined.k1, kind="stable") if joined.k2 is None
-                     else np.lexsort((np.arange(len(joined)), joined.k2, joined.k1)))
-            merged = joined.select(order)
+            # in source order, sorted stably: of entries with one code, the latest source's comes last
+            _sort(merged, group_equal=keyed and not disjoint)
             if keyed and not disjoint:
                 merged = merged.select(_last_of_each_code(merged))
         yield merged.k1, merged.k2, merged.loc
