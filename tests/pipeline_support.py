@@ -205,7 +205,8 @@ def run_cli(config: PipelineConfig, *args: str, env: dict[str, str] | None = Non
     return start_pgcdc("run", "--dsn", config.dsn, "--publication", config.publication, "--slot", config.slot,
                        *catalog_arguments(config), "--namespace", config.destination.namespace, "--batch-seconds",
                        str(config.batch_max_seconds), "--apply", config.apply_writer, "--deletes", config.deletes,
-                       "--apply-workers", str(config.apply_workers), *index_arguments(config), *args,
+                       *([] if config.apply_workers is None else ["--apply-workers", str(config.apply_workers)]),
+                       *index_arguments(config), *args,
                        env={"PGCDC_LOG_LEVEL": "WARNING", **(env or {})})
 
 

@@ -345,10 +345,11 @@ OnIdentityChange = Annotated[str, typer.Option(
     "--on-identity-change", envvar="PGCDC_ON_IDENTITY_CHANGE", metavar="copy|stop", rich_help_panel=PANEL_FAILURES,
     help="When a table's replica identity changes: copy it again, keyed on the new identity, while the others "
          "stream; or stop there (exit 1).")]
-ApplyWorkers = Annotated[int, typer.Option(
+ApplyWorkers = Annotated[int | None, typer.Option(
     "--apply-workers", envvar="PGCDC_APPLY_WORKERS", show_envvar=True, min=1, max=64, metavar="N",
     rich_help_panel=PANEL_BATCHES,
-    help="Mirrors of a batch applied at once (default 1: one after another; not with --changelog yet).")]
+    help="Mirrors of a batch applied at once (default 4; with --changelog 1, one after another, the only choice "
+         "there yet).")]
 IndexMemory = Annotated[int | None, typer.Option(
     "--index-memory-mb", envvar="PGCDC_INDEX_MEMORY_MB", show_envvar=True, min=0, metavar="MB",
     rich_help_panel=PANEL_BATCHES,
@@ -570,7 +571,7 @@ def run(
     index_memory_mb: IndexMemory = None,
     index_dir: IndexDir = None,
     partition_by: PartitionBy = None,
-    apply_workers: ApplyWorkers = _CONFIG.apply_workers,
+    apply_workers: ApplyWorkers = None,
     consistent_every: ConsistentEvery = _CONFIG.consistent_seconds,
     no_consistent_tags: NoConsistentTags = False,
     snapshot_rows_per_task: SnapshotRowsPerTask = _CONFIG.snapshot_rows_per_task,
@@ -593,7 +594,8 @@ def run(
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,
         snapshot_writer=snapshot_writer, apply_writer=apply, deletes=deletes, index_memory_mb=index_memory_mb,
-        index_dir=index_dir, partition_by=_partition_specs(partition_by), apply_workers=apply_workers, consistent_seconds=None if no_consistent_tags else consistent_every,
+        index_dir=index_dir, partition_by=_partition_specs(partition_by), apply_workers=apply_workers,
+        consistent_seconds=None if no_consistent_tags else consistent_every,
         snapshot_rows_per_task=snapshot_rows_per_task, copy_workers=copy_workers,
         memory_limit_bytes=memory_limit << 20, receive_timeout_seconds=receive_timeout,
         on_conversion_error=on_conversion_error, on_identity_change=on_identity_change, maintenance=policy)

@@ -174,12 +174,14 @@ def test_a_mirror_failing_beside_others_fails_the_batch_once_every_other_mirror_
     assert confirmed == [Lsn(2008)] and mirrors.applied == ["t3"]
 
 
-def test_mirrors_side_by_side_are_asked_for_and_refused_with_a_change_log():
+def test_mirrors_apply_side_by_side_by_default_one_after_another_with_a_change_log_where_more_is_refused():
     from pgcdc.errors import ConfigError
-    from pgcdc.pipeline.config import PipelineConfig
+    from pgcdc.pipeline.config import DEFAULT_APPLY_WORKERS, PipelineConfig
 
-    assert PipelineConfig(dsn="dbname=x", publication="p").apply_workers == 1  # one after another unless asked
-    assert PipelineConfig(dsn="dbname=x", publication="p", apply_workers=4).apply_workers == 4
+    assert PipelineConfig(dsn="dbname=x", publication="p").mirror_workers == DEFAULT_APPLY_WORKERS > 1
+    assert PipelineConfig(dsn="dbname=x", publication="p", changelog=True).mirror_workers == 1
+    assert PipelineConfig(dsn="dbname=x", publication="p", apply_workers=1).mirror_workers == 1
+    assert PipelineConfig(dsn="dbname=x", publication="p", apply_workers=3).mirror_workers == 3
     with pytest.raises(ConfigError, match="--apply-workers 4 cannot be used with --changelog yet"):
         PipelineConfig(dsn="dbname=x", publication="p", apply_workers=4, changelog=True)
     with pytest.raises(ConfigError, match="apply workers 0 must be 1 to 64"):

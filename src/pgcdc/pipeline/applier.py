@@ -1,8 +1,8 @@
 """Apply scheduling: one batch at a time applied to the mirrors on the apply thread.
 
 While a batch is applied, the stream's thread goes on reading, decoding and converting the next one. The
-mirrors a batch touches are applied one after another, or side by side on a bounded pool when asked
-(``apply_workers`` threads; not the default, see docs/pipeline.md): each mirror's
+mirrors a batch touches are applied side by side on a bounded pool (``apply_workers`` threads; one after another
+with the change log, see docs/pipeline.md): each mirror's
 segments in order on one thread, different mirrors at once, since most of a commit waits on storage and the
 catalog (metadata files written, the catalog's pointer swapped), and Arrow, Parquet and the JVM run outside
 the GIL. A batch is confirmed (the position :meth:`pgcdc.checkpoint.Checkpoint.batch_flush` gave it) only once

@@ -91,7 +91,7 @@ class StreamRun:
                         index_memory_bytes=config.index_memory_bytes, index_dir=config.index_dir,
                         maintenance=config.maintenance,
                         consistent_seconds=config.consistent_seconds,
-                        apply_workers=config.apply_workers, batch_seconds=config.batch_max_seconds) as applier:
+                        apply_workers=config.mirror_workers, batch_seconds=config.batch_max_seconds) as applier:
             applier.settle_tags(self.checkpoint.confirmed)
             stopped_in_order = interrupted = False
             try:
