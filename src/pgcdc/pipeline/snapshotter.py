@@ -262,7 +262,7 @@ class Snapshotter:
         quarantine = self.config.on_conversion_error == "quarantine"
         # the position goes into the table's properties too, where snapshot expiry cannot remove it
         with self.tables.mirrors.positions.recording(mirror.identifier, before=mirror.position, upto=consistent_lsn,
-                                           held=lambda: consistent_lsn, whole=not mirror.spec.key_columns):
+                                           held=lambda: consistent_lsn, whole=not mirror.spec.key_columns) as recording:
             result = copy_table(
                 self._spark(), dsn=self.config.dsn, source_schema=table.schema, source_table=table.name,
                 columns=[c.name for c in table.relation.columns], converter=converter,
@@ -272,6 +272,8 @@ class Snapshotter:
                 target_rows_per_task=self.config.snapshot_rows_per_task, row_filter=table.row_filter,
                 set_aside=set_aside if quarantine else None,
             )
+            if result.recorded:
+                recording.written_by_commit()
         mirror.position = consistent_lsn
         with self._shared:
             if mirror.spec.shape is not None and mirror.shape != mirror.spec.shape:  # the rows are the new shape's

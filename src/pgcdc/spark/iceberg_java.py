@@ -426,16 +426,24 @@ def steps_in_calling_thread(table: Any, snapshot: Any, removes_files: bool) -> b
 
 
 def replace_with_files(spark: SparkSession, table: Any, files: Iterable[tuple[str, int, bytes]],
-                       properties: Mapping[str, str]) -> None:
+                       properties: Mapping[str, str], table_properties: Mapping[str, str] | None = None) -> None:
     """One commit: every row of ``table`` replaced by the Parquet ``files`` (path, size in bytes, footer), with
-    ``properties`` in the snapshot summary. Column metrics come from each file's footer."""
+    ``properties`` in the snapshot summary and ``table_properties`` set on the table in the same metadata commit.
+    Column metrics come from each file's footer."""
     classes = iceberg_classes()
     current = table.currentSnapshot()
-    overwrite = steps_where_cheapest(table.newOverwrite().overwriteByRowFilter(classes.always_true), table, current,
-                                     removes_files=current is not None)
+    transaction = table.newTransaction()
+    overwrite = steps_where_cheapest(transaction.newOverwrite().overwriteByRowFilter(classes.always_true), table,
+                                     current, removes_files=current is not None)
     metrics_config = classes.metrics_for_table(table)
     for path, size, footer in files:
         overwrite = overwrite.addFile(data_file(spark, table, path, size, footer, metrics_config=metrics_config))
     for key, value in properties.items():
         overwrite = overwrite.set(str(key), str(value))
     overwrite.commit()
+    if table_properties:
+        update = transaction.updateProperties()
+        for key, value in table_properties.items():
+            update = update.set(str(key), str(value))
+        update.commit()
+    transaction.commitTransaction()

@@ -19,18 +19,18 @@ def remove_unreferenced_files(spark: SparkSession, identifier: str) -> int:
     """Delete the files under the table's ``data`` directory that no snapshot of it references (local and
     mounted warehouses; object stores keep them for Iceberg's own ``remove_orphan_files``). Call it only while
     nothing else writes the table: a file being written now is not referenced yet either."""
-    location = next((row.data_type for row in spark.sql(f"DESCRIBE TABLE EXTENDED {identifier}").collect()
-                     if row.col_name == "Location"), None)
-    if not location:
-        return 0
-    directory = local_path(location)
+    from pgcdc.spark.iceberg_java import load_table
+
+    table = load_table(spark, identifier)
+    directory = local_path(str(table.location()))
     if directory is None:
         return 0
     data = Path(directory) / "data"
-    if not data.is_dir():
+    if not data.is_dir():  # a table made afresh, say: nothing written there yet, nothing to ask Spark
         return 0
-    referenced = {Path(local_path(row.file_path) or row.file_path)
-                  for row in spark.sql(f"SELECT file_path FROM {identifier}.all_files").collect()}
+    referenced = set() if table.currentSnapshot() is None and not table.snapshots().iterator().hasNext() else {
+        Path(local_path(row.file_path) or row.file_path)
+        for row in spark.sql(f"SELECT file_path FROM {identifier}.all_files").collect()}
     removed = 0
     for path in sorted(data.rglob("*")):
         if not path.is_file() or path in referenced:

@@ -38,7 +38,7 @@ from pgcdc.errors import ConfigError, ConversionError, PgcdcError, SourceChanged
 from pgcdc.iceberg.locations import local_path, object_path
 from pgcdc.iceberg.parquet import layout_schema, parquet_footer, write_parquet
 from pgcdc.lsn import Lsn
-from pgcdc.positions import carried_summary
+from pgcdc.positions import carried_summary, commit_properties
 from pgcdc.spark.iceberg_java import (
     data_directory,
     load_table,
@@ -76,6 +76,7 @@ class CopyResult:
     rows: int
     seconds: float
     tasks: int
+    recorded: bool = False  # the copy's commit set the table's pgcdc.position property itself
 
 
 @dataclass(frozen=True)
@@ -377,22 +378,30 @@ def copy_table(
     copied = spark.sparkContext.accumulator(0)
     table = load_table(spark, target_identifier)
     layout, directory, s3 = _arrow_plan(table, writer, label, target_identifier)
+    # a small table is read and written here, in the driver: a Spark job's own cost (tens to hundreds of ms) would
+    # be most of its copy, and a database's tables are mostly small
+    in_driver = len(ranges) == 1 and estimate <= IN_DRIVER_ROWS
+    recorded = False  # Spark's writer cannot set the position property in its commit
     with _reporting(progress, label, copied, estimate, started):
         if layout is not None and directory is not None:
+            recorded = True
             _copy_with_arrow(spark, table, source, ranges, copied, layout, (directory, s3), label,
-                             consistent_lsn, set_aside)
+                             consistent_lsn, set_aside, in_driver=in_driver)
         else:
             _copy_with_spark(spark, source, ranges, copied, spark_schema, target_identifier, label, consistent_lsn,
                              set_aside)
     # the commit's own record count: metadata, no scan of what was just written
-    summary = spark.sql(f"SELECT summary['total-records'] AS n FROM {target_identifier}.snapshots "
-                        "ORDER BY committed_at DESC LIMIT 1").collect()
-    rows = int(summary[0].n) if summary and summary[0].n is not None else 0
+    table.refresh()
+    snapshot = table.currentSnapshot()
+    rows = 0 if snapshot is None else int(snapshot.summary().getOrDefault("total-records", "0"))
     seconds = time.monotonic() - started
     if progress:
         progress(CopyProgress(label, rows, rows, seconds))
     log.info("snapshot of %s: %d rows in %d tasks, %.1fs", label, rows, len(ranges), seconds)
-    return CopyResult(rows=rows, seconds=seconds, tasks=len(ranges))
+    return CopyResult(rows=rows, seconds=seconds, tasks=len(ranges), recorded=recorded)
+
+
+IN_DRIVER_ROWS = 50_000  # a table of at most this many rows (one range) is copied in the driver
 
 
 def _arrow_plan(table: Any, writer: str, label: str, identifier: str
@@ -438,9 +447,11 @@ def _reporting(progress: Callable[[CopyProgress], None] | None, label: str, copi
 
 def _copy_with_arrow(spark: SparkSession, table: Any, source: _CopySource, ranges: list[PageRange], copied: Any,
                      layout: list[tuple[str, Any]], destination: tuple[str, dict[str, Any] | None], label: str,
-                     consistent_lsn: Lsn, set_aside: Callable[[list[SetAside]], None] | None) -> None:
+                     consistent_lsn: Lsn, set_aside: Callable[[list[SetAside]], None] | None, *,
+                     in_driver: bool = False) -> None:
     """Each task writes its range as a Parquet data file with Arrow (no row-by-row trip through the JVM); the
-    driver then commits all files at once, as Spark's writer would."""
+    driver then commits all files at once, as Spark's writer would. ``in_driver``: the ranges are written here,
+    without a Spark job."""
     directory, s3 = destination
     compression = parquet_compression(table)
     prefix = f"{directory}/{uuid.uuid4()}"
@@ -472,12 +483,16 @@ def _copy_with_arrow(spark: SparkSession, table: Any, source: _CopySource, range
     # fails leaves its files to the next copy of the table (spark/orphans.py): tasks being cancelled may still
     # write, and a commit that fails may still have landed (its state unknown)
     with _errors_raised_in_tasks(label, source.table):
-        results = (spark.sparkContext.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(write_ranges)
-                   .collect())
+        if in_driver:
+            results = list(write_ranges(enumerate(ranges)))
+        else:
+            results = (spark.sparkContext.parallelize(list(enumerate(ranges)), len(ranges))
+                       .mapPartitions(write_ranges).collect())
     written = [(path, size) for kind, path, size in results if kind == "file"]
     if set_aside is not None:  # before the commit: a crash in between leaves the mirror without this copy
         set_aside([row for _, _, rows in sorted(r for r in results if r[0] == "set-aside") for row in rows])
-    replace_with_files(spark, table, _with_footers(written, s3), carried_summary(consistent_lsn))
+    summary, properties = commit_properties(consistent_lsn)  # the position, in the same metadata commit
+    replace_with_files(spark, table, _with_footers(written, s3), summary, properties)
     _remove_uncommitted_attempts(prefix, {path for path, _ in written}, s3)
 
 
@@ -577,9 +592,14 @@ _TASK_ERROR = re.compile(r"pgcdc\.errors\.(\w+): (.*)")
 @contextlib.contextmanager
 def _errors_raised_in_tasks(label: str, table: str) -> Iterator[None]:
     """The error one of pgcdc's own checks raised in a copy task (a value the mirror cannot hold, the table
-    dropped meanwhile) as that error, with the way out, instead of Spark's job failure around it."""
+    dropped meanwhile) as that error, with the way out, instead of Spark's job failure around it (or raised here,
+    when the driver copies a small table itself)."""
     try:
         yield
+    except PgcdcError as exc:
+        if isinstance(exc, ConversionError):
+            raise type(exc)(_copy_stopped(str(exc), label, table)) from None
+        raise
     except Exception as exc:
         found = _TASK_ERROR.search(str(exc))
         kind = getattr(errors, found.group(1), None) if found else None
@@ -587,13 +607,17 @@ def _errors_raised_in_tasks(label: str, table: str) -> Iterator[None]:
             raise
         message = found.group(2).strip()
         if issubclass(kind, ConversionError):
-            message = (f"{message}. The copy of {label} stops rather than write a wrong value, and nothing of it "
-                       "is committed: run with --on-conversion-error quarantine to set such rows aside, whole and "
-                       f"raw, in {table}__rejects beside the mirror while the rest is copied, or "
-                       "correct the value in the source, or leave its column out of the publication (CREATE "
-                       "PUBLICATION ... FOR TABLE t (columns ...)), then run pgcdc again; docs/types.md says what "
-                       "each type can hold")
+            message = _copy_stopped(message, label, table)
         raise kind(message) from None
+
+
+def _copy_stopped(message: str, label: str, table: str) -> str:
+    return (f"{message}. The copy of {label} stops rather than write a wrong value, and nothing of it "
+            "is committed: run with --on-conversion-error quarantine to set such rows aside, whole and "
+            f"raw, in {table}__rejects beside the mirror while the rest is copied, or "
+            "correct the value in the source, or leave its column out of the publication (CREATE "
+            "PUBLICATION ... FOR TABLE t (columns ...)), then run pgcdc again; docs/types.md says what "
+            "each type can hold")
 
 
 def _arrow_destination(table: Any) -> tuple[str | None, dict[str, Any] | None]:
