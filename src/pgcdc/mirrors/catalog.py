@@ -34,7 +34,6 @@ from pgcdc.mirrors.properties import (
     describe_key,
     key_tokens,
     recorded_key,
-    sql_string,
 )
 from pgcdc.spark.destination import Destination
 
@@ -279,8 +278,10 @@ class MirrorCatalog(MirrorNames):
                                                   "types Iceberg cannot change in place to the source's new ones")
             known, current = None, None
         if current is None:
-            self._create(identifier, spec)
-            mirror = self._table(spec, self.spark.table(identifier).schema)
+            from pgcdc.spark.iceberg_java import spark_schema_of
+
+            table = self._create(identifier, spec)
+            mirror = self._table(spec, spark_schema_of(table))
             mirror.shape = spec.shape
         else:
             mirror = self._table(spec, self._evolve(identifier, spec, current))
@@ -367,7 +368,9 @@ class MirrorCatalog(MirrorNames):
                         "table again", spec.source, ", ".join(str(t) for t in has) or "nothing",
                         ", ".join(str(t) for t in wanted))
 
-    def _create(self, identifier: str, spec: TableSpec) -> None:
+    def _create(self, identifier: str, spec: TableSpec) -> Any:
+        """The mirror of ``spec`` made, with its key's columns required and declared Iceberg's identifier fields,
+        and the partition spec --partition-by gives it; returns its Iceberg ``Table``."""
         missing = [k for k in spec.key_columns if k not in spec.spark_schema.names]
         if missing:
             raise ConfigError(f"{spec.source}: key columns {missing} are not among its columns")
@@ -376,10 +379,6 @@ class MirrorCatalog(MirrorNames):
         if unknown:
             raise ConfigError(f"--partition-by {spec.source}: {', '.join(unknown)} names no column of the table "
                               f"(its columns: {', '.join(spec.spark_schema.names)})")
-        # Iceberg identifier fields must be required columns.
-        columns = ", ".join(
-            f"{quote(f.name)} {ddl_type(f.dataType)}{' NOT NULL' if f.name in spec.key_columns else ''}"
-            for f in spec.spark_schema.fields)
         properties = {
             "format-version": "2",
             # merge-on-read: a batch's MERGE writes delete files instead of rewriting data files
@@ -392,31 +391,29 @@ class MirrorCatalog(MirrorNames):
             **({SHAPE_PROPERTY: spec.shape.encode()} if spec.shape is not None else {}),
         }
         self.ensure_namespace(spec.source_schema)
-        partitioned = f" PARTITIONED BY ({', '.join(t.ddl() for t in partitioning)})" if partitioning else ""
-        statement = (f"CREATE TABLE {identifier} ({columns}) USING iceberg{partitioned} TBLPROPERTIES ("
-                     + ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items()) + ")")
-        if not partitioning:
-            self.spark.sql(statement)
-        else:
-            from py4j.protocol import Py4JJavaError
-            from pyspark.errors import PySparkException
-
-            try:
-                self.spark.sql(statement)
-            except (PySparkException, Py4JJavaError) as exc:  # a transform of a type it does not take: days(text)
-                reason = str(exc.java_exception.getMessage()) if isinstance(exc, Py4JJavaError) else \
-                    next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-                raise ConfigError(f"--partition-by {spec.source}={', '.join(str(t) for t in partitioning)}: "
-                                  f"Iceberg refuses it: {reason.strip()[:300]}") from None
         refused = [k for k in spec.key_columns if not _can_identify(spec.spark_schema[k].dataType)]
-        if spec.key_columns and not refused:
-            self.spark.sql(f"ALTER TABLE {identifier} SET IDENTIFIER FIELDS "
-                           + ", ".join(quote(k) for k in spec.key_columns))
-        elif refused:  # the key stays pgcdc's (pgcdc.key); Iceberg's identifier fields are only a declaration
+        from py4j.protocol import Py4JJavaError
+
+        from pgcdc.spark.iceberg_java import create_table
+
+        try:
+            table = create_table(
+                self.spark, self.catalog, [self.namespace, encode_name(spec.source_schema)],
+                encode_name(spec.source_table), _declared(spec.spark_schema, spec.key_columns),
+                [] if refused else list(spec.key_columns),
+                [(t.transform, t.column, t.width) for t in partitioning], properties)
+        except Py4JJavaError as exc:
+            if not partitioning or "ValidationException" not in str(exc.java_exception.getClass().getName()):
+                raise
+            # a transform of a type it does not take: hours of a date, say
+            raise ConfigError(f"--partition-by {spec.source}={', '.join(str(t) for t in partitioning)}: "
+                              f"Iceberg refuses it: {str(exc.java_exception.getMessage()).strip()[:300]}") from None
+        if refused:  # the key stays pgcdc's (pgcdc.key); Iceberg's identifier fields are only a declaration
             log.info("%s: no Iceberg identifier fields for %s: its key holds %s, which Iceberg does not take as "
                      "identifier fields (floating-point or nested types)", identifier, spec.source, ", ".join(refused))
         log.info("created mirror %s for %s (key: %s%s)", identifier, spec.source, ", ".join(spec.key_columns) or "none",
                  f"; partitioned by {', '.join(str(t) for t in partitioning)}" if partitioning else "")
+        return table
 
     def ensure_namespace(self, source_schema: str) -> None:
         """The namespace of ``source_schema``'s mirrors, made if missing: once per process and schema. Called
@@ -504,6 +501,27 @@ def decode_name(name: str) -> str:
         if raw != "%":
             name = name.replace(encoded, raw)
     return name.replace("%25", "%")
+
+
+def _declared(schema: StructType, key_columns: tuple[str, ...]) -> StructType:
+    """A mirror's columns as its table declares them: every column and nested field nullable, but the key's
+    columns (Iceberg's identifier fields must be required)."""
+    from pyspark.sql.types import StructField, StructType
+
+    return StructType([StructField(f.name, _nullable_inside(f.dataType), f.name not in key_columns)
+                       for f in schema.fields])
+
+
+def _nullable_inside(data_type: DataType) -> DataType:
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+    if isinstance(data_type, StructType):
+        return StructType([StructField(f.name, _nullable_inside(f.dataType), True) for f in data_type.fields])
+    if isinstance(data_type, ArrayType):
+        return ArrayType(_nullable_inside(data_type.elementType), True)
+    if isinstance(data_type, MapType):
+        return MapType(_nullable_inside(data_type.keyType), _nullable_inside(data_type.valueType), True)
+    return data_type
 
 
 def ddl_type(data_type: DataType) -> str:
