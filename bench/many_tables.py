@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import psycopg
 from capture import recvlogical_drain  # the capture bench's peer (publication "pub")
@@ -56,10 +57,10 @@ def workload(conn: psycopg.Connection, tables: int, transactions: int, round_: i
                 conn.execute(f"DELETE FROM t{i} WHERE id % 11 = {step % 11}")
 
 
-def pgcdc_run(command: list[str]) -> tuple[float, int, list[float], int, int]:
+def pgcdc_run(command: list[str], log_to: Path | None = None) -> tuple[float, int, list[float], int, int]:
     """A whole ``pgcdc run --until-caught-up`` process: its seconds, the changes it applied, each batch's apply
     seconds (from its log), and the most resident memory seen of pgcdc's Python process and of its JVM (sampled
-    every 0.2 s)."""
+    every 0.2 s). ``log_to``: a file its log is kept in."""
     import psutil
 
     started = time.perf_counter()
@@ -79,6 +80,8 @@ def pgcdc_run(command: list[str]) -> tuple[float, int, list[float], int, int]:
         seconds = time.perf_counter() - started
         err.seek(0)
         stderr = err.read()
+    if log_to is not None:
+        log_to.write_text(stderr)
     if process.returncode:
         sys.exit(f"pgcdc run failed:\n{stderr[-3000:]}")
     batches = [(int(changes), float(took)) for changes, took in APPLIED.findall(stderr)]
@@ -90,6 +93,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="30 tables, 3 rounds")
     parser.add_argument("--tables", type=int, default=None, help="tables in the publication (default 100)")
     parser.add_argument("--rows", type=int, default=500, help="rows per table before the copy")
+    parser.add_argument("--logs", type=Path, default=None, help="a directory to keep each pgcdc process's log in")
     parser.add_argument("--rounds", type=int, default=None, help="workload rounds (default 4)")
     parser.add_argument("--transactions", type=int, default=3, help="transactions per round, each touching "
                                                                      "every table")
@@ -107,7 +111,7 @@ def main() -> None:
         create_tables(conn, tables, args.rows)
         config = config_for(server, warehouse, "many", "delta", "position")
         command = run_command(config)
-        copy_seconds, _, _, _, _ = pgcdc_run(command)
+        copy_seconds, _, _, _, _ = pgcdc_run(command, args.logs / "copy.log" if args.logs else None)
         print(f"initial copy of {tables} tables of {args.rows} rows: {copy_seconds:.1f} s "
               f"({copy_seconds / tables:.2f} s per table)", flush=True)
         figures.update(copy_s=round(copy_seconds, 2), copy_s_per_table=round(copy_seconds / tables, 3))
@@ -119,7 +123,8 @@ def main() -> None:
             end = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
             peer_seconds = recvlogical_drain(server, peer, end)
             conn.execute("SELECT pg_drop_replication_slot(%s)", (peer,))
-            wall, changes, batches, rss, jvm = pgcdc_run(command)
+            wall, changes, batches, rss, jvm = pgcdc_run(
+                command, args.logs / f"round-{round_ + 1:02d}.log" if args.logs else None)
             apply = sum(batches)
             print(f"round {round_ + 1}: {changes:,} changes into {tables} mirrors: pgcdc {wall:.1f} s (its "
                   f"{len(batches)} batches applying {apply:.1f} s, {apply / max(1, len(batches)) / tables:.3f} s per "
