@@ -45,6 +45,7 @@ from pgcdc.iceberg.partition_specs import PartitionField, UnsupportedPartitionin
 from pgcdc.iceberg.partition_values import partition_rows
 from pgcdc.spark.iceberg_java import (
     PartitionsUnavailable,
+    commit_in_transaction,
     commit_outcome_unknown,
     data_file,
     footer_metrics,
@@ -214,15 +215,7 @@ class RowDeltaWriter:
             # a truncate's overwrite removes every file, as replace_with_files's does
             operation = steps_where_cheapest(operation, self.table, self.start_snapshot,
                                              removes_files=replace_all or bool(removed) or bool(removed_deletes))
-            for key, value in properties.items():
-                operation = operation.set(str(key), str(value))
-            operation.commit()
-            if table_properties:
-                update = transaction.updateProperties()
-                for key, value in table_properties.items():
-                    update = update.set(str(key), str(value))
-                update.commit()
-            transaction.commitTransaction()
+            commit_in_transaction(transaction, operation, properties, table_properties)
             # the transaction's own view names the snapshot it committed, wherever the table has moved on since
             snapshot = transaction.table().currentSnapshot()
             parent = snapshot.parentId()

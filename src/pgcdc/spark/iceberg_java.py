@@ -438,9 +438,17 @@ def replace_with_files(spark: SparkSession, table: Any, files: Iterable[tuple[st
     metrics_config = classes.metrics_for_table(table)
     for path, size, footer in files:
         overwrite = overwrite.addFile(data_file(spark, table, path, size, footer, metrics_config=metrics_config))
-    for key, value in properties.items():
-        overwrite = overwrite.set(str(key), str(value))
-    overwrite.commit()
+    commit_in_transaction(transaction, overwrite, properties, table_properties)
+
+
+def commit_in_transaction(transaction: Any, operation: Any, summary: Mapping[str, str],
+                          table_properties: Mapping[str, str] | None) -> None:
+    """``operation`` (of ``transaction``) committed with ``summary`` in its snapshot summary, then
+    ``table_properties`` set, then the transaction: the snapshot and the properties land in one metadata file, or
+    neither does."""
+    for key, value in summary.items():
+        operation = operation.set(str(key), str(value))
+    operation.commit()
     if table_properties:
         update = transaction.updateProperties()
         for key, value in table_properties.items():
