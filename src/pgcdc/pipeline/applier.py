@@ -114,6 +114,9 @@ class Applier:
         self._tags_moved_at = float("-inf")
         self._tagged: list[str] | None = None  # the mirrors whose tags move: those streamed from this slot
         self._moving: Future[object] | None = None
+        # the tags' moves, beside the applies (move_tags), their mirrors two at a time
+        self._tag_executor = DaemonThreads("pgcdc-tags")
+        self._tag_workers = DaemonThreads("pgcdc-tag-mirror", 2)
         self._untagged: Lsn | None = None  # the last batch applied, when the tags have not moved to it yet
         # what ran on the apply thread since the last batch (what a batch handed over meanwhile waited for), and how
         # long a batch may wait for the apply thread before that is logged
@@ -126,6 +129,8 @@ class Applier:
     def __exit__(self, *exc_info: object) -> None:
         self._executor.shutdown()
         self._maintenance_executor.shutdown()
+        self._tag_executor.shutdown()
+        self._tag_workers.shutdown()
         if self._mirror_workers is not None:
             self._mirror_workers.shutdown()
         close = getattr(self.target, "close", None)
@@ -264,9 +269,13 @@ class Applier:
 
     def move_tags(self, *, now: bool = False) -> None:
         """Once a batch is applied and confirmed every mirror holds the source up to its last commit: the tags move
-        there, on the apply thread before the next batch's apply, at most every ``consistent_seconds`` — or
-        ``now`` (a run's end). Called after each batch and while the stream waits, so that the tags reach the
-        last batch of a burst once the interval has passed."""
+        there, at most every ``consistent_seconds`` — or ``now`` (a run's end). Called after each batch and while
+        the stream waits, so that the tags reach the last batch of a burst once the interval has passed.
+
+        A move runs beside the applies, on threads of its own: over hundreds of mirrors it takes seconds (a metadata
+        commit each), which a batch handed over meanwhile must not wait for. A batch's commit and a tag's commit on
+        one mirror at once are both metadata commits Iceberg retries on the other's (a tag names the snapshot at the
+        move's position, which a later commit leaves in place)."""
         lsn = self._untagged
         if self._consistent_seconds is None or lsn is None or self.busy or (
                 self._moving is not None and not self._moving.done()):
@@ -282,7 +291,7 @@ class Applier:
         def move() -> None:
             began = time.monotonic()
             try:
-                moved = move_tags(self._spark(), targets, lsn, each=self._each)
+                moved = move_tags(self._spark(), targets, lsn, each=self._tag_workers.run_all)
             except Exception as exc:  # the mirrors are right: only the tags lag, until the next move
                 log.warning("moving the consistent tags to %s failed: %s (they move again after the next batch)",
                             lsn, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -295,11 +304,11 @@ class Applier:
             log.debug("consistent tags of %d of %d mirrors moved to %s in %.2fs", moved, len(targets), lsn,
                       time.monotonic() - started)
 
-        self._moving = self._executor.submit(self._noted(f"moving the consistent tags of {len(targets)} mirrors", move))
+        self._moving = self._tag_executor.submit(move)
 
     def _each(self, call: Callable[[Any], T], items: list[Any]) -> list[T]:
-        """``call`` of every item: side by side on the mirrors' pool when there is one (the mirrors of a batch; the
-        tags' moves, from the apply thread while no batch is applying), else one after another."""
+        """``call`` of every item: side by side on the mirrors' pool when there is one (the mirrors of a batch), else
+        one after another."""
         workers = self._mirror_workers
         if workers is None or len(items) < 2:
             return [call(item) for item in items]
