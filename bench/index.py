@@ -186,6 +186,12 @@ class PeakRss:
         self._sample()
 
 
+def build_figures(held: int, times: dict[str, list[float]]) -> dict:
+    """The figures of an index's builds: rows held, and the spread of each build step's time."""
+    return {"rows": held, "build_s": spread(times["total"]), "read_and_hash_s": spread(times["read_and_hash"]),
+            "codes_s": spread(times["codes"]), "sort_s": spread(times["sort"])}
+
+
 def spread(values: list[float], scale: float = 1.0) -> dict[str, float]:
     return {"median": round(statistics.median(values) * scale, 3), "min": round(min(values) * scale, 3),
             "max": round(max(values) * scale, 3)}
@@ -324,11 +330,7 @@ def measure(paths: list[str], column: str, rows: int, builds: int, batches: int,
                                                                 index.rows)))
     hashed = column != "id"
     return {
-        "rows": held,
-        "build_s": spread(times["total"]),
-        "read_and_hash_s": spread(times["read_and_hash"]),
-        "codes_s": spread(times["codes"]),
-        "sort_s": spread(times["sort"]),
+        **build_figures(held, times),
         "bytes_per_row": round(index_bytes / held, 2) if held else None,
         "rss_bytes_per_row": round(statistics.median(growth) / held, 2) if held else None,
         "peak_rss_bytes_per_row": round(peak / held, 1) if held else None,
@@ -430,11 +432,7 @@ def measure_disk(paths: list[str], column: str, builds: int, batches: int, pool:
         index.close()
         directory.close()
     return {
-        "rows": held,
-        "build_s": spread(times["total"]),
-        "read_and_hash_s": spread(times["read_and_hash"]),
-        "codes_s": spread(times["codes"]),
-        "sort_s": spread(times["sort"]),
+        **build_figures(held, times),
         "save_s": spread(times["save"]),
         "build_and_save_s": spread([a + b for a, b in zip(times["total"], times["save"], strict=True)]),
         "memory_bytes": built_memory,

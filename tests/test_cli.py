@@ -398,7 +398,8 @@ def test_partition_by_is_read_from_flags_and_config_files_and_bad_ones_refused_b
     for given, message in ((["orders=days(at)"], "not a table named with its schema"),
                            (["shop.orders=weeks(at)"], "is not a partition transform"),
                            (["shop.orders"], "give SCHEMA.TABLE=TRANSFORMS"),
-                           (["shop.orders=a", "shop.orders=b"], "twice")):
+                           (["shop.orders=a", "shop.orders=b"], "twice"),
+                           (["Shop.Orders=a", "shop.orders=b"], "one table")):
         result = pgcdc("run", "--dsn", "host=127.0.0.1 port=1", "-p", "pub",
                        *[f"--partition-by={g}" for g in given])
         assert result.returncode == 2 and message in _output(result), _output(result)

@@ -118,8 +118,9 @@ class RowDeltaWriter:
         self.table = table
         self.start_snapshot = self.table.currentSnapshot()
         self.layout_problem: str | None = None
+        table_schema = schema_json(self.table)  # the layout's and the partition spec's source columns
         try:
-            layout = parquet_layout(self.table)
+            layout = parquet_layout(self.table, table_schema)
         except NotImplementedError as exc:
             self.layout_problem, layout = str(exc), []
         self.schema = layout_schema(layout)
@@ -130,7 +131,7 @@ class RowDeltaWriter:
         self.partition_problem: str | None = None
         if self.partitioned:
             try:
-                self.partition_fields = spec_fields(partition_spec_json(self.spec), schema_json(self.table))
+                self.partition_fields = spec_fields(partition_spec_json(self.spec), table_schema)
             except UnsupportedPartitioning as exc:
                 self.partition_problem = f"its partition spec holds {exc}"
             if iceberg_classes().partitions is None:
@@ -337,8 +338,8 @@ def _by_partition(deletes: PositionDeletes) -> list[tuple[int, Any, dict[str, np
             raise KeyError(f"the partition of {path}, a data file its deletes name, is not known")
         spec_id, partition = held
         bucket = by_hash.setdefault((spec_id, 0 if partition is None else int(partition.hashCode())), [])
-        for index in bucket:
-            if partition is None or groups[index][1] is None or groups[index][1].equals(partition):
+        for index in bucket:  # one spec's files all have a partition, or none does
+            if partition is None or groups[index][1].equals(partition):
                 groups[index][2][path] = positions
                 break
         else:

@@ -588,49 +588,48 @@ def index_for(mirror_index: MirrorIndex | None, table: Any, key_names: list[str]
         snapshot = table.currentSnapshot()
         rows = 0 if snapshot is None else int(snapshot.summary().getOrDefault("total-records", "0"))
         reserved = budget.reserve(rows) if budget is not None else 0
-        disk = None
+        if reserved is None:
+            assert budget is not None
+            return _index_on_disk(table, key_names, layout, multiset=multiset, budget=budget)
+        mirror_index = MirrorIndex(key_names, layout, multiset=multiset)
         try:
-            if reserved is None:
-                assert budget is not None
-                disk = budget.directory_for(table)
-                reserved = budget.reserve_overlay()
-                mirror_index = MirrorIndex(key_names, layout, multiset=multiset, disk=disk, overlay_bytes=reserved)
-                log.info("%s: its index of %d rows is kept on disk in %s (%d MB of memory beside it)", table.name(),
-                         rows, disk.path, reserved >> 20)
-            else:
-                mirror_index = MirrorIndex(key_names, layout, multiset=multiset)
             mirror_index.files = FileReader(table)
-            if disk is None or not mirror_index.open_saved(table, mirror_index.files):
-                mirror_index.build(table, mirror_index.files)
+            mirror_index.build(table, mirror_index.files)
         except BaseException:
-            if budget is not None and reserved is not None:
+            if budget is not None:
                 budget.cancel(reserved)
-            if mirror_index is not None:
-                mirror_index.close(save=False)
-            elif disk is not None:
-                disk.close()
             raise
         if budget is not None:
             budget.add(mirror_index, reserved)
         return mirror_index
     mirror_index.refresh(table, mirror_index.files)
     if budget is not None and mirror_index.disk is None and budget.exceeded():
-        # the mirror grew: its index moves to disk, built there within a share of memory
+        # the mirror grew: its index moves to disk, within a share of memory
         log.info("%s: the key indexes grew to %d MB with their mirrors, past the %d MB they may take "
                  "(--index-memory-mb): its index moves to disk", table.name(), budget.held_bytes() >> 20,
                  (budget.limit_bytes or 0) >> 20)
         budget.release(mirror_index)
         mirror_index.close(save=False)
-        disk = budget.directory_for(table)
-        reserved = budget.reserve_overlay()
-        moved = MirrorIndex(key_names, layout, multiset=multiset, disk=disk, overlay_bytes=reserved)
-        moved.files = mirror_index.files
-        try:
-            moved.build(table, moved.files)
-        except BaseException:
-            budget.cancel(reserved)
-            moved.close(save=False)
-            raise
-        budget.add(moved, reserved)
-        return moved
+        return _index_on_disk(table, key_names, layout, multiset=multiset, budget=budget, files=mirror_index.files)
     return mirror_index
+
+
+def _index_on_disk(table: Any, key_names: list[str], layout: pa.Schema, *, multiset: bool, budget: IndexBudget,
+                   files: FileReader | None = None) -> MirrorIndex:
+    """The mirror's index kept on disk, holding a share of the budget's memory: opened from what was saved and
+    caught up with the table, or built."""
+    disk = budget.directory_for(table)
+    reserved = budget.reserve_overlay()
+    index = MirrorIndex(key_names, layout, multiset=multiset, disk=disk, overlay_bytes=reserved)
+    try:
+        index.files = files if files is not None else FileReader(table)
+        if not index.open_saved(table, index.files):
+            index.build(table, index.files)
+    except BaseException:
+        budget.cancel(reserved)
+        index.close(save=False)
+        raise
+    budget.add(index, reserved)
+    log.info("%s: its index is kept on disk in %s (%d MB of memory beside it)", table.name(), disk.path,
+             reserved >> 20)
+    return index

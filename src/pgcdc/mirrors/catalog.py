@@ -265,21 +265,19 @@ class MirrorCatalog(MirrorNames):
             self._drop_for_copy(identifier, spec, f"was keyed on {describe_key(recorded)}; making it again keyed "
                                                   f"on {describe_key(spec.key_columns)}")
             known, exists = None, False
+        from pgcdc.spark.iceberg_java import spark_schema_of
+
         if not exists:
             current = None
         elif known is not None:
             current = known.schema
         else:
-            from pgcdc.spark.iceberg_java import spark_schema_of
-
             current = spark_schema_of(table)
         if current is not None and replacing_rows and cannot_widen(current, spec.spark_schema):
             self._drop_for_copy(identifier, spec, f"holds {', '.join(cannot_widen(current, spec.spark_schema))} of "
                                                   "types Iceberg cannot change in place to the source's new ones")
             known, current = None, None
         if current is None:
-            from pgcdc.spark.iceberg_java import spark_schema_of
-
             table = self._create(identifier, spec)
             mirror = self._table(spec, spark_schema_of(table))
             mirror.shape = spec.shape
@@ -535,6 +533,3 @@ def ddl_type(data_type: DataType) -> str:
     if isinstance(data_type, MapType):
         return f"MAP<{ddl_type(data_type.keyType)}, {ddl_type(data_type.valueType)}>"
     return data_type.simpleString()
-
-
-

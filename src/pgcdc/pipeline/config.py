@@ -130,11 +130,9 @@ class PipelineConfig:
             problems.append("consistent_seconds must be 0 or more")
         if self.index_memory_mb is not None and self.index_memory_mb < 0:
             problems.append("index_memory_mb must be 0 (every key index on disk) or more")
-        if self.apply_workers is None:
-            pass
-        elif not 1 <= self.apply_workers <= 64:
+        if self.apply_workers is not None and not 1 <= self.apply_workers <= 64:
             problems.append(f"apply workers {self.apply_workers} must be 1 to 64")
-        elif self.apply_workers > 1 and self.changelog:
+        elif self.apply_workers is not None and self.apply_workers > 1 and self.changelog:
             problems.append(f"--apply-workers {self.apply_workers} cannot be used with --changelog yet (mirrors "
                             "applied side by side with a change log are not proven safe beside another writer's "
                             "compaction); use --apply-workers 1, or drop --changelog")
@@ -158,12 +156,18 @@ class PipelineConfig:
 
     def _partition_problems(self) -> list[str]:
         problems = []
+        named: dict[tuple[str, str], str] = {}
         for table, transforms in self.partition_by.items():
             try:
-                source_table(table)
+                source = source_table(table)
                 parse_transforms(transforms)
             except ValueError as exc:
                 problems.append(f"--partition-by {table}={transforms}: {exc}")
+                continue
+            if source in named:  # one table under two spellings (Shop.Orders, shop.orders)
+                problems.append(f"--partition-by names {named[source]} and {table}, one table: give its "
+                                "transforms once")
+            named[source] = table
         return problems
 
     @property

@@ -19,7 +19,7 @@ from pgcdc.faults import injection_point
 from pgcdc.lsn import Lsn
 from pgcdc.mirrors.status import namespace_positions, slot_mirrors_of
 from pgcdc.pgoutput.messages import Relation
-from pgcdc.pipeline.config import PipelineConfig, Progress
+from pgcdc.pipeline.config import PipelineConfig, Progress, source_table
 from pgcdc.pipeline.copy_reasons import CopyReason
 from pgcdc.pipeline.spark_on_demand import SparkOnDemand
 from pgcdc.pipeline.tables import SourceTables
@@ -200,14 +200,14 @@ class Snapshotter:
                 copied[label] = rows
 
         workers = min(self.config.copy_workers, len(tables))
-        if workers > 1:  # the catalog and the namespaces of the mirrors made side by side: made first, once
-            mirrors = self.tables.mirrors
-            for schema in sorted({table.schema for table in tables}):
-                mirrors.ensure_namespace(schema)
         if workers <= 1:
             for table in tables:
                 copy(table)
         else:
+            # the catalog and the namespaces of the mirrors made side by side: made first, once
+            mirrors = self.tables.mirrors
+            for schema in sorted({table.schema for table in tables}):
+                mirrors.ensure_namespace(schema)
             # the largest first: a large table's parallel tasks start at once, the small ones fill the cores between
             ordered = sorted(tables, key=lambda t: -max(t.estimated_rows or 0, 0))
             pool = DaemonThreads("pgcdc-copy", workers)
@@ -289,8 +289,7 @@ def refuse_unpublished_partitioning(config: PipelineConfig, tables: list[Publish
     """A --partition-by naming a table the publication does not publish is a mistake that would otherwise show only
     as a mirror made without its partitioning: refused, naming what is published."""
     published = {(t.schema, t.name) for t in tables}
-    unknown = [name for name, (schema, table) in zip(config.partition_by, config.partition_specs, strict=True)
-               if (schema, table) not in published]
+    unknown = [name for name in config.partition_by if source_table(name) not in published]
     if unknown:
         names = ", ".join(sorted(f"{schema}.{table}" for schema, table in published)[:20]) or "no table"
         raise ConfigError(f"--partition-by names {', '.join(unknown)}, which publication {config.publication} does "

@@ -349,13 +349,13 @@ def s3_options(table: Any, location: str) -> dict[str, Any] | None:
     return hadoop_s3_options(location, conf.getTrimmed)
 
 
-def parquet_layout(table: Any) -> list[tuple[str, FieldLayout]]:
+def parquet_layout(table: Any, schema: dict[str, Any] | None = None) -> list[tuple[str, FieldLayout]]:
     """Each column's field id and Arrow type, nested ids included: Iceberg reads Parquet columns by id. Read from
     the schema's JSON in one call into the JVM (walking the schema object would cost a call per field and type:
-    hundreds for a wide table, every batch)."""
+    hundreds for a wide table, every batch); ``schema``: that JSON, when the caller read it already."""
     from pgcdc.iceberg.parquet import field_layout  # pyarrow: not for commands that only read metadata
 
-    schema = json.loads(str(iceberg_classes().schema_json(table.schema())))
+    schema = schema if schema is not None else schema_json(table)
     return [(str(field["name"]), field_layout(field)) for field in schema["fields"]]
 
 

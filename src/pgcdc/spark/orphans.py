@@ -28,7 +28,7 @@ def remove_unreferenced_files(spark: SparkSession, identifier: str) -> int:
     data = Path(directory) / "data"
     if not data.is_dir():  # a table made afresh, say: nothing written there yet, nothing to ask Spark
         return 0
-    referenced = set() if table.currentSnapshot() is None and not table.snapshots().iterator().hasNext() else {
+    referenced = set() if not table.snapshots().iterator().hasNext() else {
         Path(local_path(row.file_path) or row.file_path)
         for row in spark.sql(f"SELECT file_path FROM {identifier}.all_files").collect()}
     removed = 0
