@@ -41,6 +41,7 @@ POINTS = (
     "index.manifest",         # a key index kept on disk wrote a new run, its manifest still names the one before
     # table maintenance (pgcdc.mirrors.maintenance): each step about to run, and every step done
     "maintain.compact-data",
+    "maintain.small-commit",  # a small table's compacted file written in the driver, its commit not yet made
     "maintain.compact-deletes",
     "maintain.rewrite-manifests",
     "maintain.expire",

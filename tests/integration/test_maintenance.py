@@ -252,6 +252,73 @@ def test_a_table_left_unchanged_for_an_interval_is_compacted_of_its_last_delete_
     assert sorted(r.id for r in spark.table(identifier).collect()) == list(range(4, 10))
 
 
+def small_mirror(spark, identifier: str, partitioned: bool = False) -> None:
+    """A streamed-looking small table: three data files, position deletes on two of them, one data file that
+    predates a column (its rows read NULL there)."""
+    partitioning = "PARTITIONED BY (bucket(2, id)) " if partitioned else ""
+    spark.sql(f"CREATE TABLE {identifier} (id bigint, v string) USING iceberg {partitioning}TBLPROPERTIES ("
+              "'format-version' = '2', 'write.delete.mode' = 'merge-on-read', 'write.update.mode' = 'merge-on-read')")
+    for start in (0, 10):
+        spark.range(start, start + 10).coalesce(1).selectExpr("id", "concat('v', id) AS v").writeTo(
+            identifier).option("snapshot-property.pgcdc.lsn", f"0/{start + 10}").append()
+    spark.sql(f"ALTER TABLE {identifier} ADD COLUMN w int")
+    spark.range(20, 25).coalesce(1).selectExpr("id", "concat('v', id) AS v", "CAST(id AS int) AS w").writeTo(
+        identifier).append()
+    spark.sql(f"DELETE FROM {identifier} WHERE id IN (3, 12, 21)")
+    spark.sql(f"UPDATE {identifier} SET v = 'changed' WHERE id = 4")
+
+
+def rows_of(spark, identifier: str) -> list[tuple]:
+    return sorted((r.id, r.v, r.w) for r in spark.table(identifier).collect())
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["unpartitioned", "partitioned"])
+def test_a_small_table_is_compacted_in_the_driver_into_one_file_per_partition_and_no_delete_file(
+        spark, iceberg_namespace, caplog, partitioned):
+    identifier = f"pgcdc.{iceberg_namespace}.t"
+    small_mirror(spark, identifier, partitioned)
+    expected = rows_of(spark, identifier)
+    assert table_health(spark, identifier).delete_files > 0
+    with caplog.at_level(logging.INFO, logger="pgcdc.mirrors.small_compaction"):
+        result = maintain_table(spark, identifier, {"pgcdc.lsn": "0/99"}, EAGER,
+                                steps=["compact-data", "compact-deletes"])
+    assert "in the driver" in caplog.text, "the small table went to Spark's compaction"
+    assert result.after is not None and result.after.delete_files == 0
+    assert result.after.data_files == (2 if partitioned else 1)
+    assert rows_of(spark, identifier) == expected
+    table = load_table(spark, identifier)
+    snapshot = table.currentSnapshot()
+    assert str(snapshot.operation()) == "replace" and snapshot.summary().get("pgcdc.lsn") == "0/99"
+    # every engine reads it: PyIceberg too, straight from the table's metadata
+    from pyiceberg.table import StaticTable
+
+    read = StaticTable.from_metadata(str(table.operations().current().metadataFileLocation())).scan().to_arrow()
+    assert sorted(zip(*(read.column(c).to_pylist() for c in ("id", "v", "w")), strict=True)) == expected
+
+
+def test_a_delete_landing_during_a_small_table_s_compaction_makes_the_compaction_change_nothing(
+        spark, iceberg_namespace, monkeypatch):
+    """The compaction read the rows of a snapshot; a delete of one of them commits before the compaction does:
+    Iceberg refuses the compaction (the row would come back), its files are removed, the delete stands."""
+    import pgcdc.mirrors.small_compaction as small_compaction
+    from pgcdc.spark.iceberg_java import is_commit_conflict
+
+    identifier = f"pgcdc.{iceberg_namespace}.t"
+    small_mirror(spark, identifier)
+    data = Path(str(load_table(spark, identifier).location()).removeprefix("file:")) / "data"
+    files_before = set(data.rglob("*.parquet"))
+    monkeypatch.setattr(small_compaction, "injection_point",
+                        lambda name: spark.sql(f"DELETE FROM {identifier} WHERE id = 7") and None)
+    expected = [row for row in rows_of(spark, identifier) if row[0] != 7]
+    with pytest.raises(Exception) as refused:
+        small_compaction.compact_small_table(spark, load_table(spark, identifier), {"pgcdc.lsn": "0/99"})
+    assert is_commit_conflict(refused.value), refused.value
+    assert rows_of(spark, identifier) == expected
+    stray = set(data.rglob("*.parquet")) - files_before
+    assert len(stray) == 1, "the concurrent delete wrote one delete file; the compaction's file is removed"
+    assert table_health(spark, identifier).delete_files > 0
+
+
 def test_a_table_rests_for_four_times_as_long_as_its_last_maintenance_took(spark, iceberg_namespace):
     identifier = f"pgcdc.{iceberg_namespace}.t"
     spark.sql(f"CREATE TABLE {identifier} (id bigint, v string) USING iceberg TBLPROPERTIES ("
@@ -273,7 +340,7 @@ def test_a_table_rests_for_four_times_as_long_as_its_last_maintenance_took(spark
 
 
 # each kill lands inside a step, or right after the steps before it
-KILLS = ["maintain.compact-data:1:0.8", "maintain.expire:1", "maintain.done:1"]
+KILLS = ["maintain.small-commit:1", "maintain.expire:1", "maintain.done:1"]
 MAINTAIN_EAGERLY = ("--maintenance-interval", "0", "--compact-data-files", "2", "--compact-delete-files", "1",
                     "--snapshots-kept", "1", "--snapshot-retention-minutes", "0", "--changelog")
 

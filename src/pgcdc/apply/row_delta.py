@@ -27,9 +27,7 @@ part of the table).
 
 from __future__ import annotations
 
-import io
 import logging
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,24 +37,15 @@ import pyarrow as pa
 
 from pgcdc.apply.steps import StepClock
 from pgcdc.faults import injection_point
-from pgcdc.iceberg.locations import local_path
-from pgcdc.iceberg.parquet import layout_schema, parquet_footer, write_parquet
-from pgcdc.iceberg.partition_specs import PartitionField, UnsupportedPartitioning, spec_fields
-from pgcdc.iceberg.partition_values import partition_rows
 from pgcdc.spark.iceberg_java import (
-    PartitionsUnavailable,
     commit_in_transaction,
     commit_outcome_unknown,
     data_file,
     footer_metrics,
     iceberg_classes,
-    parquet_compression,
-    parquet_layout,
-    partition_data,
-    partition_spec_json,
-    schema_json,
     steps_where_cheapest,
 )
+from pgcdc.spark.table_writer import TableWriter, Written
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -84,16 +73,6 @@ class PositionDeletes:
 
 
 @dataclass(frozen=True)
-class Written:
-    """A data file a commit added: its location, its Iceberg ``DataFile``, and which rows of the batch it holds, in
-    its order (row i of the file is row ``rows[i]`` of the batch)."""
-
-    path: str
-    data_file: Any
-    rows: np.ndarray
-
-
-@dataclass(frozen=True)
 class Committed:
     """A commit that landed: its snapshot and that snapshot's parent (another writer's, when Iceberg retried the
     commit on top of a commit made meanwhile), the data files it added, and — when it wrote one data file and one
@@ -108,34 +87,14 @@ class Committed:
     written: tuple[Written, ...] = ()
 
 
-class RowDeltaWriter:
+class RowDeltaWriter(TableWriter):
     """One mirror as the row-delta writer sees it for one batch: the Iceberg table as it stands now (its schema
     and field ids read fresh, so a schema change between batches is followed), and its Parquet layout."""
 
     def __init__(self, spark: SparkSession, table: Any) -> None:
         """``table``: the mirror's ``org.apache.iceberg.Table``, loaded or refreshed for this batch."""
-        self.spark = spark
-        self.table = table
+        super().__init__(spark, table)
         self.start_snapshot = self.table.currentSnapshot()
-        self.layout_problem: str | None = None
-        table_schema = schema_json(self.table)  # the layout's and the partition spec's source columns
-        try:
-            layout = parquet_layout(self.table, table_schema)
-        except NotImplementedError as exc:
-            self.layout_problem, layout = str(exc), []
-        self.schema = layout_schema(layout)
-        self.compression = parquet_compression(self.table)
-        self.spec = self.table.spec()
-        self.partitioned = bool(self.spec.isPartitioned())
-        self.partition_fields: list[PartitionField] = []
-        self.partition_problem: str | None = None
-        if self.partitioned:
-            try:
-                self.partition_fields = spec_fields(partition_spec_json(self.spec), table_schema)
-            except UnsupportedPartitioning as exc:
-                self.partition_problem = f"its partition spec holds {exc}"
-            if iceberg_classes().partitions is None:
-                self.partition_problem = str(PartitionsUnavailable())
 
     def unwritable(self, key_columns: list[str]) -> str | None:
         """Why the row-delta writer cannot write this mirror (the MERGE writer does), or None when it can.
@@ -174,7 +133,7 @@ class RowDeltaWriter:
         written: list[str] = []
         try:
             injection_point("apply.delta-write")
-            added = self._data_files(rows, written) if rows is not None and rows.num_rows else []
+            added = self.data_files(rows, written) if rows is not None and rows.num_rows else []
             clock.lap("data file")
             injection_point("apply.delta-deletes")
             delete_files = [] if replace_all else self._delete_files(deletes, written)
@@ -232,25 +191,8 @@ class RowDeltaWriter:
             if commit_outcome_unknown(exc):
                 log.error("the commit's outcome is unknown; its files are kept: %s", ", ".join(written))
             else:
-                self._remove(written)
+                self.remove(written)
             raise
-
-    def _data_files(self, rows: pa.Table, written: list[str]) -> list[Written]:
-        """``rows`` as data files: one, or one per partition their values fall in."""
-        classes = iceberg_classes()
-        metrics_config = classes.metrics_for_table(self.table)
-        if not self.partitioned:
-            path, size, footer = self._write(rows, self.schema, written)
-            return [Written(path, data_file(self.spark, self.table, path, size, footer, metrics_config=metrics_config),
-                            np.arange(rows.num_rows))]
-        files = []
-        for group in partition_rows(rows, self.partition_fields):
-            partition = partition_data(self.spec, group.values)
-            path, size, footer = self._write(rows.take(pa.array(group.rows)), self.schema, written,
-                                             partition=partition)
-            files.append(Written(path, data_file(self.spark, self.table, path, size, footer,
-                                                 metrics_config=metrics_config, partition=partition), group.rows))
-        return files
 
     def _delete_files(self, deletes: pa.Table | PositionDeletes | None, written: list[str]) -> list[Any]:
         """The delete files of ``deletes`` (none: nothing to delete): equality deletes on the table's columns, or
@@ -267,7 +209,7 @@ class RowDeltaWriter:
             return []
         names = deletes.column_names
         key_schema = pa.schema([self.schema.field(name) for name in names])
-        path, size, footer = self._write(deletes, key_schema, written)
+        path, size, footer = self.write(deletes, key_schema, written)
         return [data_file(self.spark, self.table, path, size, footer, equality_ids=self.field_ids(names))]
 
     def _position_delete_file(self, files: Mapping[str, np.ndarray], spec: Any, partition: Any,
@@ -278,7 +220,7 @@ class RowDeltaWriter:
         rows = pa.Table.from_arrays(
             [pa.array(np.repeat(np.array(paths, dtype=object), [len(p) for p in positions]), pa.string()),
              pa.array(np.concatenate(positions), pa.int64())], schema=POSITION_DELETE_SCHEMA)
-        path, size, footer = self._write(rows, POSITION_DELETE_SCHEMA, written, partition=partition, spec=spec)
+        path, size, footer = self.write(rows, POSITION_DELETE_SCHEMA, written, partition=partition, spec=spec)
         metrics = footer_metrics(footer, classes.metrics_for_position_deletes(self.table))
         builder = (classes.delete_file_builder(spec).ofPositionDeletes()
                    .withPath(path).withFormat(classes.PARQUET).withFileSizeInBytes(size)
@@ -288,43 +230,6 @@ class RowDeltaWriter:
         if len(paths) == 1:  # readers that match delete files to data files by it go straight to the one
             builder = builder.withReferencedDataFile(paths[0])
         return builder.build()
-
-    def _write(self, rows: pa.Table, schema: pa.Schema, written: list[str], *, partition: Any = None,
-               spec: Any = None) -> tuple[str, int, bytes]:
-        """``rows`` as one Parquet file in ``schema`` (field ids, Iceberg's types) at a new location of the
-        table (under its partition's, when given); returns its path, size and footer."""
-        name = f"{uuid.uuid4()}.parquet"
-        provider = self.table.locationProvider()
-        path = str(provider.newDataLocation(spec or self.spec, partition, name) if partition is not None
-                   else provider.newDataLocation(name))
-        written.append(path)
-        local = local_path(path)
-        if local is not None:
-            import os
-
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            write_parquet(rows.to_batches(), local, schema, self.compression)
-            size = os.path.getsize(local)
-            with open(local, "rb") as file:
-                return path, size, parquet_footer(file, size)
-        sink = pa.BufferOutputStream()
-        write_parquet(rows.to_batches(), sink, schema, self.compression)
-        content = sink.getvalue().to_pybytes()
-        footer = parquet_footer(io.BytesIO(content), len(content))
-        stream = self.table.io().newOutputFile(path).create()
-        try:
-            stream.write(bytearray(content))
-        finally:
-            stream.close()
-        return path, len(content), footer
-
-    def _remove(self, paths: list[str]) -> None:
-        for path in paths:
-            try:
-                self.table.io().deleteFile(path)
-            except Exception as exc:
-                log.warning("could not remove %s of a failed commit: %s", path, exc)
-
 
 def _by_partition(deletes: PositionDeletes) -> list[tuple[int, Any, dict[str, np.ndarray]]]:
     """The files of ``deletes`` grouped by their data files' spec and partition (Java's ``equals``, within a

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pgcdc.faults import injection_point
+from pgcdc.mirrors.small_compaction import compact_small_table, is_small
 from pgcdc.spark.iceberg_java import (
     iceberg_classes,
     is_commit_conflict,
@@ -124,6 +125,8 @@ class TableHealth:
     manifests: int
     orphans_removed_at: float | None
     current_snapshot: int | None = None  # its id: the table changed when it did
+    rows: int = 0  # live rows, before deletes
+    data_bytes: int = 0  # of its data files
 
 
 @dataclass
@@ -156,7 +159,9 @@ def _health(spark: SparkSession, table: Any) -> TableHealth:
         # the manifest list is a file of its own: read through the Java table
         manifests=int(table.currentSnapshot().allManifests(table.io()).size()),
         orphans_removed_at=float(removed_at) if removed_at else None,
-        current_snapshot=int(current.snapshotId()))
+        current_snapshot=int(current.snapshotId()),
+        rows=int(summary.get("total-records") or "0"),
+        data_bytes=int(summary.get("total-files-size") or "0"))
 
 
 def due_steps(health: TableHealth, policy: MaintenancePolicy, now: float, *, settled: bool = False) -> list[str]:
@@ -247,6 +252,10 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
         return action
 
     if step == "compact-data" and (before.data_files > 1 or before.delete_files > 0):
+        if is_small(before.rows, before.data_bytes) and not policy.target_file_bytes:
+            compacted = compact_small_table(spark, table, carried)
+            if compacted is not None:
+                return compacted
         # every data file a delete applies to is rewritten without the deleted rows; the new files keep the
         # starting snapshot's sequence number: every delete file up to it is left without a row to apply to, and
         # equality deletes committed during the rewrite still apply to them (no conflict with the stream)
@@ -271,6 +280,12 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
             dropped += int(outcome.rewrittenDeleteFilesCount())
         return dropped
     if step == "rewrite-manifests" and _health(spark, table).manifests > 1:
+        classes = iceberg_classes()
+        if is_small(before.rows, before.data_bytes) and classes.manifests is not None:
+            summary = classes.HashMap()
+            for key, value in carried.items():
+                summary.put(str(key), str(value))
+            return int(classes.manifests.rewrite(table, summary, classes.in_calling_thread))
         return java_count(carrying(actions.rewriteManifests(table)).execute().rewrittenManifests())
     if step == "expire":
         # Iceberg's own expiry, its files cleaned up on this thread: the same commit as Spark's action makes, whose

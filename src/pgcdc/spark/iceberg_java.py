@@ -81,11 +81,16 @@ class IcebergClasses:
         from py4j.java_gateway import JavaClass
         from py4j.protocol import Py4JError
 
-        try:
-            partitions = jvm.pgcdc.iceberg.Partitions
-        except Py4JError:  # a class loader that sees the jar but not Iceberg
-            partitions = None
-        self.partitions = partitions if isinstance(partitions, JavaClass) else None
+        def own_class(name: str) -> Any:
+            try:
+                found = getattr(jvm.pgcdc.iceberg, name)
+            except Py4JError:  # a class loader that sees the jar but not Iceberg
+                return None
+            return found if isinstance(found, JavaClass) else None
+
+        self.partitions = own_class("Partitions")
+        self.manifests = own_class("Manifests")
+        self.HashMap = jvm.java.util.HashMap
 
 
 _CLASSES: weakref.WeakKeyDictionary[Any, IcebergClasses] = weakref.WeakKeyDictionary()

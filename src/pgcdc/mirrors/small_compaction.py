@@ -1,0 +1,148 @@
+"""The compaction of a small table in pgcdc's own process: its live rows read with Arrow and written back as one
+data file (one per partition), in one Iceberg rewrite that also drops every delete file — no Spark job.
+
+Spark's ``rewrite_data_files`` plans jobs, starts tasks and reads through Spark's readers: seconds for a table of
+a few hundred rows in a JVM started minutes ago, paid on the apply thread between two batches
+(:mod:`pgcdc.mirrors.maintenance`), where a schema of hundreds of small mirrors made it the main cause of lag. A
+small table is read and rewritten here in milliseconds:
+
+- **What is read.** The data files Iceberg plans for the current snapshot, with the delete files that apply to
+  each (Iceberg's own sequence-number rules), every column by field id in its stored type now (a column a file
+  predates is NULL, one widened since is cast): the rows the position deletes remove are left out.
+- **What is committed.** One ``RewriteFiles``, validated from the snapshot read: it removes every live data file
+  and every live delete file (the deletes all applied to files it removes) and adds the new files, carrying the
+  table's position in its summary. A delete committed meanwhile to a file it removes, or a file removed
+  meanwhile, makes Iceberg refuse it: nothing changed, and the compaction is due again at the next look.
+- **What it leaves to Spark.** A table above ``SMALL_ROWS`` rows or ``SMALL_BYTES`` of data files, one holding
+  equality deletes (a row they delete would come back in a file newer than they are) or deletion vectors, and one
+  whose files Arrow cannot read or write (:class:`pgcdc.spark.table_writer.TableWriter`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from pgcdc.errors import Unindexable
+from pgcdc.faults import injection_point
+from pgcdc.index.mirror_index import FileReader
+from pgcdc.spark.iceberg_java import (
+    commit_outcome_unknown,
+    holds_equality_deletes,
+    iceberg_classes,
+    java_items,
+    steps_where_cheapest,
+)
+from pgcdc.spark.table_writer import TableWriter
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("pgcdc.mirrors.small_compaction")
+
+# A table this small (its live rows, and its data files' bytes) is compacted in the driver: its rows held in
+# memory at once are a few tens of MB at most, and read and written in well under a second.
+SMALL_ROWS = 500_000
+SMALL_BYTES = 32 << 20
+
+
+def is_small(rows: int, data_bytes: int) -> bool:
+    return rows <= SMALL_ROWS and data_bytes <= SMALL_BYTES
+
+
+def compact_small_table(spark: SparkSession, table: Any, carried: Mapping[str, str]) -> int | None:
+    """Rewrite ``table``'s live rows into one data file per partition, dropping every delete file, in one commit
+    carrying ``carried``; returns the data files rewritten (0: nothing to gain), or None when Spark's compaction
+    must do it (see the module). A commit conflict is raised, as Spark's action raises it."""
+    snapshot = table.currentSnapshot()
+    if snapshot is None or holds_equality_deletes(snapshot):
+        return None if snapshot is not None else 0
+    writer = TableWriter(spark, table)
+    if writer.arrow_problem() is not None:
+        return None
+    try:
+        files = FileReader(table)
+    except Unindexable:
+        return None
+    planned = _planned(table, snapshot)
+    live_deletes = _live_delete_files(table, snapshot)
+    if any(str(delete.format()) != "PARQUET" or str(delete.content()) != "POSITION_DELETES"
+           for delete in live_deletes):
+        return None  # deletion vectors or equality deletes: Spark's readers apply them
+    if len(planned) <= 1 and not live_deletes:
+        return 0
+    fields = list(writer.schema)
+    deleted: dict[str, dict[str, np.ndarray]] = {}
+    pieces = []
+    for data, deletes in planned:
+        path = str(data.location())
+        rows = files.read_columns(path, fields, writer.schema)
+        gone = [_positions_of(files, deleted, delete, path) for delete in deletes]
+        if any(len(positions) for positions in gone):
+            keep = np.ones(rows.num_rows, dtype=bool)
+            for positions in gone:
+                keep[positions[positions < rows.num_rows]] = False
+            rows = rows.filter(pa.array(keep))
+        pieces.append(rows)
+    rows = pa.concat_tables(pieces) if pieces else pa.Table.from_batches([], writer.schema)
+    written: list[str] = []
+    try:
+        added = writer.data_files(rows, written) if rows.num_rows else []
+        injection_point("maintain.small-commit")
+        rewrite = table.newRewrite().validateFromSnapshot(snapshot.snapshotId())
+        for data, _ in planned:
+            rewrite = rewrite.deleteFile(data)
+        for delete in live_deletes:
+            rewrite = rewrite.deleteFile(delete)
+        for file in added:
+            rewrite = rewrite.addFile(file.data_file)
+        for key, value in carried.items():
+            rewrite = rewrite.set(str(key), str(value))
+        steps_where_cheapest(rewrite, table, snapshot, removes_files=True).commit()
+    except Exception as exc:
+        if commit_outcome_unknown(exc):
+            log.error("the compaction's outcome is unknown; its files are kept: %s", ", ".join(written))
+        else:
+            writer.remove(written)
+        raise
+    log.info("%s: %d data files and %d delete files compacted into %d in the driver (%d rows)", table.name(),
+             len(planned), len(live_deletes), len(added), rows.num_rows)
+    return len(planned)
+
+
+def _planned(table: Any, snapshot: Any) -> list[tuple[Any, list[Any]]]:
+    """(data file, the delete files applying to it) of ``snapshot``, as Iceberg plans them."""
+    tasks = table.newScan().useSnapshot(snapshot.snapshotId()).planFiles()
+    try:
+        return [(task.file(), java_items(task.deletes())) for task in java_items(tasks)]
+    finally:
+        tasks.close()
+
+
+def _live_delete_files(table: Any, snapshot: Any) -> list[Any]:
+    """Every live delete file of ``snapshot``, whether it still applies to a row or not."""
+    classes = iceberg_classes()
+    io, specs = table.io(), table.specs()
+    found = []
+    for manifest in java_items(snapshot.deleteManifests(io)):
+        reader = classes.read_delete_manifest(manifest, io, specs)
+        try:
+            iterator = reader.iterator()
+            while iterator.hasNext():
+                found.append(iterator.next().copyWithoutStats())
+        finally:
+            reader.close()
+    return found
+
+
+def _positions_of(files: FileReader, read: dict[str, dict[str, np.ndarray]], delete: Any, path: str) -> np.ndarray:
+    """The positions of the data file at ``path`` that the position-delete file ``delete`` removes (each delete
+    file read once)."""
+    location = str(delete.location())
+    if location not in read:
+        read[location] = files.read_position_deletes(location)
+    return read[location].get(path, np.empty(0, np.int64))

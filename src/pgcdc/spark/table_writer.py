@@ -1,0 +1,136 @@
+"""Rows written as an Iceberg table's own data files by Arrow, in the table's layout, ready for a commit.
+
+What every writer of pgcdc's that bypasses Spark shares (the row-delta writer, :mod:`pgcdc.apply.row_delta`; the
+compaction of a small mirror, :mod:`pgcdc.mirrors.small_compaction`): the Parquet layout read from the table's
+schema (field ids, Iceberg's stored types, codec), the paths the table's location provider gives, the table's
+FileIO for stores Arrow does not write directly, and a ``DataFile`` per file with its metrics from the footer —
+one file per partition of a partitioned table (:mod:`pgcdc.iceberg.partition_values`).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from pgcdc.iceberg.locations import local_path
+from pgcdc.iceberg.parquet import layout_schema, parquet_footer, write_parquet
+from pgcdc.iceberg.partition_specs import PartitionField, UnsupportedPartitioning, spec_fields
+from pgcdc.iceberg.partition_values import partition_rows
+from pgcdc.spark.iceberg_java import (
+    PartitionsUnavailable,
+    data_file,
+    iceberg_classes,
+    parquet_compression,
+    parquet_layout,
+    partition_data,
+    partition_spec_json,
+    schema_json,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("pgcdc.spark.table_writer")
+
+
+@dataclass(frozen=True)
+class Written:
+    """A data file written: its location, its Iceberg ``DataFile``, and which rows of those handed over it holds,
+    in its order (row i of the file is row ``rows[i]`` of them)."""
+
+    path: str
+    data_file: Any
+    rows: np.ndarray
+
+
+class TableWriter:
+    """One Iceberg table as a writer of its data files sees it now: its schema and field ids read fresh (a schema
+    change between two writes is followed), its Parquet layout, codec and partition spec."""
+
+    def __init__(self, spark: SparkSession, table: Any) -> None:
+        """``table``: the ``org.apache.iceberg.Table``, loaded or refreshed for this write."""
+        self.spark = spark
+        self.table = table
+        self.layout_problem: str | None = None
+        table_schema = schema_json(self.table)  # the layout's and the partition spec's source columns
+        try:
+            layout = parquet_layout(self.table, table_schema)
+        except NotImplementedError as exc:
+            self.layout_problem, layout = str(exc), []
+        self.schema = layout_schema(layout)
+        self.compression = parquet_compression(self.table)
+        self.spec = self.table.spec()
+        self.partitioned = bool(self.spec.isPartitioned())
+        self.partition_fields: list[PartitionField] = []
+        self.partition_problem: str | None = None
+        if self.partitioned:
+            try:
+                self.partition_fields = spec_fields(partition_spec_json(self.spec), table_schema)
+            except UnsupportedPartitioning as exc:
+                self.partition_problem = f"its partition spec holds {exc}"
+            if iceberg_classes().partitions is None:
+                self.partition_problem = str(PartitionsUnavailable())
+
+    def arrow_problem(self) -> str | None:
+        """Why Arrow cannot write this table's data files (None: it can)."""
+        return self.partition_problem or self.layout_problem
+
+    def data_files(self, rows: pa.Table, written: list[str]) -> list[Written]:
+        """``rows`` as data files: one, or one per partition their values fall in. Each path is appended to
+        ``written`` before its file is, so a failure can remove what exists (:meth:`remove`)."""
+        classes = iceberg_classes()
+        metrics_config = classes.metrics_for_table(self.table)
+        if not self.partitioned:
+            path, size, footer = self.write(rows, self.schema, written)
+            return [Written(path, data_file(self.spark, self.table, path, size, footer, metrics_config=metrics_config),
+                            np.arange(rows.num_rows))]
+        files = []
+        for group in partition_rows(rows, self.partition_fields):
+            partition = partition_data(self.spec, group.values)
+            path, size, footer = self.write(rows.take(pa.array(group.rows)), self.schema, written,
+                                            partition=partition)
+            files.append(Written(path, data_file(self.spark, self.table, path, size, footer,
+                                                 metrics_config=metrics_config, partition=partition), group.rows))
+        return files
+
+    def write(self, rows: pa.Table, schema: pa.Schema, written: list[str], *, partition: Any = None,
+              spec: Any = None) -> tuple[str, int, bytes]:
+        """``rows`` as one Parquet file in ``schema`` (field ids, Iceberg's types) at a new location of the
+        table (under its partition's, when given); returns its path, size and footer."""
+        name = f"{uuid.uuid4()}.parquet"
+        provider = self.table.locationProvider()
+        path = str(provider.newDataLocation(spec or self.spec, partition, name) if partition is not None
+                   else provider.newDataLocation(name))
+        written.append(path)
+        local = local_path(path)
+        if local is not None:
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            write_parquet(rows.to_batches(), local, schema, self.compression)
+            size = os.path.getsize(local)
+            with open(local, "rb") as file:
+                return path, size, parquet_footer(file, size)
+        sink = pa.BufferOutputStream()
+        write_parquet(rows.to_batches(), sink, schema, self.compression)
+        content = sink.getvalue().to_pybytes()
+        footer = parquet_footer(io.BytesIO(content), len(content))
+        stream = self.table.io().newOutputFile(path).create()
+        try:
+            stream.write(bytearray(content))
+        finally:
+            stream.close()
+        return path, len(content), footer
+
+    def remove(self, paths: list[str]) -> None:
+        """Delete the files of a commit that failed for sure (a failure to is logged: they are orphans then)."""
+        for path in paths:
+            try:
+                self.table.io().deleteFile(path)
+            except Exception as exc:
+                log.warning("could not remove %s of a failed commit: %s", path, exc)
