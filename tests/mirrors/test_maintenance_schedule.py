@@ -117,3 +117,50 @@ def test_expiry_keeps_the_retention_age_until_a_table_holds_too_many_snapshots()
     assert expiry_cutoff(ten, MaintenancePolicy(snapshots=10, snapshots_kept=8), now) == sorted(ten)[-8]
     assert expiry_cutoff(ten, MaintenancePolicy(snapshots=10, snapshots_kept=20), now) == \
         int((now - 3600) * 1000)  # kept covers them all: nothing beyond the age
+
+
+def test_a_stream_of_batches_delays_maintenance_for_three_looks_at_most():
+    clock = [0.0]
+    maintainer = Maintainer(lambda: None, MaintenancePolicy(check_seconds=10), lambda: [], clock=lambda: clock[0])
+    maintainer.turn()
+    clock[0] = 10.0
+    assert maintainer.ready() and not maintainer.overdue()  # a batch due goes first
+    clock[0] = 30.0
+    assert maintainer.overdue()  # now the turn goes before the next batch
+    maintainer.turn()
+    assert not maintainer.ready() and not maintainer.overdue()
+
+
+def test_a_look_reads_a_kept_table_only_when_it_changed_and_commits_nothing(spark, iceberg_namespace, monkeypatch):
+    """Hundreds of mirrors are looked at every few seconds, on the apply thread: an unchanged one costs no read of
+    its metadata, and a table never cleaned of orphans gets its clock in memory, not in a commit of its own."""
+    import pgcdc.mirrors.maintenance as maintenance
+    from pgcdc.mirrors.maintenance import ORPHANS_REMOVED_PROPERTY, MaintainedTable
+    from pgcdc.spark.iceberg_java import load_table
+
+    identifier = f"pgcdc.{iceberg_namespace}.t"
+    spark.sql(f"CREATE TABLE {identifier} (id bigint) USING iceberg TBLPROPERTIES ('format-version' = '2')")
+    spark.range(3).coalesce(1).writeTo(identifier).append()
+    kept = load_table(spark, identifier)
+    reads = []
+    health = maintenance._health
+    monkeypatch.setattr(maintenance, "_health", lambda *args, **kwargs: reads.append(1) or health(*args, **kwargs))
+    clock = [0.0]
+    policy = MaintenancePolicy(check_seconds=0, interval_seconds=0, data_files=3)
+    maintainer = Maintainer(lambda: spark, policy, lambda: [MaintainedTable(identifier, dict, lambda: kept)],
+                            clock=lambda: clock[0])
+    snapshots = len(list(kept.snapshots()))
+    for _ in range(3):
+        clock[0] += 1
+        assert maintainer.turn() is None  # one data file: not due
+    assert len(reads) == 1
+    kept.refresh()
+    assert len(list(kept.snapshots())) == snapshots and kept.properties().get(ORPHANS_REMOVED_PROPERTY) is None
+    for _ in range(2):
+        spark.range(3).coalesce(1).writeTo(identifier).append()
+    kept.refresh()  # as the pipeline's next batch does
+    clock[0] += 1
+    result = maintainer.turn()  # three data files now: read again, and compacted
+    assert result is not None and result.after is not None and result.after.data_files == 1
+    assert len(reads) >= 2
+    assert load_table(spark, identifier).properties().get(ORPHANS_REMOVED_PROPERTY) is not None

@@ -37,7 +37,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pgcdc.faults import injection_point
@@ -145,7 +145,9 @@ def table_health(spark: SparkSession, identifier: str) -> TableHealth:
     return _health(spark, load_table(spark, identifier))
 
 
-def _health(spark: SparkSession, table: Any) -> TableHealth:
+def _health(spark: SparkSession, table: Any, *, count_manifests: bool = True) -> TableHealth:
+    """``count_manifests``: read the manifest list for :attr:`TableHealth.manifests` (0 without: a look at
+    whether a table is due needs none of it)."""
     view = metadata_view(table)
     current = view.currentSnapshot()
     removed_at = view.properties().get(ORPHANS_REMOVED_PROPERTY)
@@ -157,7 +159,7 @@ def _health(spark: SparkSession, table: Any) -> TableHealth:
         data_files=int(summary.get("total-data-files") or "0"),
         delete_files=int(summary.get("total-delete-files") or "0"),
         # the manifest list is a file of its own: read through the Java table
-        manifests=int(table.currentSnapshot().allManifests(table.io()).size()),
+        manifests=int(table.currentSnapshot().allManifests(table.io()).size()) if count_manifests else 0,
         orphans_removed_at=float(removed_at) if removed_at else None,
         current_snapshot=int(current.snapshotId()),
         rows=int(summary.get("total-records") or "0"),
@@ -175,8 +177,8 @@ def due_steps(health: TableHealth, policy: MaintenancePolicy, now: float, *, set
         steps += ["compact-data", "compact-deletes", "rewrite-manifests"]
     if health.snapshots >= policy.snapshots or (steps and health.snapshots > policy.snapshots_kept):
         steps.append("expire")
-    # a table never cleaned starts its orphan clock when the pipeline first looks at it (Maintainer.turn): a
-    # listing of every file is the costliest step, and files of a crash are rare
+    # a table never cleaned starts its orphan clock when the pipeline first looks at it (Maintainer.turn) or first
+    # maintains it (maintain_table): a listing of every file is the costliest step, and files of a crash are rare
     if health.orphans_removed_at is not None and now - health.orphans_removed_at >= policy.orphan_interval_seconds:
         steps.append("remove-orphans")
     return steps
@@ -381,14 +383,13 @@ def _has_lists_or_maps(table: Any) -> bool:
                or "map<" in str(field.type()) for field in table.schema().columns())
 
 
-def _start_orphan_clock(spark: SparkSession, identifier: str) -> None:
-    load_table(spark, identifier).updateProperties().set(ORPHANS_REMOVED_PROPERTY, str(int(time.time()))).commit()
-
-
 def _clean_old_metadata(table: Any) -> None:
-    """Have Iceberg delete metadata files older than the last few versions (unless the table says otherwise)."""
+    """Have Iceberg delete metadata files older than the last few versions (unless the table says otherwise), and
+    start the orphan clock of a table never cleaned, in one metadata commit when either is missing."""
     properties = table.properties()
     missing = {k: v for k, v in METADATA_CLEANUP.items() if properties.get(k) is None}
+    if properties.get(ORPHANS_REMOVED_PROPERTY) is None:
+        missing[ORPHANS_REMOVED_PROPERTY] = str(int(time.time()))
     if missing:
         update = table.updateProperties()
         for key, value in missing.items():
@@ -402,16 +403,22 @@ class MaintainedTable:
 
     identifier: str
     carried: Callable[[], Mapping[str, str]]
+    # its Java table as the pipeline keeps it between batches (None: none kept), which a look at whether the table
+    # is due reads instead of loading the table from the catalog
+    kept: Callable[[], Any] = lambda: None
 
 
-def mirror_tables(mirrors: MirrorCatalog, tables: list[tuple[str, bool]]) -> list[MaintainedTable]:
-    """The tables ``(identifier, is a __rejects table)``, each with the positions its maintenance carries."""
+def mirror_tables(mirrors: MirrorCatalog, tables: list[tuple[str, bool, Callable[[], Any]]]
+                  ) -> list[MaintainedTable]:
+    """The tables ``(identifier, is a __rejects table, its kept Java table)``, each with the positions its
+    maintenance carries."""
     return [MaintainedTable(identifier, lambda identifier=identifier, rejects=rejects:  # type: ignore[misc]
-                            mirrors.positions.carried(identifier, rejects=rejects))
-            for identifier, rejects in tables]
+                            mirrors.positions.carried(identifier, rejects=rejects), kept)
+            for identifier, rejects, kept in tables]
 
 
 MAINTENANCE_REST_FACTOR = 4.0
+MAINTENANCE_OVERDUE_LOOKS = 3  # looks a stream of batches may delay before a maintenance turn goes before one
 
 
 class Maintainer:
@@ -430,6 +437,8 @@ class Maintainer:
         self._last: dict[str, float] = {}
         self._rest: dict[str, float] = {}  # per table: seconds before its next maintenance, at least the interval
         self._changed: dict[str, tuple[int | None, float]] = {}  # per table: its snapshot, first seen when
+        self._seen: dict[str, TableHealth] = {}  # per table: its health at its last look (reused while unchanged)
+        self._first_seen: dict[str, float] = {}  # per table never cleaned of orphans: when first looked at (epoch)
         self._last_check = float("-inf")
         self._next = 0
         self._cancelled = False
@@ -450,6 +459,11 @@ class Maintainer:
         now = self.clock() if now is None else now
         return self.policy.enabled and now - self._last_check >= self.policy.check_every
 
+    def overdue(self, now: float | None = None) -> bool:
+        """Whether a look is ``MAINTENANCE_OVERDUE_LOOKS`` intervals late (see :meth:`ready`)."""
+        now = self.clock() if now is None else now
+        return self.ready(now) and now - self._last_check >= MAINTENANCE_OVERDUE_LOOKS * self.policy.check_every
+
     def turn(self) -> MaintenanceResult | None:
         """Maintain the next due table, if any; a failure (a conflict with someone else's commit) is logged and
         the table tried again after the interval."""
@@ -463,9 +477,7 @@ class Maintainer:
             self._started_jobs = True
             spark = self._spark()
             try:
-                health = table_health(spark, candidate.identifier)
-                if health.orphans_removed_at is None:
-                    _start_orphan_clock(spark, candidate.identifier)
+                health = self._look(spark, candidate)
                 steps = due_steps(health, self.policy, time.time(),
                                   settled=self._settled(candidate.identifier, health.current_snapshot, now))
                 if not steps:
@@ -483,12 +495,38 @@ class Maintainer:
                     log.warning("maintenance of %s failed, tried again in %.0fs: %s", candidate.identifier,
                                 self.policy.interval_seconds, _first_line(exc))
                 return None
+            kept = candidate.kept()
+            if kept is not None:  # its next look reads what the maintenance made of it
+                with contextlib.suppress(Exception):
+                    kept.refresh()
             # a table whose maintenance takes long (a large mirror, every file of it touched by deletes) rests
             # for a multiple of that time: maintenance of any one table takes at most a quarter of the time
             self._rest[candidate.identifier] = MAINTENANCE_REST_FACTOR * result.seconds
             self.results = [*self.results[-99:], result]
             return result
         return None
+
+    def _look(self, spark: SparkSession, candidate: MaintainedTable) -> TableHealth:
+        """``candidate``'s health, as cheaply as it can be had: a table whose current snapshot is the one of its last
+        look is not read again (a look every few seconds over hundreds of mirrors, most of them unchanged, ran on
+        the apply thread), and a kept table is read from the pipeline's own handle, not loaded from the catalog.
+        A table never cleaned of orphans counts its orphan clock from its first look (its maintenance records it
+        in the table: :func:`_clean_old_metadata`)."""
+        identifier = candidate.identifier
+        table = candidate.kept()
+        if table is None:
+            health = table_health(spark, identifier)
+        else:
+            current = table.currentSnapshot()
+            snapshot = None if current is None else int(current.snapshotId())
+            seen = self._seen.get(identifier)
+            health = seen if seen is not None and seen.current_snapshot == snapshot else _health(
+                spark, table, count_manifests=False)
+        self._seen[identifier] = health
+        if health.orphans_removed_at is None:
+            started = self._first_seen.setdefault(identifier, time.time())
+            health = replace(health, orphans_removed_at=started)
+        return health
 
     def _settled(self, identifier: str, snapshot: int | None, now: float) -> bool:
         """Whether ``identifier`` has had ``snapshot`` as its current snapshot for an interval (by this

@@ -181,6 +181,11 @@ class Applier:
         handed = time.monotonic()
         self.applying = Applying(batch, flush, self._executor.submit(lambda: self._apply(batch, handed)))
 
+    def maintenance_overdue(self) -> bool:
+        """Whether maintenance has not looked at the mirrors for several of its intervals (batches kept going
+        first): then its turn goes before the next batch."""
+        return self.maintainer.overdue()
+
     def maintain(self) -> None:
         """Queue one maintenance turn when one may be due: on its own thread beside the applies of the row-delta
         writer deleting by equality; otherwise (position deletes name files a compaction replaces) between two
@@ -208,13 +213,13 @@ class Applier:
         return result
 
     def _maintained(self) -> list:
-        tables = []
+        tables: list[tuple[str, bool, Callable[[], Any]]] = []
         for mirror in self.tables.opened_mirrors():  # none before a copy or a batch: no Spark started for them
-            tables.append((mirror.identifier, False))
+            tables.append((mirror.identifier, False, functools.partial(getattr, mirror, "iceberg_table")))
             if self._changelog and mirror.changelog_position is not None:
-                tables.append((mirror.changelog_identifier, False))
+                tables.append((mirror.changelog_identifier, False, _none))
             if mirror.rejects_position is not None:
-                tables.append((mirror.rejects_identifier, True))
+                tables.append((mirror.rejects_identifier, True, _none))
         return mirror_tables(self.tables.mirrors, tables) if tables else []
 
     def collect(self, confirm: Callable[[Lsn], None]) -> None:
@@ -513,3 +518,8 @@ class SparkMirrors:
             if applied.position is not None:
                 mirror.position = applied.position
             return applied
+
+
+def _none() -> None:
+    """No kept table (:class:`pgcdc.mirrors.maintenance.MaintainedTable`): a change log or ``__rejects`` table."""
+    return None

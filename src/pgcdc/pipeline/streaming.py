@@ -148,12 +148,16 @@ class StreamRun:
         # a full batch waits for the one applying: memory stays bounded by two batches
         if applier.busy and (applier.done() or batch.rows >= config.batch_max_rows):
             self._finish_applying(applier)
-        # between two applies: a maintenance that must not run beside one (position deletes name files a
-        # compaction replaces) and a move of the consistent tags go first; the next batch waits behind them
-        applier.maintain()  # when a mirror is due: compaction, expiry
-        applier.move_tags()  # when the interval has passed since the last move
-        if batch and hand_over_due(rows=batch.rows, age=time.monotonic() - batch.started, applying=applier.busy,
-                                   config=config, caught_up=self.target is not None and idle):
+        due = bool(batch) and hand_over_due(rows=batch.rows, age=time.monotonic() - batch.started,
+                                            applying=applier.busy, config=config,
+                                            caught_up=self.target is not None and idle)
+        # between two applies, a maintenance that must not run beside one (position deletes name files a
+        # compaction replaces): a batch due goes first, unless maintenance has waited for several looks already (a
+        # stream that always has a batch due would never leave it a turn)
+        if not due or applier.maintenance_overdue():
+            applier.maintain()  # when a mirror is due: compaction, expiry
+        applier.move_tags()  # when the interval has passed since the last move (beside the applies)
+        if due:
             self._hand_off(applier, batch)
             handed = True
         if idle:
