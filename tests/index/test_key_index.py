@@ -350,7 +350,9 @@ class Files:
 
 class Place:
     """Where a model test keeps its index: in memory, or on disk in tiny blocks with a tiny memory share (so that
-    its runs span many blocks, large adds spill, and checkpoints rewrite the run), reopened from its manifest."""
+    its runs span many blocks, large adds spill, and checkpoints rewrite the run), reopened from its manifest.
+    On disk a run's locations are packed in 32 bits; with ``where="disk, mixed widths"`` the limit is lowered to
+    6 bits, so that runs of one or two files with positions below 32 pack and the others keep 8-byte locations."""
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -382,13 +384,15 @@ class Place:
 
     @contextlib.contextmanager
     def blocks(self) -> Iterator[None]:
-        saved = disk_runs.BLOCK, key_index._MIN_OVERLAY
-        if self.where == "disk":
+        saved = disk_runs.BLOCK, key_index._MIN_OVERLAY, disk_runs.PACKED_BITS
+        if self.where != "memory":
             disk_runs.BLOCK, key_index._MIN_OVERLAY = 3, 2
+        if self.where == "disk, mixed widths":
+            disk_runs.PACKED_BITS = 6
         try:
             yield
         finally:
-            disk_runs.BLOCK, key_index._MIN_OVERLAY = saved
+            disk_runs.BLOCK, key_index._MIN_OVERLAY, disk_runs.PACKED_BITS = saved
             if self.directory is not None:
                 import shutil
 
@@ -410,9 +414,10 @@ KEYED_CASES = [pytest.param(kind, collide, "memory",
                              id=f"{kind.name}-{'colliding first words' if collide else 'real hashes'}")
                for kind in KEYED_KINDS for collide in (False, True) if not (collide and kind.name in INTEGER_KINDS)]
 ON_DISK = {"bigint", "text", "composite (int4, text)", "float8"}
-KEYED_CASES += [pytest.param(kind, collide, "disk",
-                             id=f"{kind.name}-{'colliding first words' if collide else 'real hashes'}-on disk")
-                for kind in KEYED_KINDS for collide in (False, True)
+ON_DISK_PLACES = {"disk": "on disk", "disk, mixed widths": "on disk, 4- and 8-byte locations"}
+KEYED_CASES += [pytest.param(kind, collide, where,
+                             id=f"{kind.name}-{'colliding first words' if collide else 'real hashes'}-{label}")
+                for kind in KEYED_KINDS for collide in (False, True) for where, label in ON_DISK_PLACES.items()
                 if kind.name in ON_DISK and not (collide and kind.name in INTEGER_KINDS)]
 
 
@@ -496,7 +501,7 @@ def located_entries_safe(index: KeyIndex, located: Located) -> list[tuple[str, i
 
 
 @HASHING
-@pytest.mark.parametrize("where", ["memory", "disk"], ids=["in memory", "on disk"])
+@pytest.mark.parametrize("where", ["memory", *ON_DISK_PLACES], ids=["in memory", *ON_DISK_PLACES.values()])
 @pytest.mark.parametrize("collide", [False, True], ids=["real hashes", "colliding first words"])
 @pytest.mark.parametrize("kind", MULTISET_KINDS, ids=[k.name for k in MULTISET_KINDS])
 def test_multiset_index_against_a_multiset(hashing, collide, kind, where):
@@ -702,6 +707,63 @@ def test_memory_per_entry(key, bytes_per_entry):
         index.add(f"part-{part}.parquet", pa.table({"k": keys.slice(part * rows // 4, rows // 4)}))
     assert index.rows == rows
     assert bytes_per_entry * rows <= index.memory_bytes < (bytes_per_entry + 1) * rows
+
+
+@pytest.mark.parametrize(("key", "bytes_per_entry"), [(pa.int64(), 12), (pa.string(), 16)])
+def test_disk_bytes_per_entry(tmp_path, key, bytes_per_entry):
+    """On disk an entry takes 12 bytes for an integer key and 16 for a hashed one (96 bits of code, locations
+    packed in 32 bits), plus the fence's 8 bytes per 512 entries and 8 bytes per data file."""
+    directory = IndexDirectory(tmp_path / "index")
+    index = KeyIndex(multiset=False, disk=directory, overlay_bytes=1 << 20)
+    rows = 200_000
+    keys = pa.array(np.arange(rows, dtype=np.int64)).cast(key)
+    for part in range(4):
+        index.add(f"part-{part}.parquet", pa.table({"k": keys.slice(part * rows // 4, rows // 4)}))
+    index.checkpoint(1, [1], force=True)
+    assert index.rows == rows
+    assert bytes_per_entry * rows < index.disk_bytes < (bytes_per_entry + 0.05) * rows
+    index.close()
+    directory.close()
+
+
+def test_on_disk_a_hashed_code_is_96_bits_wherever_its_entry_sits(tmp_path):
+    """Kept on disk, two keys whose 128-bit codes differ only in the low 32 bits of the second word are one key,
+    whether the entry sits in the run or in memory beside it (an answer never depends on where an entry is);
+    in memory they stay two."""
+    original = KeyCoder.codes
+
+    def codes(self: KeyCoder, keys: pa.Table) -> key_codes.Codes:
+        k1, k2 = original(self, keys)
+        assert k2 is not None
+        values = keys.column(0).to_pylist()
+        shared = np.array([v.startswith("a") for v in values], bool)  # "a", "aa": codes differ in the low bits
+        k1[shared] = 11
+        k2[shared] = np.array([(22 << 32) | len(v) for v in values], np.uint64)[shared]
+        return k1, k2
+
+    def text(values: list[str]) -> pa.Table:
+        return pa.table({"k": pa.array(values, pa.string())})
+
+    KeyCoder.codes = codes  # type: ignore[method-assign]
+    try:
+        memory = KeyIndex(multiset=False)
+        memory.add("1.parquet", text(["a", "b"]))
+        memory.add("2.parquet", text(["aa"]))
+        assert memory.rows == 3
+        directory = IndexDirectory(tmp_path / "index")
+        for checkpoint in (False, True):
+            disk = KeyIndex(multiset=False, disk=directory, overlay_bytes=0)
+            disk.add("1.parquet", text(["a", "b"]))
+            if checkpoint:  # "a" in the run, "aa" in memory beside it
+                disk.checkpoint(1, [1], force=True)
+            disk.add("2.parquet", text(["aa"]))
+            assert disk.rows == 2
+            assert located_entries(disk, disk.find(text(["a", "aa", "b"]))) == [("2.parquet", 0)] * 2 + [
+                ("1.parquet", 1)]
+            disk.close()
+        directory.close()
+    finally:
+        KeyCoder.codes = original  # type: ignore[method-assign]
 
 
 def test_large_builds_merge_and_compact():

@@ -1,19 +1,34 @@
 """A key index's sorted run kept in files, and the manifest that ties a run to the snapshot it describes.
 
-A run is three arrays sorted by the key code's first word (:mod:`pgcdc.index.key_index`): ``k1`` (int64 for an
-integer key, else uint64), ``k2`` (uint64, hashed keys only) and ``loc`` (int64, ``file id << 32 | position``),
-each a file of raw little-endian values, plus ``fence``: every ``BLOCK``-th ``k1``, the only part held in memory.
+A run is arrays sorted by the key code's first word (:mod:`pgcdc.index.key_index`), each a file of raw
+little-endian values, plus ``fence``: every ``BLOCK``-th ``k1``, the only part held in memory besides ``ids``:
+
+- ``k1``: the code's first word (int64 for an integer key, else uint64), 8 bytes an entry.
+- ``k2``, hashed keys only: the high 32 bits of the code's second word (uint32), 4 bytes an entry. An index kept
+  on disk uses 96-bit codes (see :class:`~pgcdc.index.key_index.KeyIndex`): the low 32 bits are zero and not
+  stored; a writer refuses a second word that has any.
+- ``loc``: each entry's location. Packed in 32 bits (uint32) when the run's locations fit: ``local << pos_bits |
+  position``, where ``local`` numbers the file ids present in the run densely in their order, ``ids`` (int64,
+  beside the run, checksummed like the rest) maps it back to the file id, and ``pos_bits`` is the bit length of
+  the run's largest position. Otherwise (their bits add up to more than ``PACKED_BITS``) int64, ``file id << 32 |
+  position``, as held in memory. Readers only see the latter: :attr:`DiskRun.loc` decodes whatever it reads.
+
+So an entry takes 12 bytes for an integer key and 16 for a hashed one while its run's locations pack, 16 and 20
+when they do not.
 
 - **Reading** maps the files read-only (:class:`DiskRun`). A lookup finds a key's block in the fence, then
   bisects inside the block: a key costs a page or two of each file, not a binary search over the whole run. What
   a batch touched is handed back to the kernel afterwards (:meth:`DiskRun.release`), so the process holds the
   fence and nothing else of the run, whatever its size; the pages stay in the kernel's cache while memory allows.
 - **Writing** streams chunks (:class:`RunWriter`): a run of any size is written within the memory of one chunk,
-  each file's CRC-32 taken on the way, the files synced before the run is named anywhere.
+  each file's CRC-32 taken on the way, the files synced before the run is named anywhere. Locations are written
+  as they come and packed, a chunk at a time, once the run is complete: only then are its files and largest
+  position known.
 - **The manifest** (``index.json``, :class:`IndexDirectory`) names the run, its checksums, the data file of each
   file id and the snapshot the run describes. It is replaced atomically (written aside, synced, renamed), and only
   once the run it names is durable: a kill at any instant leaves the previous manifest and its run, or the new
-  ones. A manifest whose run is missing, short or fails its checksums is not trusted: the index is built again.
+  ones. A manifest of another ``FORMAT``, or whose run is missing, short or fails its checksums, is not trusted:
+  the index is built again.
 - The directory is locked while a process uses it: two processes never write one index.
 """
 
@@ -27,6 +42,7 @@ import mmap
 import os
 import uuid
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -36,36 +52,92 @@ import numpy as np
 log = logging.getLogger("pgcdc.index.disk_runs")
 
 BLOCK = 512  # entries between two fence values: 4 KiB of codes, one page
-FORMAT = 1
+FORMAT = 2  # 2: 96-bit codes, locations packed per run (the index of an older format is built again)
+PACKED_BITS = 32  # a run's locations are packed in a uint32 when their run-local file number and position fit
+_HIGH = np.uint64(32)  # a second word keeps its high 32 bits on disk
+_LOW_BITS = np.uint64(0xFFFFFFFF)
+_PACK_CHUNK = 1 << 20  # locations packed at once when a run is finished
+_DENSE_IDS = 1 << 22  # file ids below this are noted in a bitmap while a run is written, others sorted
 _CRC_CHUNK = 1 << 24  # bytes checksummed at once when a run is opened
 
 
 @dataclass(frozen=True)
 class RunInfo:
     """What a manifest says of a run: its name in the directory, its entries, whether its codes are hashed
-    (two words), and each file's CRC-32."""
+    (two words), each file's CRC-32, and how its locations are stored: ``pos_bits`` None for int64 locations,
+    else packed in 32 bits with ``files`` file ids in ``ids`` (see the module)."""
 
     name: str
     rows: int
     hashed: bool
     crc: dict[str, int]
+    pos_bits: int | None = None
+    files: int = 0
 
     def encode(self) -> dict[str, Any]:
-        return {"name": self.name, "rows": self.rows, "hashed": self.hashed, "crc": self.crc}
+        return {"name": self.name, "rows": self.rows, "hashed": self.hashed, "crc": self.crc,
+                "pos_bits": self.pos_bits, "files": self.files}
 
     @classmethod
     def decode(cls, data: dict[str, Any]) -> RunInfo:
+        pos_bits = data["pos_bits"]
         return cls(str(data["name"]), int(data["rows"]), bool(data["hashed"]),
-                   {str(k): int(v) for k, v in data["crc"].items()})
+                   {str(k): int(v) for k, v in data["crc"].items()}, None if pos_bits is None else int(pos_bits),
+                   int(data["files"]))
+
+    @property
+    def packed(self) -> bool:
+        return self.pos_bits is not None
 
     def columns(self) -> list[str]:
-        return ["k1", "k2", "loc"] if self.hashed else ["k1", "loc"]
+        return ["k1", *(["k2"] if self.hashed else []), "loc", *(["ids"] if self.packed else [])]
+
+    def dtype(self, column: str) -> np.dtype[Any]:
+        return _dtype(column, self.hashed, self.packed)
 
 
-def _dtype(column: str, hashed: bool) -> np.dtype[Any]:
-    if column == "loc" or (column == "k1" and not hashed):
+def _dtype(column: str, hashed: bool, packed: bool = False) -> np.dtype[Any]:
+    if column == "k2" or (column == "loc" and packed):
+        return np.dtype("<u4")
+    if column in ("loc", "ids") or (column == "k1" and not hashed):
         return np.dtype("<i8")
     return np.dtype("<u8")
+
+
+class Decoded:
+    """A column of a run as its readers see it: what is stored, decoded on each read (an index, a slice, an array
+    of slots), so that nothing reads the stored form by mistake."""
+
+    __slots__ = ("_decode", "raw")
+
+    def __init__(self, raw: np.ndarray, decode: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.raw = raw
+        self._decode = decode
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        return self._decode(np.asarray(self.raw[index]))
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+
+def _second_words(stored: np.ndarray) -> np.ndarray:
+    """A run's stored ``k2`` (high halves) as the second words they are."""
+    return stored.astype(np.uint64) << _HIGH
+
+
+def _location_decoder(ids: np.ndarray, pos_bits: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Packed locations (``local << pos_bits | position``) back to ``file id << 32 | position``."""
+    mask = np.int64((1 << pos_bits) - 1)
+
+    def decode(packed: np.ndarray) -> np.ndarray:
+        wide = packed.astype(np.int64)
+        located = ids[wide >> pos_bits]
+        located <<= 32
+        located |= np.bitwise_and(wide, mask, out=wide)
+        return located
+
+    return decode
 
 
 class DiskRun:
@@ -77,20 +149,40 @@ class DiskRun:
         self.info = info
         self.directory = directory
         self._maps: list[mmap.mmap] = []
-        arrays = {}
+        self._raw: dict[str, np.ndarray] = {}
         fence = directory / f"{info.name}.fence"
         try:
             for column in info.columns():
-                arrays[column] = self._map(directory / f"{info.name}.{column}", _dtype(column, info.hashed))
-            self.fence = np.fromfile(fence, dtype=_dtype("k1", info.hashed))
+                if column == "ids":
+                    self._raw[column] = self._read(directory / f"{info.name}.ids", info.files, info.dtype(column))
+                else:
+                    self._raw[column] = self._map(directory / f"{info.name}.{column}", info.dtype(column))
+            self.fence = np.fromfile(fence, dtype=info.dtype("k1"))
         except FileNotFoundError as exc:
             self.close()
             raise DamagedIndex(f"{exc.filename} is missing") from None
-        self.k1: np.ndarray = arrays["k1"]
-        self.k2: np.ndarray | None = arrays.get("k2")
-        self.loc: np.ndarray = arrays["loc"]
+        except DamagedIndex:
+            self.close()
+            raise
+        self.k1: np.ndarray = self._raw["k1"]
+        self.k2: Decoded | None = Decoded(self._raw["k2"], _second_words) if info.hashed else None
+        self.loc = Decoded(self._raw["loc"], _location_decoder(self._raw["ids"], info.pos_bits)
+                           if info.pos_bits is not None else np.asarray)
         if len(self.fence) != -(-info.rows // BLOCK):
+            self.close()
             raise DamagedIndex(f"{fence} holds {len(self.fence)} values for {info.rows} entries")
+        if info.pos_bits is not None:
+            ids = self._raw["ids"]
+            if not 0 <= info.pos_bits <= 32 or max(0, info.files - 1).bit_length() + info.pos_bits > 32 \
+                    or (len(ids) and (ids[0] < 0 or (ids[1:] <= ids[:-1]).any())):
+                self.close()
+                raise DamagedIndex(f"{directory / f'{info.name}.ids'} does not describe packed locations")
+
+    def _read(self, path: Path, count: int, dtype: np.dtype[Any]) -> np.ndarray:
+        size = path.stat().st_size
+        if size != count * dtype.itemsize:
+            raise DamagedIndex(f"{path} is {size} bytes, not the {count * dtype.itemsize} of its {count} values")
+        return np.fromfile(path, dtype=dtype)
 
     def _map(self, path: Path, dtype: np.dtype[Any]) -> np.ndarray:
         size = path.stat().st_size
@@ -113,20 +205,19 @@ class DiskRun:
 
     @property
     def nbytes(self) -> int:
-        """The bytes this run holds in the process: its fence (the mapped pages are the kernel's to drop)."""
-        return int(self.fence.nbytes)
+        """The bytes this run holds in the process: its fence and file ids (the mapped pages are the kernel's to
+        drop)."""
+        return int(self.fence.nbytes) + (int(self._raw["ids"].nbytes) if "ids" in self._raw else 0)
 
     @property
     def disk_bytes(self) -> int:
-        return self.info.rows * (24 if self.info.hashed else 16) + int(self.fence.nbytes)
+        return sum(int(array.nbytes) for array in self._raw.values()) + int(self.fence.nbytes)
 
     def verify(self) -> None:
         """Raises :class:`DamagedIndex` unless every file matches its checksum (read in chunks, each handed back
         to the kernel once read)."""
         for column in self.info.columns():
-            array = {"k1": self.k1, "k2": self.k2, "loc": self.loc}[column]
-            assert array is not None
-            raw = array.view(np.uint8)
+            raw = self._raw[column].view(np.uint8)
             crc = 0
             for start in range(0, len(raw), _CRC_CHUNK):
                 crc = zlib.crc32(raw[start:start + _CRC_CHUNK].data, crc)
@@ -164,8 +255,10 @@ class DiskRun:
                 mapped.madvise(mmap.MADV_DONTNEED)
 
     def close(self) -> None:
-        self.k1 = self.loc = self.fence = np.empty(0)
+        self.k1 = self.fence = np.empty(0)
+        self.loc = Decoded(np.empty(0, np.int64), np.asarray)
         self.k2 = None
+        self._raw = {}
         maps, self._maps = self._maps, []
         for mapped in maps:
             with contextlib.suppress(BufferError):  # a view still held elsewhere keeps it mapped until collected
@@ -180,54 +273,152 @@ class DamagedIndex(Exception):
 
 
 class RunWriter:
-    """Writes one run from sorted chunks (see the module)."""
+    """Writes one run from sorted chunks (see the module). Locations come as ``file id << 32 | position``; they are
+    written so first (``.wide``), the file ids and largest position noted on the way, and packed in 32 bits when
+    the run is finished, if they fit."""
 
     def __init__(self, directory: Path, hashed: bool) -> None:
         self.directory = directory
         self.hashed = hashed
         self.name = f"run-{uuid.uuid4().hex[:12]}"
         self.rows = 0
-        self._columns = ["k1", "k2", "loc"] if hashed else ["k1", "loc"]
+        self._columns = ["k1", "k2", "wide"] if hashed else ["k1", "wide"]
         self._files = {column: open(directory / f"{self.name}.{column}", "wb")  # noqa: SIM115 (closed in finish)
                        for column in self._columns}
         self._crc = dict.fromkeys(self._columns, 0)
         self._fence: list[np.ndarray] = []
         self._last: Any = None
+        # what the locations hold: file ids (a bitmap of the small ones, the others sorted), the largest position
+        self._dense = np.zeros(0, bool)
+        self._sparse = np.empty(0, np.int64)
+        self._max_position = 0
+        self._negative = False  # a location below 0 (never written by the index: dead entries stay in memory)
 
     def append(self, k1: np.ndarray, k2: np.ndarray | None, loc: np.ndarray) -> None:
         if not len(k1):
             return
         if self._last is not None and k1[0] < self._last:
             raise ValueError("a run's chunks must come in code order")
-        self._last = k1[-1]
         codes = k1.astype(_dtype("k1", self.hashed), copy=False)
-        arrays: dict[str, Any] = {"k1": codes, "k2": k2, "loc": loc.astype(np.int64, copy=False)}
+        high = None
+        if self.hashed:
+            assert k2 is not None
+            second = k2.astype(np.uint64, copy=False)
+            if (second & _LOW_BITS).any():
+                raise ValueError("a run on disk holds 96-bit codes: the low 32 bits of a second word must be 0")
+            high = (second >> _HIGH).astype(np.uint32)
+        self._last = k1[-1]
+        loc = loc.astype(np.int64, copy=False)
+        self._note(loc)
+        arrays: dict[str, Any] = {"k1": codes, "k2": high, "wide": loc}
         for column in self._columns:
             data = np.ascontiguousarray(arrays[column]).view(np.uint8).data
             self._files[column].write(data)
-            self._crc[column] = zlib.crc32(data, self._crc[column])
+            if column != "wide":  # checksummed once packed (or not)
+                self._crc[column] = zlib.crc32(data, self._crc[column])
         self._fence.append(codes[(-self.rows) % BLOCK::BLOCK].copy())
         self.rows += len(k1)
 
+    def _note(self, loc: np.ndarray) -> None:
+        if self._negative:
+            return
+        files = loc >> 32
+        if files.min() < 0:
+            self._negative = True
+            return
+        self._max_position = max(self._max_position, int(np.bitwise_and(loc, 0xFFFFFFFF).max()))
+        top = int(files.max())
+        if top >= _DENSE_IDS:
+            self._sparse = np.union1d(self._sparse, files[files >= _DENSE_IDS])
+            files = files[files < _DENSE_IDS]
+            if not len(files):
+                return
+            top = int(files.max())
+        if top >= len(self._dense):
+            grown = np.zeros(max(top + 1, 2 * len(self._dense)), bool)
+            grown[:len(self._dense)] = self._dense
+            self._dense = grown
+        self._dense[files] = True
+
+    def _file_ids(self) -> np.ndarray:
+        """The file ids the run's locations name, sorted."""
+        return np.concatenate([np.flatnonzero(self._dense).astype(np.int64), self._sparse])
+
     def finish(self) -> RunInfo:
-        """Syncs the run's files and writes its fence; the run is durable when this returns."""
-        for file in self._files.values():
+        """Packs the locations (when they fit), syncs the run's files and writes its fence; the run is durable when
+        this returns."""
+        for column, file in self._files.items():
             file.flush()
-            os.fsync(file.fileno())
+            if column != "wide":
+                os.fsync(file.fileno())
             file.close()
+        ids = self._file_ids()
+        pos_bits = self._max_position.bit_length()
+        wide = self.directory / f"{self.name}.wide"
+        if self.rows and not self._negative and max(0, len(ids) - 1).bit_length() + pos_bits <= PACKED_BITS:
+            self._crc["loc"] = self._pack(wide, ids, pos_bits)
+            self._crc["ids"] = self._write(self.directory / f"{self.name}.ids", ids.astype("<i8"))
+            wide.unlink()
+            info_bits: int | None = pos_bits
+        else:
+            self._crc["loc"] = _file_crc(wide)
+            with open(wide, "rb") as reading:
+                os.fsync(reading.fileno())
+            os.replace(wide, self.directory / f"{self.name}.loc")
+            ids, info_bits = ids[:0], None
+        del self._crc["wide"]
         fence = np.concatenate(self._fence) if self._fence else np.empty(0, _dtype("k1", self.hashed))
-        with open(self.directory / f"{self.name}.fence", "wb") as file:
-            file.write(np.ascontiguousarray(fence).view(np.uint8).data)
+        self._write(self.directory / f"{self.name}.fence", fence)
+        return RunInfo(self.name, self.rows, self.hashed, dict(self._crc), info_bits, len(ids))
+
+    def _pack(self, wide: Path, ids: np.ndarray, pos_bits: int) -> int:
+        """Writes ``.loc`` packed from the ``.wide`` locations, chunk by chunk; returns its CRC-32."""
+        dense, sparse = ids[ids < _DENSE_IDS], ids[ids >= _DENSE_IDS]
+        local = np.zeros(int(dense[-1]) + 1 if len(dense) else 0, np.int64)
+        local[dense] = np.arange(len(dense))
+        crc = 0
+        with open(self.directory / f"{self.name}.loc", "wb") as out:
+            for start in range(0, self.rows, _PACK_CHUNK):
+                loc = np.fromfile(wide, "<i8", min(_PACK_CHUNK, self.rows - start), offset=start * 8)
+                files = loc >> 32
+                if len(sparse) and files.max() >= _DENSE_IDS:
+                    small = files < _DENSE_IDS
+                    number = np.empty(len(loc), np.int64)
+                    number[small] = local[files[small]]
+                    number[~small] = len(dense) + np.searchsorted(sparse, files[~small])
+                else:
+                    number = local[files]
+                number <<= pos_bits
+                number |= np.bitwise_and(loc, 0xFFFFFFFF, out=loc)
+                data = number.astype("<u4").view(np.uint8).data
+                out.write(data)
+                crc = zlib.crc32(data, crc)
+            out.flush()
+            os.fsync(out.fileno())
+        return crc
+
+    def _write(self, path: Path, array: np.ndarray) -> int:
+        data = np.ascontiguousarray(array).view(np.uint8).data
+        with open(path, "wb") as file:
+            file.write(data)
             file.flush()
             os.fsync(file.fileno())
-        return RunInfo(self.name, self.rows, self.hashed, dict(self._crc))
+        return zlib.crc32(data)
 
     def abandon(self) -> None:
         for file in self._files.values():
             file.close()
-        for column in [*self._columns, "fence"]:
+        for column in ["k1", "k2", "wide", "loc", "ids", "fence"]:
             with contextlib.suppress(FileNotFoundError):
                 (self.directory / f"{self.name}.{column}").unlink()
+
+
+def _file_crc(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as file:
+        while chunk := file.read(_CRC_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,11 @@ beside it until a checkpoint writes a new run: the delta, and a *patch* of the m
 changed (an update moving a key, a delete). The process holds the fence, the delta, the patch and the path table:
 bounded by ``overlay_bytes``, whatever the mirror's size. Adding more than that at once (a build) spills sorted
 runs to disk, merged into the main run in one pass. :meth:`KeyIndex.checkpoint` writes the manifest that ties the
-run to the snapshot it describes, so that a restart opens it instead of reading every data file again.
+run to the snapshot it describes, so that a restart opens it instead of reading every data file again. Kept on
+disk, a hashed code is 96 bits wherever the index holds it (the second word's low 32 bits zeroed as codes are
+computed: the run stores the high half only) and a run packs its locations in 32 bits when they fit: 12 bytes an
+entry on disk for integer keys, 16 for hashed ones (:mod:`pgcdc.index.disk_runs`); a run hands its locations back
+in the form above.
 
 Not thread-safe: one apply thread owns a mirror's index. A build may read and decode files in other threads,
 but calls on the index must come from one thread at a time.
@@ -51,12 +55,14 @@ import pyarrow as pa
 
 from pgcdc.faults import injection_point
 from pgcdc.index.disk_runs import DiskRun, IndexDirectory, Manifest, RunWriter
-from pgcdc.index.key_codes import KeyCoder
+from pgcdc.index.key_codes import Codes, KeyCoder
 
 POSITION_BITS = 32
 MAX_POSITION = (1 << POSITION_BITS) - 1
 MAX_FILE_ID = (1 << 31) - 1
 DEAD = -1
+# what an index kept on disk keeps of a hashed code's second word (96-bit codes: see KeyIndex)
+_DISK_SECOND_WORD = np.uint64(0xFFFFFFFF00000000)
 # the delta is merged into the main run when it holds more than this or an eighth of the main run
 _MIN_MERGE = 1 << 16
 # entries an index on disk keeps in memory beside its run at the least, whatever its share
@@ -121,7 +127,9 @@ class KeyIndex:
     ``multiset=True``: a keyless mirror (REPLICA IDENTITY FULL without a key) whose key is the whole row:
     several entries may share a key (identical rows); :meth:`take` hands them out.
 
-    ``disk``: keep the main run in this directory (see the module), the rest within about ``overlay_bytes``.
+    ``disk``: keep the main run in this directory (see the module), the rest within about ``overlay_bytes``;
+    hashed codes are then compared by 96 of their 128 bits (odds of two keys of a 10^9-row mirror sharing one:
+    about 6e-12; see docs/pipeline.md).
 
     Keys arrive as Arrow tables whose columns have the mirror's stored types; the first table the index sees
     fixes the kinds of its key columns (see :class:`pgcdc.index.key_codes.KeyCoder`).
@@ -250,7 +258,7 @@ class KeyIndex:
                 raise ValueError(f"{len(located_at)} positions for {rows} key rows")
             if rows > 1 and not (located_at[1:] > located_at[:-1]).all() and len(_distinct(located_at)) != rows:
                 raise ValueError("positions must not repeat: each row of a data file is one entry")
-        k1, k2 = self._coder_for(keys.schema).codes(keys)
+        k1, k2 = self._codes(keys)
         file_id = self._intern(path)
         if rows:
             self._queued[0].append(k1)
@@ -354,7 +362,7 @@ class KeyIndex:
         if self._multiset:
             raise TypeError("a multiset index holds several entries per key: use take(keys, counts)")
         keys = _table(keys)
-        k1, k2 = self._coder_for(keys.schema).codes(keys)
+        k1, k2 = self._codes(keys)
         self._flush()
         queries, slots = self._lookup(k1, k2)
         locations = self._locations(slots)
@@ -380,7 +388,7 @@ class KeyIndex:
         wanted = wanted.astype(np.int64)
         if rows and wanted.min() < 0:
             raise ValueError("counts must not be negative")
-        k1, k2 = self._coder_for(keys.schema).codes(keys)
+        k1, k2 = self._codes(keys)
         self._flush()
         if not rows:
             return self._located(np.empty(0, np.int64), np.empty(0, np.int64))
@@ -423,6 +431,14 @@ class KeyIndex:
             self._main = _Run.empty(hashed=not self._coder.integer)
             self._delta = _Run.empty(hashed=not self._coder.integer)
         return self._coder
+
+    def _codes(self, keys: pa.Table) -> Codes:
+        """The codes of key rows as this index compares them: kept on disk, a hashed code keeps 96 of its 128 bits
+        (the second word's low 32 bits zeroed), whether its entry sits in the run or in memory beside it."""
+        k1, k2 = self._coder_for(keys.schema).codes(keys)
+        if k2 is not None and self._disk is not None:
+            k2 = k2 & _DISK_SECOND_WORD
+        return k1, k2
 
     @property
     def _hashed(self) -> bool:
