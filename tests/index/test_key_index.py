@@ -364,8 +364,11 @@ class Place:
         import tempfile
         from pathlib import Path
 
-        if self.directory is not None:
+        if self.directory is not None:  # the previous example's index
+            import shutil
+
             self.directory.close()
+            shutil.rmtree(self.directory.path, ignore_errors=True)
         self.directory = IndexDirectory(Path(tempfile.mkdtemp(prefix="pgcdc-index-test-")))
         return KeyIndex(multiset=multiset, disk=self.directory, overlay_bytes=0)
 
