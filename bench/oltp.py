@@ -56,6 +56,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -247,11 +248,12 @@ class Streaming:
     tail: deque = field(default_factory=lambda: deque(maxlen=60))
     python_rss: int = 0
     jvm_rss: int = 0
+    log: TextIO | None = None  # where every line of its log is kept too (--log)
 
     @classmethod
-    def start(cls, command: list[str], stdout) -> Streaming:
+    def start(cls, command: list[str], stdout, log: Path | None = None) -> Streaming:
         process = subprocess.Popen(command, stdout=stdout, stderr=subprocess.PIPE, text=True, bufsize=1)
-        streaming = cls(process)
+        streaming = cls(process, log=log.open("w") if log is not None else None)
         threading.Thread(target=streaming._read, daemon=True).start()
         threading.Thread(target=streaming._sample, daemon=True).start()
         return streaming
@@ -261,6 +263,9 @@ class Streaming:
         for line in self.process.stderr:
             at = time.monotonic()
             self.tail.append(line.rstrip())
+            if self.log is not None:
+                self.log.write(f"{time.strftime('%H:%M:%S')} {line}")
+                self.log.flush()
             match = APPLIED.search(line)
             if match is None:
                 continue
@@ -353,6 +358,7 @@ def main() -> None:
                         help="the warehouse: a local directory (default), or a local S3 server behind Iceberg's "
                              "JDBC catalog on the bench's PostgreSQL")
     parser.add_argument("--seed", type=int, default=7, help="the workload's random seed")
+    parser.add_argument("--log", type=Path, default=None, help="a file to keep the streaming run's log in")
     args = parser.parse_args()
     tables_count = args.tables or (30 if args.quick else 200)
     seconds = args.seconds or (60.0 if args.quick else 300.0)
@@ -401,7 +407,7 @@ def main() -> None:
         stdout = stack.enter_context(open(os.path.join(work, "stdout"), "w+"))
         process_started = time.monotonic()
         streaming = Streaming.start(pgcdc_command(server.dsn, store_args, config_file, until_caught_up=False),
-                                    stdout)
+                                    stdout, args.log)
         try:
             warm = streaming.wait_for(warm_up(conn, tables), 600, "the warm-up transaction")
             warmup_s = warm - process_started

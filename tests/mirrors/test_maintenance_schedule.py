@@ -131,9 +131,10 @@ def test_a_stream_of_batches_delays_maintenance_for_three_looks_at_most():
     assert not maintainer.ready() and not maintainer.overdue()
 
 
-def test_a_look_reads_a_kept_table_only_when_it_changed_and_commits_nothing(spark, iceberg_namespace, monkeypatch):
-    """Hundreds of mirrors are looked at every few seconds, on the apply thread: an unchanged one costs no read of
-    its metadata, and a table never cleaned of orphans gets its clock in memory, not in a commit of its own."""
+def test_a_look_reads_a_kept_table_in_one_call_and_commits_nothing(spark, iceberg_namespace, monkeypatch):
+    """Hundreds of mirrors are looked at every few seconds, on the apply thread: a look reads the pipeline's kept
+    table in one call into the JVM (not the table's whole metadata as JSON, nor a load from the catalog), and a
+    table never cleaned of orphans gets its clock in memory, not in a commit of its own."""
     import pgcdc.mirrors.maintenance as maintenance
     from pgcdc.mirrors.maintenance import ORPHANS_REMOVED_PROPERTY, MaintainedTable
     from pgcdc.spark.iceberg_java import load_table
@@ -142,9 +143,11 @@ def test_a_look_reads_a_kept_table_only_when_it_changed_and_commits_nothing(spar
     spark.sql(f"CREATE TABLE {identifier} (id bigint) USING iceberg TBLPROPERTIES ('format-version' = '2')")
     spark.range(3).coalesce(1).writeTo(identifier).append()
     kept = load_table(spark, identifier)
+    assert maintenance._looked_health(spark, kept) == maintenance._health(spark, kept, count_manifests=False)
     reads = []
-    health = maintenance._health
-    monkeypatch.setattr(maintenance, "_health", lambda *args, **kwargs: reads.append(1) or health(*args, **kwargs))
+    for name in ("_health", "table_health"):
+        read = getattr(maintenance, name)
+        monkeypatch.setattr(maintenance, name, lambda *a, _read=read, **k: reads.append(1) or _read(*a, **k))
     clock = [0.0]
     policy = MaintenancePolicy(check_seconds=0, interval_seconds=0, data_files=3)
     maintainer = Maintainer(lambda: spark, policy, lambda: [MaintainedTable(identifier, dict, lambda: kept)],
@@ -153,14 +156,46 @@ def test_a_look_reads_a_kept_table_only_when_it_changed_and_commits_nothing(spar
     for _ in range(3):
         clock[0] += 1
         assert maintainer.turn() is None  # one data file: not due
-    assert len(reads) == 1
+    assert reads == []
     kept.refresh()
     assert len(list(kept.snapshots())) == snapshots and kept.properties().get(ORPHANS_REMOVED_PROPERTY) is None
     for _ in range(2):
         spark.range(3).coalesce(1).writeTo(identifier).append()
     kept.refresh()  # as the pipeline's next batch does
     clock[0] += 1
-    result = maintainer.turn()  # three data files now: read again, and compacted
+    result = maintainer.turn()  # three data files now: compacted
     assert result is not None and result.after is not None and result.after.data_files == 1
-    assert len(reads) >= 2
     assert load_table(spark, identifier).properties().get(ORPHANS_REMOVED_PROPERTY) is not None
+
+
+def test_snapshots_of_a_resting_table_are_expired_before_its_interval_ends(spark, iceberg_namespace):
+    """A mirror a batch commits to every second gathers hundreds of snapshots within one interval, each rewritten
+    into every metadata file: past ``snapshots`` of them, expiry runs without waiting for the interval."""
+    from pgcdc.mirrors.maintenance import MaintainedTable
+    from pgcdc.spark.iceberg_java import load_table
+
+    identifier = f"pgcdc.{iceberg_namespace}.t"
+    spark.sql(f"CREATE TABLE {identifier} (id bigint) USING iceberg TBLPROPERTIES ('format-version' = '2')")
+    kept = load_table(spark, identifier)
+
+    def commits(count: int) -> None:
+        for _ in range(count):
+            spark.range(1).coalesce(1).writeTo(identifier).append()
+        kept.refresh()
+
+    clock = [0.0]
+    policy = MaintenancePolicy(check_seconds=0, interval_seconds=1000, data_files=1000, delete_files=1000,
+                               snapshots=6, snapshots_kept=1, snapshot_max_age_seconds=3600)
+    maintainer = Maintainer(lambda: spark, policy, lambda: [MaintainedTable(identifier, dict, lambda: kept)],
+                            clock=lambda: clock[0])
+    commits(6)
+    first = maintainer.turn()  # due: the table's first maintenance, which starts its interval
+    assert first is not None and first.after is not None and first.after.snapshots == 3
+    commits(2)
+    clock[0] += 1
+    assert maintainer.turn() is None  # resting, and 5 snapshots: nothing to do yet
+    commits(2)
+    clock[0] += 1
+    expired = maintainer.turn()  # resting, but 7 snapshots: expired without waiting for the interval
+    assert expired is not None and expired.steps == {"expire": 4} and expired.after is not None
+    assert expired.after.snapshots == 3 and expired.after.data_files == 10

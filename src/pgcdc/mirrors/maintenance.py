@@ -166,6 +166,18 @@ def _health(spark: SparkSession, table: Any, *, count_manifests: bool = True) ->
         data_bytes=int(summary.get("total-files-size") or "0"))
 
 
+def _looked_health(spark: SparkSession, table: Any) -> TableHealth:
+    """``table``'s health as :func:`_health` reads it without the manifest count, in one call into the JVM when
+    pgcdc's jar is there (:class:`pgcdc.iceberg.Health`), rather than from the whole metadata as JSON."""
+    classes = iceberg_classes()
+    if classes.health is None:
+        return _health(spark, table, count_manifests=False)
+    snapshots, data, deletes, rows, size, current, has_current, removed_at = (
+        int(figure) for figure in str(classes.health.of(table, ORPHANS_REMOVED_PROPERTY)).split(","))
+    return TableHealth(snapshots, data, deletes, 0, None if removed_at < 0 else float(removed_at),
+                       current if has_current else None, rows, size)
+
+
 def due_steps(health: TableHealth, policy: MaintenancePolicy, now: float, *, settled: bool = False) -> list[str]:
     """The steps a table's health calls for under ``policy`` (empty: the table is fine as it is). ``settled``:
     the table has not changed for an interval; its delete files, however few, are compacted away then, as every
@@ -418,6 +430,7 @@ def mirror_tables(mirrors: MirrorCatalog, tables: list[tuple[str, bool, Callable
 
 
 MAINTENANCE_REST_FACTOR = 4.0
+EXPIRY_BUDGET_SECONDS = 0.5  # of a turn, for the expiry of tables resting between two maintenances
 MAINTENANCE_OVERDUE_LOOKS = 3  # looks a stream of batches may delay before a maintenance turn goes before one
 
 
@@ -437,7 +450,6 @@ class Maintainer:
         self._last: dict[str, float] = {}
         self._rest: dict[str, float] = {}  # per table: seconds before its next maintenance, at least the interval
         self._changed: dict[str, tuple[int | None, float]] = {}  # per table: its snapshot, first seen when
-        self._seen: dict[str, TableHealth] = {}  # per table: its health at its last look (reused while unchanged)
         self._first_seen: dict[str, float] = {}  # per table never cleaned of orphans: when first looked at (epoch)
         self._last_check = float("-inf")
         self._next = 0
@@ -465,25 +477,36 @@ class Maintainer:
         return self.ready(now) and now - self._last_check >= MAINTENANCE_OVERDUE_LOOKS * self.policy.check_every
 
     def turn(self) -> MaintenanceResult | None:
-        """Maintain the next due table, if any; a failure (a conflict with someone else's commit) is logged and
-        the table tried again after the interval."""
+        """Maintain the next due table, if any; on the way, expire the snapshots of tables resting since their
+        last maintenance that hold ``policy.snapshots`` or more (for at most ``EXPIRY_BUDGET_SECONDS`` a turn): a
+        mirror a batch commits to every second would otherwise gather hundreds within an interval, each listed in
+        the metadata file every commit rewrites and every refresh reads. A failure (a conflict with someone else's
+        commit) is logged and the table tried again after the interval. Returns the last maintenance made."""
         self._last_check = now = self.clock()
+        started = time.monotonic()
         tables = self._tables()
+        made = None
         for offset in range(len(tables)):
             candidate = tables[(self._next + offset) % len(tables)]
             rest = max(self.policy.interval_seconds, self._rest.get(candidate.identifier, 0.0))
-            if now - self._last.get(candidate.identifier, float("-inf")) < rest:
-                continue
+            resting = now - self._last.get(candidate.identifier, float("-inf")) < rest
+            if resting and (candidate.kept() is None or time.monotonic() - started >= EXPIRY_BUDGET_SECONDS):
+                continue  # a look costs a load from the catalog, or the turn has spent its time
             self._started_jobs = True
             spark = self._spark()
             try:
                 health = self._look(spark, candidate)
-                steps = due_steps(health, self.policy, time.time(),
-                                  settled=self._settled(candidate.identifier, health.current_snapshot, now))
-                if not steps:
-                    continue
-                self._last[candidate.identifier] = now
-                self._next = (self._next + offset + 1) % len(tables)
+                if resting:
+                    if health.snapshots < self.policy.snapshots:
+                        continue
+                    steps = ["expire"]
+                else:
+                    steps = due_steps(health, self.policy, time.time(),
+                                      settled=self._settled(candidate.identifier, health.current_snapshot, now))
+                    if not steps:
+                        continue
+                    self._last[candidate.identifier] = now
+                    self._next = (self._next + offset + 1) % len(tables)
                 with _job_group(spark):
                     result = maintain_table(spark, candidate.identifier, candidate.carried(), self.policy,
                                             steps=steps)
@@ -494,37 +517,29 @@ class Maintainer:
                 else:
                     log.warning("maintenance of %s failed, tried again in %.0fs: %s", candidate.identifier,
                                 self.policy.interval_seconds, _first_line(exc))
-                return None
+                return made
             kept = candidate.kept()
             if kept is not None:  # its next look reads what the maintenance made of it
                 with contextlib.suppress(Exception):
                     kept.refresh()
-            # a table whose maintenance takes long (a large mirror, every file of it touched by deletes) rests
-            # for a multiple of that time: maintenance of any one table takes at most a quarter of the time
-            self._rest[candidate.identifier] = MAINTENANCE_REST_FACTOR * result.seconds
             self.results = [*self.results[-99:], result]
-            return result
-        return None
+            made = result
+            if not resting:
+                # a table whose maintenance takes long (a large mirror, every file of it touched by deletes) rests
+                # for a multiple of that time: maintenance of any one table takes at most a quarter of the time
+                self._rest[candidate.identifier] = MAINTENANCE_REST_FACTOR * result.seconds
+                return result
+        return made
 
     def _look(self, spark: SparkSession, candidate: MaintainedTable) -> TableHealth:
-        """``candidate``'s health, as cheaply as it can be had: a table whose current snapshot is the one of its last
-        look is not read again (a look every few seconds over hundreds of mirrors, most of them unchanged, ran on
-        the apply thread), and a kept table is read from the pipeline's own handle, not loaded from the catalog.
-        A table never cleaned of orphans counts its orphan clock from its first look (its maintenance records it
-        in the table: :func:`_clean_old_metadata`)."""
-        identifier = candidate.identifier
+        """``candidate``'s health, as cheaply as it can be had (a look every few seconds over hundreds of mirrors
+        runs on the apply thread): a kept table is read from the pipeline's own handle in one call into the JVM,
+        not loaded from the catalog nor read as JSON. A table never cleaned of orphans counts its orphan clock from
+        its first look (its maintenance records it in the table: :func:`_clean_old_metadata`)."""
         table = candidate.kept()
-        if table is None:
-            health = table_health(spark, identifier)
-        else:
-            current = table.currentSnapshot()
-            snapshot = None if current is None else int(current.snapshotId())
-            seen = self._seen.get(identifier)
-            health = seen if seen is not None and seen.current_snapshot == snapshot else _health(
-                spark, table, count_manifests=False)
-        self._seen[identifier] = health
+        health = table_health(spark, candidate.identifier) if table is None else _looked_health(spark, table)
         if health.orphans_removed_at is None:
-            started = self._first_seen.setdefault(identifier, time.time())
+            started = self._first_seen.setdefault(candidate.identifier, time.time())
             health = replace(health, orphans_removed_at=started)
         return health
 

@@ -90,6 +90,7 @@ class IcebergClasses:
 
         self.partitions = own_class("Partitions")
         self.manifests = own_class("Manifests")
+        self.health = own_class("Health")
         self.HashMap = jvm.java.util.HashMap
 
 
