@@ -227,3 +227,46 @@ def test_expiry_keeps_the_tagged_snapshot_readable_and_exact(pg, spark):
     pg.execute("UPDATE ledger_b SET balance = balance + 1 WHERE id = 1")
     catch_up_in_process(config, spark)
     assert {identifier: tag_state(load_table(spark, identifier)) for identifier in mirrors} == moved
+
+
+def test_the_jvm_s_tag_target_is_the_lineage_rule_s(spark, iceberg_namespace):
+    """A tag's move finds its snapshot in the JVM (pgcdc.iceberg.Tags, one call a mirror), readers and the start of
+    a run in Python (snapshot_at): both hold to one rule over every kind of lineage — pgcdc's commits, someone's
+    compaction, a compaction stamped before a batch beneath it, another writer's commit, a rewrite whose parent
+    expired."""
+    from pgcdc.lsn import Lsn
+    from pgcdc.mirrors.consistent import _java_target, snapshot_at
+    from pgcdc.mirrors.maintenance import MaintenancePolicy, maintain_table
+    from pgcdc.spark.iceberg_java import iceberg_classes, load_table, metadata_view
+
+    tags = iceberg_classes().tags
+    assert tags is not None, "pgcdc's jar is on the test session's class path"
+    identifier = f"pgcdc.{iceberg_namespace}.t"
+    name = identifier.split(".", 1)[1]
+    spark.sql(f"CREATE TABLE {identifier} (id bigint) USING iceberg TBLPROPERTIES ('format-version' = '2')")
+    probes = [Lsn.parse(text) for text in ("0/50", "0/100", "0/150", "0/200", "0/300", "1/0")]
+    seen = []
+
+    def agree(step: str) -> None:
+        table = load_table(spark, identifier)
+        view = metadata_view(table)
+        python = [snapshot_at(view, lsn) for lsn in probes]
+        assert [_java_target(tags, table, lsn) for lsn in probes] == python, step
+        seen.append(python)
+
+    agree("no snapshot")
+    for lsn in ("0/100", "0/100"):  # two batches' files, for a compaction to rewrite
+        spark.range(2).coalesce(1).writeTo(identifier).option("snapshot-property.pgcdc.lsn", lsn).append()
+    agree("pgcdc's commits")
+    spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{name}', options => map('rewrite-all', 'true'))")
+    agree("someone's compaction, no stamp: its parent's position")
+    spark.range(1).coalesce(1).writeTo(identifier).option("snapshot-property.pgcdc.lsn", "0/200").append()
+    maintain_table(spark, identifier, {"pgcdc.lsn": "0/100"}, MaintenancePolicy(), steps=["compact-data"])
+    agree("a compaction stamped before a batch beneath it: the batch's position")
+    spark.sql(f"CALL pgcdc.system.expire_snapshots(table => '{name}', retain_last => 1, "
+              "older_than => TIMESTAMP '2999-01-01 00:00:00')")
+    agree("a rewrite whose parent expired: its own stamp")
+    spark.range(1).coalesce(1).writeTo(identifier).append()
+    agree("another writer's commit: no position")
+    assert any(target is not None for targets in seen for target in targets)
+    assert seen[-1] == [None] * len(probes)

@@ -150,9 +150,13 @@ def _point_tag(table: Any, state: TagState, snapshot_id: int, lsn: Lsn) -> None:
     manage = manage.replaceTag(CONSISTENT_TAG, snapshot_id) if state.snapshot_id is not None \
         else manage.createTag(CONSISTENT_TAG, snapshot_id)
     manage.commit()
-    transaction.updateProperties().set(CONSISTENT_PROPERTY, json.dumps(
-        {"lsn": str(lsn), "snapshot": snapshot_id}, sort_keys=True)).commit()
+    transaction.updateProperties().set(CONSISTENT_PROPERTY, _recorded(lsn, snapshot_id)).commit()
     transaction.commitTransaction()
+
+
+def _recorded(lsn: Lsn, snapshot_id: int) -> str:
+    """The ``pgcdc.consistent`` property of a tag on ``snapshot_id`` standing for ``lsn``."""
+    return json.dumps({"lsn": str(lsn), "snapshot": snapshot_id}, sort_keys=True)
 
 
 def move_tags(spark: SparkSession, identifiers: list[str], lsn: Lsn, *,
@@ -162,18 +166,35 @@ def move_tags(spark: SparkSession, identifiers: list[str], lsn: Lsn, *,
     many moved. ``each(call, items)``: ``call`` of every item, in any order or side by side (default: one after
     another); the tables are loaded, then their tags moved, that way: a move over hundreds of mirrors waits on
     storage and the catalog per mirror."""
-    from pgcdc.spark.iceberg_java import load_table
+    from pgcdc.spark.iceberg_java import iceberg_classes, load_table
 
     each = each or (lambda call, items: [call(item) for item in items])
     loaded = each(lambda identifier: (identifier, load_table(spark, identifier)), identifiers)
     tables = dict(loaded)
-    views = {identifier: metadata_view(table) for identifier, table in tables.items()}
-    ahead = [identifier for identifier, view in views.items() if snapshot_at(view, lsn) is None]
+    tags = iceberg_classes().tags
+    if tags is None:  # a session without pgcdc's jar: each mirror's metadata read here, as JSON
+        views = {identifier: metadata_view(table) for identifier, table in tables.items()}
+        targets = {identifier: snapshot_at(view, lsn) for identifier, view in views.items()}
+    else:  # the same rule in the JVM (pgcdc.iceberg.Tags): one call a mirror, no metadata read into Python
+        targets = dict(each(lambda identifier: (identifier, _java_target(tags, tables[identifier], lsn)),
+                            identifiers))
+    ahead = [identifier for identifier, target in targets.items() if target is None]
     if ahead:
         log.info("consistent tags stay: %s hold%s no snapshot of the source at %s (copied at a later point, or "
                  "written by another writer since)", ", ".join(ahead), "s" if len(ahead) == 1 else "", lsn)
         return 0
-    return sum(each(lambda identifier: move_tag(tables[identifier], lsn, view=views[identifier]), identifiers))
+    if tags is None:
+        return sum(each(lambda identifier: move_tag(tables[identifier], lsn, view=views[identifier]), identifiers))
+    placed = {identifier: target for identifier, target in targets.items() if target is not None}
+    each(lambda identifier: tags.point(tables[identifier], CONSISTENT_TAG, placed[identifier], CONSISTENT_PROPERTY,
+                                       _recorded(lsn, placed[identifier])), identifiers)
+    return len(identifiers)
+
+
+def _java_target(tags: Any, table: Any, lsn: Lsn) -> int | None:
+    """:func:`snapshot_at` of ``table`` through ``pgcdc.iceberg.Tags`` (pgcdc's jar)."""
+    target = int(tags.target(table, LSN_SUMMARY, str(lsn)))
+    return None if target < 0 else target
 
 
 def settled_lsn(tables: Mapping[str, Any], start: Lsn) -> Lsn | None:

@@ -436,9 +436,10 @@ MAINTENANCE_OVERDUE_LOOKS = 3  # looks a stream of batches may delay before a ma
 
 class Maintainer:
     """The pipeline's schedule: :meth:`turn` maintains at most one due table (round robin), so a turn between two
-    applies stays short; a table is looked at again only ``policy.interval_seconds`` after its last maintenance
-    began (or four times as long as that maintenance took, when that is longer), and one left unchanged for an
-    interval (the stream went quiet) is compacted of its last delete files.
+    applies stays short; a table is maintained again only ``policy.interval_seconds`` after its last maintenance
+    began (or four times as long as that maintenance took, when that is longer) — meanwhile only its snapshots
+    are expired, once they reach the policy's bound — and one left unchanged for an interval (the stream went
+    quiet) is compacted of its last delete files.
     ``clock`` keeps the schedule's time (seconds; a simulation may run its own)."""
 
     def __init__(self, spark: Callable[[], SparkSession], policy: MaintenancePolicy,

@@ -91,6 +91,7 @@ class IcebergClasses:
         self.partitions = own_class("Partitions")
         self.manifests = own_class("Manifests")
         self.health = own_class("Health")
+        self.tags = own_class("Tags")
         self.HashMap = jvm.java.util.HashMap
 
 
