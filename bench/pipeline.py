@@ -10,8 +10,9 @@
    pipeline applies it, by each writer (the MERGE writer is the peer), after applies that warm the JVM up: wall
    time, the CPU of the JVM's and Python's threads doing it, py4j round trips, and the time of each step.
 3. Apply, once per setting (``--apply delta,merge``, ``--deletes``, ``--maintenance``, ``--consistent-every``,
-   ``--batch-seconds``), each on a fresh slot and its own mirror, one pipeline through all of that setting's
-   phases, as a deployed pgcdc runs: a writer commits transactions of 100 rows (inserts and updates) while the
+   ``--batch-seconds``, ``--partition-by``: a partitioned mirror's rate is printed as a ratio to the unpartitioned
+   one's), each on a fresh slot and its own mirror, one pipeline through all of that setting's phases, as a
+   deployed pgcdc runs: a writer commits transactions of 100 rows (inserts and updates) while the
    pipeline streams them into Iceberg. The first phase of a fresh pipeline (the JVM compiling the commit path,
    the first batches) is the warm-up, reported apart. Then ``--repeat`` unpaced phases (rows/s from commit to
    Iceberg commit, the CPU per applied row by program), and as many paced at 50% and 90% of their median rate
@@ -331,14 +332,16 @@ class ApplySetting:
     maintenance: bool
     consistent_seconds: float | None
     batch_seconds: float
+    partition_by: str | None = None  # the mirror's partition spec (None: unpartitioned)
 
     def text(self) -> str:
         tags = "no consistent tags" if self.consistent_seconds is None else (
             "consistent tags after every batch" if self.consistent_seconds == 0 else
             f"consistent tags every {self.consistent_seconds:g}s")
         deletes = f", {self.deletes} deletes" if self.writer == "delta" else ""
+        partitioned = f", partitioned by {self.partition_by}" if self.partition_by else ""
         return (f"{self.writer} writer{deletes}, maintenance {'on' if self.maintenance else 'off'}, {tags}, "
-                f"batch clock {self.batch_seconds:g}s")
+                f"batch clock {self.batch_seconds:g}s{partitioned}")
 
 
 def spread(values: list[float], unit: str = "", digits: int = 0) -> str:
@@ -407,7 +410,8 @@ def apply_phases(server: EmbeddedPostgres, spark, store: dict, setting: ApplySet
     running = RunningPipeline(server, spark, store, label, python_gc, roots, apply_writer=setting.writer,
                               deletes=setting.deletes, consistent_seconds=setting.consistent_seconds,
                               batch_max_seconds=setting.batch_seconds,
-                              maintenance=MaintenancePolicy(enabled=setting.maintenance))
+                              maintenance=MaintenancePolicy(enabled=setting.maintenance),
+                              partition_by={"public.flow": setting.partition_by} if setting.partition_by else {})
     print(f"{setting.text()}:", flush=True)
     try:
         warm = running.phase(seconds, None, first_id)
@@ -577,6 +581,9 @@ def apply_label(setting: ApplySetting, settings: list[ApplySetting]) -> str:
         parts.append("tags_" + ("off" if setting.consistent_seconds is None else f"{setting.consistent_seconds:g}s"))
     if len({s.batch_seconds for s in settings}) > 1:
         parts.append(f"clock_{setting.batch_seconds:g}s")
+    if len({s.partition_by for s in settings}) > 1:
+        parts.append("partitioned_" + "".join(c if c.isalnum() else "_" for c in setting.partition_by).strip("_")
+                     if setting.partition_by else "unpartitioned")
     return "_".join(parts)
 
 
@@ -608,6 +615,9 @@ def main() -> None:
     parser.add_argument("--consistent-every", default=f"{PipelineConfig.consistent_seconds:g}",
                         help="seconds between moves of the consistent tags, or off; comma-separated to measure the "
                              "apply under each, one after the other (e.g. off,10,0; default pgcdc's)")
+    parser.add_argument("--partition-by", action="append",
+                        help="the mirror's partition spec (e.g. 'days(at)', 'bucket(16, id)'; none: unpartitioned); "
+                             "repeat it to measure the apply under each, one after the other (default: none)")
     args = parser.parse_args()
     parts = {"snapshot", "commit-cost", "apply"}
     only = parts if args.only is None else {p.strip() for p in args.only.split(",") if p.strip()}
@@ -630,9 +640,10 @@ def main() -> None:
         parser.error(f"--maintenance takes on, off or on,off; got {args.maintenance!r}")
     if args.repeat < 1:
         parser.error("--repeat takes 1 or more")
-    settings = [ApplySetting(writer, deleting, on == "on", tags, clock)
+    partitionings = [None if spec.strip().lower() == "none" else spec.strip() for spec in args.partition_by or ["none"]]
+    settings = [ApplySetting(writer, deleting, on == "on", tags, clock, partitioning)
                 for writer in writers for deleting in (deletes if writer == "delta" else ["position"])
-                for on in maintenance for tags in tag_settings for clock in clocks]
+                for on in maintenance for tags in tag_settings for clock in clocks for partitioning in partitionings]
     cluster_conf = {"spark.executor.cores": "1", "spark.cores.max": str(args.executors),
                     "spark.executor.memory": "768m"} if args.executors else {}
     rows = 300_000 if args.quick else 5_000_000
@@ -726,6 +737,15 @@ def main() -> None:
                 if delta and merge:
                     figures["apply_ratio_vs_merge"] = round(delta / merge, 2)
                     print(f"row-delta writer: {delta / merge:.2f}x the MERGE writer's apply rate", flush=True)
+            unpartitioned = [s for s in settings if s.partition_by is None]
+            if len(unpartitioned) == 1:
+                plain = figures.get(f"apply_rows_per_s_{apply_label(unpartitioned[0], settings)}")
+                for setting in settings:
+                    rate = figures.get(f"apply_rows_per_s_{apply_label(setting, settings)}")
+                    if setting.partition_by and plain and rate:
+                        figures[f"apply_ratio_partitioned_{apply_label(setting, settings)}"] = round(rate / plain, 2)
+                        print(f"partitioned by {setting.partition_by}: {rate / plain:.2f}x the unpartitioned mirror's "
+                              "apply rate (goal >= 0.8x)", flush=True)
         spark.stop()
     shutil.rmtree(warehouse, ignore_errors=True)
     print(json.dumps({**figures, "notes": notes}))

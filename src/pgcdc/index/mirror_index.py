@@ -484,6 +484,7 @@ BYTES_PER_ROW = 24  # what an index is planned at per row before it is built (Ke
 UNUSED_INDEX_SECONDS = 30 * 86400  # an index directory no start opened for this long is removed
 MIN_OVERLAY_BYTES = 1 << 20  # what an index on disk holds in memory beside its run at the least ...
 MAX_OVERLAY_BYTES = 256 << 20  # ... and at the most
+HELD_SUM_SECONDS = 1.0  # how often at most the indexes' memory is summed to tell whether the budget is exceeded
 
 
 class IndexBudget:
@@ -502,6 +503,7 @@ class IndexBudget:
         self._reserved = 0  # bytes promised to indexes being built
         self._lock = threading.Lock()
         self._pruned = False
+        self._summed, self._summed_at = 0, float("-inf")  # the indexes' bytes as last summed (exceeded), and when
 
     def reserve(self, rows: int) -> int | None:
         """Room for an in-memory index of about ``rows`` rows beside the indexes built or being built: the bytes
@@ -535,17 +537,27 @@ class IndexBudget:
         return sum(index.keys.memory_bytes for index in self._indexes)
 
     def exceeded(self) -> bool:
-        """Whether the indexes, grown with their mirrors, take more than the limit together."""
-        return self.limit_bytes is not None and self.held_bytes() > self.limit_bytes
+        """Whether the indexes, grown with their mirrors, take more than the limit together. Asked for every mirror
+        of every batch, it sums them at most every ``HELD_SUM_SECONDS`` (a sum over hundreds of indexes per mirror
+        made a batch's cost grow with the square of the mirrors); meanwhile an index grows by a batch at most."""
+        if self.limit_bytes is None:
+            return False
+        now = time.monotonic()
+        with self._lock:
+            if now - self._summed_at >= HELD_SUM_SECONDS:
+                self._summed, self._summed_at = self._held(), now
+            return self._summed > self.limit_bytes
 
     def add(self, index: MirrorIndex, reserved: int = 0) -> None:
         with self._lock:
             self._reserved -= reserved
             self._indexes.append(index)
+            self._summed_at = float("-inf")
 
     def release(self, index: MirrorIndex) -> None:
         with self._lock:
             self._indexes = [held for held in self._indexes if held is not index]
+            self._summed_at = float("-inf")
 
     def directory_for(self, table: Any) -> IndexDirectory:
         """The directory of ``table``'s index, locked for this process (:class:`Unindexable` when another process
