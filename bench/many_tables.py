@@ -81,6 +81,7 @@ def pgcdc_run(command: list[str], log_to: Path | None = None) -> tuple[float, in
         err.seek(0)
         stderr = err.read()
     if log_to is not None:
+        log_to.parent.mkdir(parents=True, exist_ok=True)
         log_to.write_text(stderr)
     if process.returncode:
         sys.exit(f"pgcdc run failed:\n{stderr[-3000:]}")

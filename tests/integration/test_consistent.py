@@ -229,15 +229,17 @@ def test_expiry_keeps_the_tagged_snapshot_readable_and_exact(pg, spark):
     assert {identifier: tag_state(load_table(spark, identifier)) for identifier in mirrors} == moved
 
 
-def test_the_jvm_s_tag_target_is_the_lineage_rule_s(spark, iceberg_namespace):
+def test_the_jvm_s_reads_of_a_lineage_are_python_s(spark, iceberg_namespace):
     """A tag's move finds its snapshot in the JVM (pgcdc.iceberg.Tags, one call a mirror), readers and the start of
-    a run in Python (snapshot_at): both hold to one rule over every kind of lineage — pgcdc's commits, someone's
-    compaction, a compaction stamped before a batch beneath it, another writer's commit, a rewrite whose parent
-    expired."""
+    a run in Python (snapshot_at); a mirror's position is read from a few facts the JVM hands over
+    (pgcdc.iceberg.Facts), or from the whole metadata: each pair holds to one rule over every kind of lineage —
+    pgcdc's commits, someone's compaction, a compaction stamped before a batch beneath it, another writer's commit,
+    a rewrite whose parent expired."""
     from pgcdc.lsn import Lsn
     from pgcdc.mirrors.consistent import _java_target, snapshot_at
     from pgcdc.mirrors.maintenance import MaintenancePolicy, maintain_table
-    from pgcdc.spark.iceberg_java import iceberg_classes, load_table, metadata_view
+    from pgcdc.mirrors.positions import position_facts
+    from pgcdc.spark.iceberg_java import iceberg_classes, light_view, load_table, metadata_view
 
     tags = iceberg_classes().tags
     assert tags is not None, "pgcdc's jar is on the test session's class path"
@@ -252,9 +254,15 @@ def test_the_jvm_s_tag_target_is_the_lineage_rule_s(spark, iceberg_namespace):
         view = metadata_view(table)
         python = [snapshot_at(view, lsn) for lsn in probes]
         assert [_java_target(tags, table, lsn) for lsn in probes] == python, step
+        light = light_view(table, ("pgcdc.lsn",))
+        assert light is not None and position_facts(table) == position_facts(view), step
+        assert [snapshot_at(light, lsn) for lsn in probes] == python, step
         seen.append(python)
 
     agree("no snapshot")
+    spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ('pgcdc.key' = 'id', 'pgcdc.position' = "
+              """'{"lsn": "0/90"}')""")
+    agree("a position recorded")
     for lsn in ("0/100", "0/100"):  # two batches' files, for a compaction to rewrite
         spark.range(2).coalesce(1).writeTo(identifier).option("snapshot-property.pgcdc.lsn", lsn).append()
     agree("pgcdc's commits")

@@ -21,8 +21,12 @@ BESIDE = MaintenancePolicy(interval_seconds=0, data_files=3, delete_files=2, che
 
 # the MERGE writer's mirrors read alike too: a second writer, make soak
 @pytest.mark.parametrize("writer", ["delta", pytest.param("merge", marks=pytest.mark.soak)])
-def test_pyiceberg_reads_every_snapshot_of_the_mixed_workload_as_spark_does(pg, spark, writer):
+def test_pyiceberg_reads_every_snapshot_of_the_mixed_workload_as_spark_does(pg, spark, writer, monkeypatch):
     pg.server.require(16, "streaming 'parallel' and two-phase decoding")
+    from pgcdc.apply import fold
+
+    # small files graduate at 50 rows: batches fold, and files pile up for the maintenance to compact
+    monkeypatch.setattr(fold, "FOLD_MAX_ROWS", 50)
     prepare_source(pg, rows=300)
     config = pipeline_config(pg, spark, apply_writer=writer, batch_max_rows=1, maintenance=BESIDE)
     pipeline = Pipeline(config, spark=spark)

@@ -1,6 +1,8 @@
-"""When a mirror is due for maintenance, and which settings are refused (no Spark needed)."""
+"""When a mirror is due for maintenance, what a turn does, and which settings are refused."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 
@@ -199,3 +201,29 @@ def test_snapshots_of_a_resting_table_are_expired_before_its_interval_ends(spark
     expired = maintainer.turn()  # resting, but 7 snapshots: expired without waiting for the interval
     assert expired is not None and expired.steps == {"expire": 4} and expired.after is not None
     assert expired.after.snapshots == 3 and expired.after.data_files == 10
+
+
+@pytest.mark.parametrize("turn_seconds, maintained", [(60.0, 3), (0.0, 1)], ids=["within", "spent"])
+def test_a_turn_maintains_due_tables_until_it_has_spent_its_time(spark, iceberg_namespace, monkeypatch,
+                                                                  turn_seconds, maintained):
+    """Hundreds of small mirrors, each due every interval: one table a turn would leave most of them behind. A turn
+    goes on to the next due table while it has taken less than its time; the first it maintains whatever it
+    takes."""
+    import pgcdc.mirrors.maintenance as maintenance
+    from pgcdc.mirrors.maintenance import MaintainedTable
+    from pgcdc.spark.iceberg_java import load_table
+
+    monkeypatch.setattr(maintenance, "TURN_SECONDS", turn_seconds)
+    tables = []
+    for name in ("a", "b", "c"):
+        identifier = f"pgcdc.{iceberg_namespace}.{name}"
+        spark.sql(f"CREATE TABLE {identifier} (id bigint) USING iceberg TBLPROPERTIES ('format-version' = '2')")
+        for _ in range(3):
+            spark.range(1).coalesce(1).writeTo(identifier).append()
+        tables.append(MaintainedTable(identifier, dict, functools.partial(load_table, spark, identifier)))
+    policy = MaintenancePolicy(check_seconds=0, data_files=3)
+    maintainer = Maintainer(lambda: spark, policy, lambda: tables, clock=lambda: 0.0)
+    assert maintainer.turn() is not None
+    assert [r.identifier for r in maintainer.results] == [t.identifier for t in tables][:maintained]
+    assert [maintenance.table_health(spark, t.identifier).data_files for t in tables] == \
+        [1] * maintained + [3] * (3 - maintained)

@@ -120,8 +120,11 @@ def _commit_by_position(mirror: MirrorTable, reduction: Reduction, lsn: Lsn, tar
     clock.lap("positions")
     summary, properties = commit_properties(lsn)
     indexed = index.snapshot_id
-    if mirror.small_files is None:
+    if mirror.small_files is None:  # this process's first batch to the mirror: the last commit's small files
         mirror.small_files = SmallFiles()
+        files = getattr(index, "files", None)
+        if not target.partitioned and files is not None:
+            mirror.small_files.recover(target.table, indexed, files, target.schema)
     small = mirror.small_files
     if reduction.truncated:  # every row replaced: nothing to fold (committed() below starts the small files over)
         fold = None

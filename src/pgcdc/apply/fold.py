@@ -22,21 +22,28 @@ batch's own commit, without Spark and without reading a file back:
 - **What is known.** Only files pgcdc wrote in its last commit are folded, and only when that commit is the
   snapshot the batch was resolved against: as soon as the table shows a commit pgcdc did not make (someone's
   compaction, another writer, a maintenance), or holds equality deletes (which a new file would escape),
-  :meth:`SmallFiles.forget` starts over from the next commit's files.
+  :meth:`SmallFiles.forget` starts over from the next commit's files. A new process reads the small files of the
+  mirror's last commit back from storage (:meth:`SmallFiles.recover`), when that commit is pgcdc's, so a restart
+  folds into them rather than leaving them for maintenance.
 
 The key index follows: the small file's keys move to their rows in the new file.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
+from pgcdc.positions import LSN_SUMMARY
+from pgcdc.spark.iceberg_java import java_items
+
 if TYPE_CHECKING:
     from pgcdc.apply.row_delta import Committed
+    from pgcdc.index.mirror_index import FileReader
 
 # A data file of this many rows, or a delete file of this many positions, is no longer folded: a batch that large
 # is read about as fast as a fresh file already, and a fold stays a fraction of an apply (its rows are rewritten
@@ -48,7 +55,8 @@ FOLD_MAX_ROWS = 16_384
 class SmallData:
     path: str
     java: Any  # its Iceberg DataFile, as committed
-    rows: pa.Table  # its rows, as written
+    rows: pa.Table  # its rows, as written (read back: in the mirror's stored types, until a batch's types are known)
+    read_back: bool = False
 
 
 @dataclass
@@ -85,6 +93,30 @@ class SmallFiles:
     def forget(self) -> None:
         self.data, self.deletes, self.snapshot_id = None, None, None
 
+    def recover(self, table: Any, snapshot_id: int | None, files: FileReader, layout: pa.Schema) -> None:
+        """The small files of commit ``snapshot_id`` of an unpartitioned ``table`` (the snapshot a process's first
+        batch to the mirror is resolved against), read back from storage in ``layout`` when it is a commit of
+        pgcdc's — it carries a position, and is no rewrite — that added at most one data file and at most one
+        position-delete file: a new process folds into them as the one before would have. Without it each run of a
+        short-lived process (``--until-caught-up`` on a schedule) left a data file and a delete file in every mirror
+        it touched, for maintenance to compact."""
+        self.forget()
+        snapshot = None if snapshot_id is None else table.snapshot(snapshot_id)
+        if snapshot is None or str(snapshot.operation()) == "replace" or \
+                snapshot.summary().get(LSN_SUMMARY) is None:
+            return
+        io = table.io()
+        data, deletes = java_items(snapshot.addedDataFiles(io)), java_items(snapshot.addedDeleteFiles(io))
+        if len(data) > 1 or len(deletes) > 1:
+            return
+        self.snapshot_id = snapshot_id
+        if data and int(data[0].recordCount()) < FOLD_MAX_ROWS and str(data[0].format()) == "PARQUET":
+            path = str(data[0].location())
+            self.data = SmallData(path, data[0], files.read_columns(path, list(layout), layout), read_back=True)
+        if deletes and str(deletes[0].content()) == "POSITION_DELETES" and str(deletes[0].format()) == "PARQUET" \
+                and int(deletes[0].recordCount()) < FOLD_MAX_ROWS:
+            self.deletes = SmallDeletes(deletes[0], files.read_position_deletes(str(deletes[0].location())))
+
     def plan(self, rows: pa.Table, deletes: dict[str, np.ndarray], *, built_on: int | None,
              equality_deletes: bool) -> Fold:
         """The commit of a batch of ``rows`` deleting ``deletes`` (positions per data file), resolved against
@@ -96,6 +128,12 @@ class SmallFiles:
         remove_data: list[Any] = []
         remaining = dict(deletes)
         small = self.data
+        if small is not None and small.read_back and not small.rows.schema.equals(rows.schema):
+            small.read_back = False
+            # the stored types hold what the batch's held when the file was written (another schema since: the
+            # cast fails, and the file is left to maintenance)
+            with contextlib.suppress(pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+                small.rows = small.rows.cast(rows.schema)
         if small is not None and small.rows.schema.equals(rows.schema):
             gone = remaining.pop(small.path, None)
             live = small.rows

@@ -160,10 +160,13 @@ class RowDeltaWriter(TableWriter):
                     for path in deletes.files:
                         referenced.add(path)
                     operation = operation.validateDataFilesExist(referenced).validateDeletedFiles()
-                if removed:
-                    # the rows of a removed file are rewritten here: no data file (a compaction of it) nor delete
-                    # file (a delete of its rows) may have been added since, or they would count twice or come back
-                    operation = operation.validateNoConflictingDataFiles().validateNoConflictingDeleteFiles()
+                if removed or removed_deletes:
+                    # the rows of a removed file are rewritten here: no data file nor delete file may have been
+                    # added since (a delete of its rows would come back), and every file it removes must still be
+                    # live: someone's compaction (a replace, which Iceberg does not count among added data) may
+                    # have rewritten it, and its rows would count twice
+                    operation = (operation.validateNoConflictingDataFiles().validateNoConflictingDeleteFiles()
+                                 .validateDeletedFiles())
                 for old in removed:
                     operation = operation.removeRows(old)
                 for old in removed_deletes:

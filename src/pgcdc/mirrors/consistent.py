@@ -191,6 +191,14 @@ def move_tags(spark: SparkSession, identifiers: list[str], lsn: Lsn, *,
     return len(identifiers)
 
 
+def _lineage_view(table: Any) -> Any:
+    """What the tag rules read of ``table`` (its refs, properties, and each snapshot's operation and position), in
+    one small read from the JVM where pgcdc's jar is there: a run's start reads it for every mirror."""
+    from pgcdc.spark.iceberg_java import light_view
+
+    return light_view(table, (LSN_SUMMARY,)) or metadata_view(table)
+
+
 def _java_target(tags: Any, table: Any, lsn: Lsn) -> int | None:
     """:func:`snapshot_at` of ``table`` through ``pgcdc.iceberg.Tags`` (pgcdc's jar)."""
     target = int(tags.target(table, LSN_SUMMARY, str(lsn)))
@@ -230,7 +238,7 @@ def settle_tags(spark: SparkSession, identifiers: list[str], start: Lsn) -> Lsn 
 
     if not identifiers:
         return None
-    tables = {identifier: metadata_view(load_table(spark, identifier)) for identifier in identifiers}
+    tables = {identifier: _lineage_view(load_table(spark, identifier)) for identifier in identifiers}
     standing = settled_lsn(tables, start)
     if standing is not None:
         return standing

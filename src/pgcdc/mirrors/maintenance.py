@@ -430,13 +430,13 @@ def mirror_tables(mirrors: MirrorCatalog, tables: list[tuple[str, bool, Callable
 
 
 MAINTENANCE_REST_FACTOR = 4.0
-EXPIRY_BUDGET_SECONDS = 0.5  # of a turn, for the expiry of tables resting between two maintenances
+TURN_SECONDS = 1.0  # a turn maintains due tables after its first while it has taken less than this
 MAINTENANCE_OVERDUE_LOOKS = 3  # looks a stream of batches may delay before a maintenance turn goes before one
 
 
 class Maintainer:
-    """The pipeline's schedule: :meth:`turn` maintains at most one due table (round robin), so a turn between two
-    applies stays short; a table is maintained again only ``policy.interval_seconds`` after its last maintenance
+    """The pipeline's schedule: :meth:`turn` maintains the due tables (round robin) for about a second, so a turn
+    between two applies stays short; a table is maintained again only ``policy.interval_seconds`` after its last maintenance
     began (or four times as long as that maintenance took, when that is longer) — meanwhile only its snapshots
     are expired, once they reach the policy's bound — and one left unchanged for an interval (the stream went
     quiet) is compacted of its last delete files.
@@ -478,20 +478,26 @@ class Maintainer:
         return self.ready(now) and now - self._last_check >= MAINTENANCE_OVERDUE_LOOKS * self.policy.check_every
 
     def turn(self) -> MaintenanceResult | None:
-        """Maintain the next due table, if any; on the way, expire the snapshots of tables resting since their
-        last maintenance that hold ``policy.snapshots`` or more (for at most ``EXPIRY_BUDGET_SECONDS`` a turn): a
-        mirror a batch commits to every second would otherwise gather hundreds within an interval, each listed in
-        the metadata file every commit rewrites and every refresh reads. A failure (a conflict with someone else's
-        commit) is logged and the table tried again after the interval. Returns the last maintenance made."""
+        """Maintain the due tables, round robin, the first of them whatever it takes, the others while the turn
+        has spent less than ``TURN_SECONDS`` (hundreds of small mirrors each due every interval are maintained in
+        a fraction of a second each); on the way, expire the snapshots of tables resting since their last
+        maintenance that hold ``policy.snapshots`` or more: a mirror a batch commits to every second would
+        otherwise gather hundreds within an interval, each listed in the metadata file every commit rewrites and
+        every refresh reads. A failure (a conflict with someone else's commit) is logged and the table tried again
+        after the interval. Returns the last maintenance made."""
         self._last_check = now = self.clock()
         started = time.monotonic()
         tables = self._tables()
         made = None
+        first = self._next
         for offset in range(len(tables)):
-            candidate = tables[(self._next + offset) % len(tables)]
+            spent = time.monotonic() - started >= TURN_SECONDS
+            if made is not None and spent:
+                break
+            candidate = tables[(first + offset) % len(tables)]
             rest = max(self.policy.interval_seconds, self._rest.get(candidate.identifier, 0.0))
             resting = now - self._last.get(candidate.identifier, float("-inf")) < rest
-            if resting and (candidate.kept() is None or time.monotonic() - started >= EXPIRY_BUDGET_SECONDS):
+            if resting and (candidate.kept() is None or spent):
                 continue  # a look costs a load from the catalog, or the turn has spent its time
             self._started_jobs = True
             spark = self._spark()
@@ -507,7 +513,7 @@ class Maintainer:
                     if not steps:
                         continue
                     self._last[candidate.identifier] = now
-                    self._next = (self._next + offset + 1) % len(tables)
+                    self._next = (first + offset + 1) % len(tables)
                 with _job_group(spark):
                     result = maintain_table(spark, candidate.identifier, candidate.carried(), self.policy,
                                             steps=steps)
@@ -529,7 +535,6 @@ class Maintainer:
                 # a table whose maintenance takes long (a large mirror, every file of it touched by deletes) rests
                 # for a multiple of that time: maintenance of any one table takes at most a quarter of the time
                 self._rest[candidate.identifier] = MAINTENANCE_REST_FACTOR * result.seconds
-                return result
         return made
 
     def _look(self, spark: SparkSession, candidate: MaintainedTable) -> TableHealth:
