@@ -28,7 +28,8 @@ def test_only_a_run_with_something_to_do_starts_a_jvm(pg, spark, tmp_path):
 
     pg.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
     pg.execute("CREATE TABLE b (id int PRIMARY KEY, v text)")
-    pg.execute("INSERT INTO a SELECT i, 'a' || i FROM generate_series(1, 100) i")
+    # more rows than a small file holds (pgcdc.apply.fold): updates and deletes of them are position deletes
+    pg.execute("INSERT INTO a SELECT i, 'a' || i FROM generate_series(1, 20000) i")
     pg.execute("INSERT INTO b SELECT i, 'b' || i FROM generate_series(1, 50) i")
     pg.execute("CREATE PUBLICATION shop FOR TABLE a")
     config = pipeline_config(pg, spark, slot="lazy")
@@ -61,7 +62,7 @@ def test_only_a_run_with_something_to_do_starts_a_jvm(pg, spark, tmp_path):
     assert_mirrors_equal(config, spark, pg.dsn, {"public.a", "public.b"})
 
     # changes to apply, a rewritten table among them (copied again): Spark starts for them
-    pg.execute("INSERT INTO a VALUES (1000, 'new')")
+    pg.execute("INSERT INTO a VALUES (100000, 'new')")
     pg.execute("ALTER TABLE b ALTER COLUMN v TYPE varchar(10) USING upper(v)")
     pg.execute("UPDATE b SET v = 'changed' WHERE id = 1")
     result, started = run_until_caught_up(config, java)
@@ -70,9 +71,8 @@ def test_only_a_run_with_something_to_do_starts_a_jvm(pg, spark, tmp_path):
     assert_mirrors_equal(config, spark, pg.dsn, {"public.a", "public.b"})
 
     # b, copied again at a later point than the batch, holds no moment of it: the tags stayed, and the next start
-    # moves them (Spark writes them) as it applies updates and deletes of a's copied rows (by position: a new
-    # process folds none of the files before it, pgcdc.apply.fold); once they are at rest, a start needs no JVM
-    # again
+    # moves them (Spark writes them) as it applies updates and deletes of a's copied rows (by position: its copy is
+    # too large a file to fold, pgcdc.apply.fold); once they are at rest, a start needs no JVM again
     pg.execute("UPDATE a SET v = v || '!' WHERE id % 3 = 0")
     pg.execute("DELETE FROM a WHERE id % 10 = 0")
     result, started = run_until_caught_up(config, java)

@@ -41,7 +41,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pgcdc.faults import injection_point
-from pgcdc.mirrors.small_compaction import compact_small_table, is_small
 from pgcdc.spark.iceberg_java import (
     iceberg_classes,
     is_commit_conflict,
@@ -266,7 +265,9 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
         return action
 
     if step == "compact-data" and (before.data_files > 1 or before.delete_files > 0):
-        if is_small(before.rows, before.data_bytes) and not policy.target_file_bytes:
+        from pgcdc.mirrors.small_compaction import compact_small_table  # Arrow: imported when first needed
+
+        if _small(before) and not policy.target_file_bytes:
             compacted = compact_small_table(spark, table, carried)
             if compacted is not None:
                 return compacted
@@ -295,7 +296,7 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
         return dropped
     if step == "rewrite-manifests" and _health(spark, table).manifests > 1:
         classes = iceberg_classes()
-        if is_small(before.rows, before.data_bytes) and classes.manifests is not None:
+        if _small(before) and classes.manifests is not None:
             summary = classes.HashMap()
             for key, value in carried.items():
                 summary.put(str(key), str(value))
@@ -318,6 +319,13 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
         table.updateProperties().set(ORPHANS_REMOVED_PROPERTY, str(int(time.time()))).commit()
         return java_count(outcome.orphanFileLocations())
     return 0
+
+
+def _small(health: TableHealth) -> bool:
+    """Whether a table is maintained in the driver (:mod:`pgcdc.mirrors.small_compaction`)."""
+    from pgcdc.mirrors.small_compaction import SMALL_BYTES, SMALL_ROWS
+
+    return health.rows <= SMALL_ROWS and health.data_bytes <= SMALL_BYTES
 
 
 def _follow_rewrites(table: Any, identifier: str) -> None:

@@ -50,10 +50,6 @@ SMALL_ROWS = 500_000
 SMALL_BYTES = 32 << 20
 
 
-def is_small(rows: int, data_bytes: int) -> bool:
-    return rows <= SMALL_ROWS and data_bytes <= SMALL_BYTES
-
-
 def compact_small_table(spark: SparkSession, table: Any, carried: Mapping[str, str]) -> int | None:
     """Rewrite ``table``'s live rows into one data file per partition, dropping every delete file, in one commit
     carrying ``carried``; returns the data files rewritten (0: nothing to gain), or None when Spark's compaction
