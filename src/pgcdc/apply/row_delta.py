@@ -224,14 +224,20 @@ class RowDeltaWriter(TableWriter):
             [pa.array(np.repeat(np.array(paths, dtype=object), [len(p) for p in positions]), pa.string()),
              pa.array(np.concatenate(positions), pa.int64())], schema=POSITION_DELETE_SCHEMA)
         path, size, footer = self.write(rows, POSITION_DELETE_SCHEMA, written, partition=partition, spec=spec)
-        metrics = footer_metrics(footer, classes.metrics_for_position_deletes(self.table))
+        metrics_config = classes.metrics_for_position_deletes(self.table)
+        # (readers that match delete files to data files by their referenced data file go straight to the one)
+        referenced = paths[0] if len(paths) == 1 else None
+        if classes.files is not None:  # one call into the JVM, not a round trip per step of the builder
+            return classes.files.positionDeletes(spec, partition, path, size, bytearray(footer), metrics_config,
+                                                 referenced)
+        metrics = footer_metrics(footer, metrics_config)
         builder = (classes.delete_file_builder(spec).ofPositionDeletes()
                    .withPath(path).withFormat(classes.PARQUET).withFileSizeInBytes(size)
                    .withMetrics(metrics))
         if partition is not None:
             builder = builder.withPartition(partition)
-        if len(paths) == 1:  # readers that match delete files to data files by it go straight to the one
-            builder = builder.withReferencedDataFile(paths[0])
+        if referenced is not None:
+            builder = builder.withReferencedDataFile(referenced)
         return builder.build()
 
 def _by_partition(deletes: PositionDeletes) -> list[tuple[int, Any, dict[str, np.ndarray]]]:

@@ -92,6 +92,7 @@ class IcebergClasses:
         self.manifests = own_class("Manifests")
         self.health = own_class("Health")
         self.tags = own_class("Tags")
+        self.files = own_class("Files")
         self.facts = own_class("Facts")
         self.HashMap = jvm.java.util.HashMap
 
@@ -391,22 +392,32 @@ def parquet_compression(table: Any) -> tuple[str, int | None]:
 
 
 def data_file(spark: SparkSession, table: Any, path: str, size: int, footer: bytes, *,
-              equality_ids: list[int] | None = None, metrics_config: Any = None, partition: Any = None) -> Any:
+              equality_ids: list[int] | None = None, metrics_config: Any = None, partition: Any = None,
+              spec: Any = None) -> Any:
     """The Iceberg ``DataFile`` (or, with ``equality_ids``, equality ``DeleteFile`` on those field ids) of the
     Parquet file at ``path``, its column metrics read from the file's ``footer`` (``metrics_config``: the table's
-    ``MetricsConfig``, when the caller has it already), in ``partition`` of the table's spec when given."""
+    ``MetricsConfig``, when the caller has it already), in ``partition`` of the table's spec (``spec``, when the
+    caller has it) when given. One call into the JVM where pgcdc's jar is there (``pgcdc.iceberg.Files``), not a
+    round trip per step of the builder."""
     classes = iceberg_classes()
     if metrics_config is None:
         metrics_config = classes.metrics_for_table(table)
-    metrics = footer_metrics(footer, metrics_config)
-    if equality_ids is None:
-        builder = classes.data_file_builder(table.spec())
-    else:
+    spec = spec if spec is not None else table.spec()
+    ids = None
+    if equality_ids is not None:
         gateway: Any = spark.sparkContext._gateway
         ids = gateway.new_array(gateway.jvm.int, len(equality_ids))
         for index, field_id in enumerate(equality_ids):
             ids[index] = field_id
-        builder = classes.delete_file_builder(table.spec()).ofEqualityDeletes(ids)
+    if classes.files is not None and (ids is None or partition is None):
+        if ids is None:
+            return classes.files.dataFile(spec, partition, path, size, bytearray(footer), metrics_config)
+        return classes.files.equalityDeletes(spec, path, size, bytearray(footer), metrics_config, ids)
+    metrics = footer_metrics(footer, metrics_config)
+    if ids is None:
+        builder = classes.data_file_builder(spec)
+    else:
+        builder = classes.delete_file_builder(spec).ofEqualityDeletes(ids)
     if partition is not None:
         builder = builder.withPartition(partition)
     return (builder.withPath(path).withFormat(classes.PARQUET).withFileSizeInBytes(size)

@@ -89,14 +89,14 @@ class TableWriter:
         metrics_config = classes.metrics_for_table(self.table)
         if not self.partitioned:
             path, size, footer = self.write(rows, self.schema, written)
-            return [Written(path, data_file(self.spark, self.table, path, size, footer, metrics_config=metrics_config),
-                            np.arange(rows.num_rows))]
+            return [Written(path, data_file(self.spark, self.table, path, size, footer, metrics_config=metrics_config,
+                                            spec=self.spec), np.arange(rows.num_rows))]
         files = []
         for group in partition_rows(rows, self.partition_fields):
             partition = partition_data(self.spec, group.values)
             path, size, footer = self.write(rows.take(pa.array(group.rows)), self.schema, written,
                                             partition=partition)
-            files.append(Written(path, data_file(self.spark, self.table, path, size, footer,
+            files.append(Written(path, data_file(self.spark, self.table, path, size, footer, spec=self.spec,
                                                  metrics_config=metrics_config, partition=partition), group.rows))
         return files
 
