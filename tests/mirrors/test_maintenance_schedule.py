@@ -227,3 +227,16 @@ def test_a_turn_maintains_due_tables_until_it_has_spent_its_time(spark, iceberg_
     assert [r.identifier for r in maintainer.results] == [t.identifier for t in tables][:maintained]
     assert [maintenance.table_health(spark, t.identifier).data_files for t in tables] == \
         [1] * maintained + [3] * (3 - maintained)
+
+
+def test_a_java_failure_is_logged_by_its_own_line_not_py4j_s(spark):
+    """A warning names what failed in the JVM (a tag's move lost to a commit, say), not only the call py4j made."""
+    from pgcdc.spark.iceberg_java import failure_text
+
+    jvm = spark.sparkContext._jvm
+    with pytest.raises(Exception) as raised:
+        jvm.org.apache.iceberg.relocated.com.google.common.base.Throwables.throwIfUnchecked(
+            _thrown(jvm, "commit-failed"))
+    assert failure_text(raised.value) == \
+        "org.apache.iceberg.exceptions.CommitFailedException: Version 7 already exists"
+    assert failure_text(ValueError("a plain one\nsecond line")) == "a plain one"

@@ -298,8 +298,10 @@ class Applier:
             try:
                 moved = move_tags(self._spark(), targets, lsn, each=self._tag_workers.run_all)
             except Exception as exc:  # the mirrors are right: only the tags lag, until the next move
+                from pgcdc.spark.iceberg_java import failure_text
+
                 log.warning("moving the consistent tags to %s failed: %s (they move again after the next batch)",
-                            lsn, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                            lsn, failure_text(exc))
                 return
             finally:
                 self.progress.tag_moves += 1

@@ -167,6 +167,16 @@ def java_exceptions(exc: BaseException) -> list[str]:
     return names
 
 
+def failure_text(exc: BaseException) -> str:
+    """One line saying what failed: the Java exception's own line (its class and message) when ``exc`` came from
+    the JVM, where py4j's first line only names the call ("An error occurred while calling ..."); else the
+    exception's first line."""
+    lines = [line.strip(": \t") for line in str(exc).splitlines() if line.strip()]
+    java = next((line for line in lines if line.split(":", 1)[0].endswith(("Exception", "Error"))
+                 and "." in line.split(":", 1)[0]), None)
+    return (java or (lines[0] if lines else type(exc).__name__))[:300]
+
+
 def is_commit_conflict(exc: BaseException) -> bool:
     """Whether ``exc`` is an Iceberg commit that lost to a concurrent one and changed nothing: safe to redo.
     (CommitStateUnknownException is not: that commit may have landed.)"""
