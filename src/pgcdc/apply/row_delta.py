@@ -27,7 +27,6 @@ part of the table).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,6 @@ from pgcdc.apply.steps import StepClock
 from pgcdc.faults import injection_point
 from pgcdc.spark.iceberg_java import (
     commit_in_transaction,
-    commit_outcome_unknown,
     data_file,
     footer_metrics,
     iceberg_classes,
@@ -51,8 +49,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from pyspark.sql import SparkSession
-
-log = logging.getLogger("pgcdc.apply.row_delta")
 
 
 # a position-delete file's columns and their reserved field ids (the Iceberg spec)
@@ -130,8 +126,7 @@ class RowDeltaWriter(TableWriter):
         (apply/fold.py): no data or delete file may have been added since ``validate_from``.
         ``clock`` times the files and the commit."""
         clock = clock or StepClock()
-        written: list[str] = []
-        try:
+        with self.committing("the commit's") as written:
             injection_point("apply.delta-write")
             added = self.data_files(rows, written) if rows is not None and rows.num_rows else []
             clock.lap("data file")
@@ -190,12 +185,6 @@ class RowDeltaWriter(TableWriter):
             return Committed(int(snapshot.snapshotId()), None if parent is None else int(parent),
                              None if single is None else single.path, None if single is None else single.data_file,
                              delete_file, tuple(added))
-        except Exception as exc:
-            if commit_outcome_unknown(exc):
-                log.error("the commit's outcome is unknown; its files are kept: %s", ", ".join(written))
-            else:
-                self.remove(written)
-            raise
 
     def _delete_files(self, deletes: pa.Table | PositionDeletes | None, written: list[str]) -> list[Any]:
         """The delete files of ``deletes`` (none: nothing to delete): equality deletes on the table's columns, or

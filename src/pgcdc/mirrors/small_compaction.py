@@ -31,7 +31,6 @@ from pgcdc.errors import Unindexable
 from pgcdc.faults import injection_point
 from pgcdc.index.mirror_index import FileReader
 from pgcdc.spark.iceberg_java import (
-    commit_outcome_unknown,
     holds_equality_deletes,
     iceberg_classes,
     java_items,
@@ -85,8 +84,7 @@ def compact_small_table(spark: SparkSession, table: Any, carried: Mapping[str, s
             rows = rows.filter(pa.array(keep))
         pieces.append(rows)
     rows = pa.concat_tables(pieces) if pieces else pa.Table.from_batches([], writer.schema)
-    written: list[str] = []
-    try:
+    with writer.committing("the compaction's") as written:
         added = writer.data_files(rows, written) if rows.num_rows else []
         injection_point("maintain.small-commit")
         rewrite = table.newRewrite().validateFromSnapshot(snapshot.snapshotId())
@@ -99,12 +97,6 @@ def compact_small_table(spark: SparkSession, table: Any, carried: Mapping[str, s
         for key, value in carried.items():
             rewrite = rewrite.set(str(key), str(value))
         steps_where_cheapest(rewrite, table, snapshot, removes_files=True).commit()
-    except Exception as exc:
-        if commit_outcome_unknown(exc):
-            log.error("the compaction's outcome is unknown; its files are kept: %s", ", ".join(written))
-        else:
-            writer.remove(written)
-        raise
     log.info("%s: %d data files and %d delete files compacted into %d in the driver (%d rows)", table.name(),
              len(planned), len(live_deletes), len(added), rows.num_rows)
     return len(planned)

@@ -9,10 +9,12 @@ one file per partition of a partitioned table (:mod:`pgcdc.iceberg.partition_val
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,7 @@ from pgcdc.iceberg.partition_specs import PartitionField, UnsupportedPartitionin
 from pgcdc.iceberg.partition_values import partition_rows
 from pgcdc.spark.iceberg_java import (
     PartitionsUnavailable,
+    commit_outcome_unknown,
     data_file,
     iceberg_classes,
     parquet_compression,
@@ -126,6 +129,21 @@ class TableWriter:
         finally:
             stream.close()
         return path, len(content), footer
+
+    @contextlib.contextmanager
+    def committing(self, what: str) -> Iterator[list[str]]:
+        """The paths of the files written for one commit (appended by :meth:`data_files` and :meth:`write`): removed
+        when the commit fails for sure, kept when its outcome is unknown (they may be part of the table), the
+        failure raised either way. ``what``: the commit, as the log names it."""
+        written: list[str] = []
+        try:
+            yield written
+        except Exception as exc:
+            if commit_outcome_unknown(exc):
+                log.error("%s outcome is unknown; its files are kept: %s", what, ", ".join(written))
+            else:
+                self.remove(written)
+            raise
 
     def remove(self, paths: list[str]) -> None:
         """Delete the files of a commit that failed for sure (a failure to is logged: they are orphans then)."""
