@@ -278,3 +278,49 @@ def test_the_jvm_s_reads_of_a_lineage_are_python_s(spark, iceberg_namespace):
     agree("another writer's commit: no position")
     assert any(target is not None for targets in seen for target in targets)
     assert seen[-1] == [None] * len(probes)
+
+
+def test_a_tag_moves_though_a_batch_commits_during_its_move(spark, iceberg_namespace):
+    """The tags move beside the applies: a batch may commit to a mirror while its tag's move is in flight. Iceberg's
+    transaction then fails instead of retrying (a tag's update keeps the metadata it was made from: "Table metadata
+    refresh is required"), so the move is made again on the table refreshed. Shown on the Python path, where the
+    batch can be made to land inside the move; pgcdc.iceberg.Tags.point retries the same way."""
+    from pgcdc.lsn import Lsn
+    from pgcdc.mirrors.consistent import TagState, _point_tag, tag_state
+    from pgcdc.spark.iceberg_java import load_table
+
+    identifier = f"pgcdc.{iceberg_namespace}.t"
+    spark.sql(f"CREATE TABLE {identifier} (id bigint) USING iceberg TBLPROPERTIES ('format-version' = '2')")
+
+    def batch(lsn: str) -> int:
+        spark.range(1).coalesce(1).writeTo(identifier).option("snapshot-property.pgcdc.lsn", lsn).append()
+        return int(load_table(spark, identifier).currentSnapshot().snapshotId())
+
+    class BatchDuringTheMove:
+        """The table, whose first transaction's commit lets a batch commit just before it."""
+
+        def __init__(self, table):
+            self.table, self.landed = table, []
+
+        def __getattr__(self, name):
+            return getattr(self.table, name)
+
+        def newTransaction(self):
+            transaction, landed = self.table.newTransaction(), self.landed
+
+            class Committing:
+                def __getattr__(self, name):
+                    return getattr(transaction, name)
+
+                def commitTransaction(self):
+                    if not landed:
+                        landed.append(batch("0/20"))
+                    return transaction.commitTransaction()
+
+            return Committing()
+
+    first = batch("0/10")
+    table = BatchDuringTheMove(load_table(spark, identifier))
+    _point_tag(table, tag_state(table.table), first, Lsn.parse("0/10"))
+    assert table.landed, "no batch landed during the move"
+    assert tag_state(load_table(spark, identifier)) == TagState(first, Lsn.parse("0/10"))

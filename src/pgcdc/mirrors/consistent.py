@@ -143,15 +143,29 @@ def follow_rewrites(table: Any) -> bool:
     return True
 
 
+POINT_ATTEMPTS = 5  # a tag's commit made again after one lost to another commit (pgcdc.iceberg.Tags.point: why)
+
+
 def _point_tag(table: Any, state: TagState, snapshot_id: int, lsn: Lsn) -> None:
-    """The tag on ``snapshot_id`` and ``lsn`` recorded, in one metadata commit."""
-    transaction = table.newTransaction()
-    manage = transaction.manageSnapshots()
-    manage = manage.replaceTag(CONSISTENT_TAG, snapshot_id) if state.snapshot_id is not None \
-        else manage.createTag(CONSISTENT_TAG, snapshot_id)
-    manage.commit()
-    transaction.updateProperties().set(CONSISTENT_PROPERTY, _recorded(lsn, snapshot_id)).commit()
-    transaction.commitTransaction()
+    """The tag on ``snapshot_id`` and ``lsn`` recorded, in one metadata commit; made again on the table refreshed
+    when a commit landed meanwhile (Iceberg's transaction does not refresh a tag's update)."""
+    from pgcdc.spark.iceberg_java import is_commit_conflict
+
+    for attempt in range(1, POINT_ATTEMPTS + 1):
+        try:
+            transaction = table.newTransaction()
+            manage = transaction.manageSnapshots()
+            manage = manage.replaceTag(CONSISTENT_TAG, snapshot_id) if state.snapshot_id is not None \
+                else manage.createTag(CONSISTENT_TAG, snapshot_id)
+            manage.commit()
+            transaction.updateProperties().set(CONSISTENT_PROPERTY, _recorded(lsn, snapshot_id)).commit()
+            transaction.commitTransaction()
+            return
+        except Exception as exc:
+            if attempt == POINT_ATTEMPTS or not is_commit_conflict(exc):
+                raise
+            table.refresh()
+            state = tag_state(table)
 
 
 def _recorded(lsn: Lsn, snapshot_id: int) -> str:

@@ -5,6 +5,7 @@ import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.SnapshotRef;
 import org.apache.iceberg.Table;
 import org.apache.iceberg.Transaction;
+import org.apache.iceberg.exceptions.CommitFailedException;
 
 /**
  * The consistent tag's move on one mirror, in the JVM: a move over hundreds of mirrors every few seconds read each
@@ -13,6 +14,8 @@ import org.apache.iceberg.Transaction;
  * holds both implementations to.
  */
 public final class Tags {
+  private static final int POINT_ATTEMPTS = 5; // a tag's commit made again after one lost to another commit
+
   private Tags() {}
 
   /**
@@ -44,20 +47,33 @@ public final class Tags {
   /**
    * The tag {@code tag} on {@code snapshotId} and the table property {@code property} set to {@code recorded}, in
    * one metadata commit; nothing when both already are. Returns whether it committed.
+   *
+   * <p>A commit landing meanwhile (a batch's, on another thread) makes the transaction fail rather than retry: the
+   * tag's update keeps the metadata it was made from, which Iceberg's transaction does not refresh ("Table
+   * metadata refresh is required"). The move is then made again on the table refreshed, a few times.
    */
   public static boolean point(
       Table table, String tag, long snapshotId, String property, String recorded) {
-    SnapshotRef ref = table.refs().get(tag);
-    if (ref != null && ref.snapshotId() == snapshotId && recorded.equals(table.properties().get(property))) {
-      return false;
+    for (int attempt = 1; ; attempt++) {
+      SnapshotRef ref = table.refs().get(tag);
+      if (ref != null && ref.snapshotId() == snapshotId && recorded.equals(table.properties().get(property))) {
+        return false;
+      }
+      try {
+        Transaction transaction = table.newTransaction();
+        ManageSnapshots manage = transaction.manageSnapshots();
+        manage = ref != null ? manage.replaceTag(tag, snapshotId) : manage.createTag(tag, snapshotId);
+        manage.commit();
+        transaction.updateProperties().set(property, recorded).commit();
+        transaction.commitTransaction();
+        return true;
+      } catch (CommitFailedException e) {
+        if (attempt >= POINT_ATTEMPTS) {
+          throw e;
+        }
+        table.refresh();
+      }
     }
-    Transaction transaction = table.newTransaction();
-    ManageSnapshots manage = transaction.manageSnapshots();
-    manage = ref != null ? manage.replaceTag(tag, snapshotId) : manage.createTag(tag, snapshotId);
-    manage.commit();
-    transaction.updateProperties().set(property, recorded).commit();
-    transaction.commitTransaction();
-    return true;
   }
 
   private static long parse(String lsn) {
