@@ -255,7 +255,7 @@ def test_the_jvm_s_reads_of_a_lineage_are_python_s(spark, iceberg_namespace):
         python = [snapshot_at(view, lsn) for lsn in probes]
         assert [_java_target(tags, table, lsn) for lsn in probes] == python, step
         light = light_view(table, ("pgcdc.lsn",))
-        assert light is not None and position_facts(table) == position_facts(view), step
+        assert "pgcdc.iceberg.Facts" in light.location and position_facts(table) == position_facts(view), step
         assert [snapshot_at(light, lsn) for lsn in probes] == python, step
         seen.append(python)
 
@@ -286,7 +286,7 @@ def test_a_tag_moves_though_a_batch_commits_during_its_move(spark, iceberg_names
     refresh is required"), so the move is made again on the table refreshed. Shown on the Python path, where the
     batch can be made to land inside the move; pgcdc.iceberg.Tags.point retries the same way."""
     from pgcdc.lsn import Lsn
-    from pgcdc.mirrors.consistent import TagState, _point_tag, tag_state
+    from pgcdc.mirrors.consistent import TagState, _point_tag_here, tag_state
     from pgcdc.spark.iceberg_java import load_table
 
     identifier = f"pgcdc.{iceberg_namespace}.t"
@@ -321,6 +321,6 @@ def test_a_tag_moves_though_a_batch_commits_during_its_move(spark, iceberg_names
 
     first = batch("0/10")
     table = BatchDuringTheMove(load_table(spark, identifier))
-    _point_tag(table, tag_state(table.table), first, Lsn.parse("0/10"))
+    _point_tag_here(table, first, Lsn.parse("0/10"), tag_state(table.table))
     assert table.landed, "no batch landed during the move"
     assert tag_state(load_table(spark, identifier)) == TagState(first, Lsn.parse("0/10"))

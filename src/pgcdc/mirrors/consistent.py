@@ -107,20 +107,6 @@ def tag_state(table: Any) -> TagState:
     return TagState(None if ref is None else int(ref.snapshotId()), lsn)
 
 
-def move_tag(table: Any, lsn: Lsn, *, view: Any = None) -> bool:
-    """Point ``table``'s consistent tag at its snapshot holding the source up to ``lsn``, and record ``lsn``, in
-    one metadata commit; False when the table holds no snapshot there (nothing moved). ``view``: the table's
-    :func:`pgcdc.spark.iceberg_java.metadata_view`, when read already; the commit goes through the Java table."""
-    view = view if view is not None else metadata_view(table)
-    target = snapshot_at(view, lsn)
-    if target is None:
-        return False
-    state = tag_state(view)
-    if state.snapshot_id != target or state.lsn != lsn:
-        _point_tag(table, state, target, lsn)
-    return True
-
-
 def follow_rewrites(table: Any) -> bool:
     """After pgcdc's maintenance rewrote ``table``'s files (compaction, manifests: commits of operation
     ``replace``, the same rows), its tag moves from the snapshot rewritten to the rewrite, at the same LSN: the
@@ -139,19 +125,34 @@ def follow_rewrites(table: Any) -> bool:
         snapshot = view.snapshot(parent) if parent is not None else None
     if snapshot is None or current == state.snapshot_id:
         return False
-    _point_tag(table, state, current, state.lsn)
+    _point_tag(table, current, state.lsn, state=state)
     return True
 
 
 POINT_ATTEMPTS = 5  # a tag's commit made again after one lost to another commit (pgcdc.iceberg.Tags.point: why)
 
 
-def _point_tag(table: Any, state: TagState, snapshot_id: int, lsn: Lsn) -> None:
-    """The tag on ``snapshot_id`` and ``lsn`` recorded, in one metadata commit; made again on the table refreshed
-    when a commit landed meanwhile (Iceberg's transaction does not refresh a tag's update)."""
+def _point_tag(table: Any, snapshot_id: int, lsn: Lsn, *, state: TagState | None = None) -> None:
+    """The tag on ``snapshot_id`` and ``lsn`` recorded, in one metadata commit (none when both already are); made
+    again on the table refreshed when a commit landed meanwhile (Iceberg's transaction does not refresh a tag's
+    update). In the JVM (``pgcdc.iceberg.Tags.point``) where pgcdc's jar is there; else here, from ``state``, the
+    tag as last read (read now when not given)."""
+    from pgcdc.spark.iceberg_java import iceberg_classes
+
+    tags = iceberg_classes().tags
+    if tags is not None:
+        tags.point(table, CONSISTENT_TAG, snapshot_id, CONSISTENT_PROPERTY, _recorded(lsn, snapshot_id))
+        return
+    _point_tag_here(table, snapshot_id, lsn, state if state is not None else tag_state(table))
+
+
+def _point_tag_here(table: Any, snapshot_id: int, lsn: Lsn, state: TagState) -> None:
+    """:func:`_point_tag` through the Java API, call by call (a session without pgcdc's jar)."""
     from pgcdc.spark.iceberg_java import is_commit_conflict
 
     for attempt in range(1, POINT_ATTEMPTS + 1):
+        if state.snapshot_id == snapshot_id and state.lsn == lsn:
+            return
         try:
             transaction = table.newTransaction()
             manage = transaction.manageSnapshots()
@@ -175,9 +176,9 @@ def _recorded(lsn: Lsn, snapshot_id: int) -> str:
 
 def move_tags(spark: SparkSession, identifiers: list[str], lsn: Lsn, *,
               each: Callable[[Callable[[Any], Any], list[Any]], list[Any]] | None = None) -> int:
-    """Every mirror's consistent tag moved to ``lsn`` (see :func:`move_tag`), or none: while a mirror holds no
-    snapshot at ``lsn`` (copied again, or first, at a later point) the tags stay where they are. Returns how
-    many moved. ``each(call, items)``: ``call`` of every item, in any order or side by side (default: one after
+    """Every mirror's consistent tag pointed at its snapshot holding the source up to ``lsn``, and ``lsn`` recorded
+    (one metadata commit a mirror), or none: while a mirror holds no snapshot at ``lsn`` (copied again, or first,
+    at a later point) the tags stay where they are. Returns how many moved. ``each(call, items)``: ``call`` of every item, in any order or side by side (default: one after
     another); the tables are loaded, then their tags moved, that way: a move over hundreds of mirrors waits on
     storage and the catalog per mirror."""
     from pgcdc.spark.iceberg_java import iceberg_classes, load_table
@@ -186,31 +187,22 @@ def move_tags(spark: SparkSession, identifiers: list[str], lsn: Lsn, *,
     loaded = each(lambda identifier: (identifier, load_table(spark, identifier)), identifiers)
     tables = dict(loaded)
     tags = iceberg_classes().tags
-    if tags is None:  # a session without pgcdc's jar: each mirror's metadata read here, as JSON
-        views = {identifier: metadata_view(table) for identifier, table in tables.items()}
-        targets = {identifier: snapshot_at(view, lsn) for identifier, view in views.items()}
-    else:  # the same rule in the JVM (pgcdc.iceberg.Tags): one call a mirror, no metadata read into Python
-        targets = dict(each(lambda identifier: (identifier, _java_target(tags, tables[identifier], lsn)),
-                            identifiers))
-    ahead = [identifier for identifier, target in targets.items() if target is None]
+
+    def target(identifier: str) -> tuple[str, int | None]:
+        """(identifier, its snapshot at ``lsn``): in the JVM, one call a mirror, where pgcdc's jar is there;
+        else from its metadata read here as JSON."""
+        table = tables[identifier]
+        return identifier, snapshot_at(metadata_view(table), lsn) if tags is None else _java_target(tags, table, lsn)
+
+    targets = dict(each(target, identifiers))
+    placed = {identifier: snapshot for identifier, snapshot in targets.items() if snapshot is not None}
+    ahead = [identifier for identifier in identifiers if identifier not in placed]
     if ahead:
         log.info("consistent tags stay: %s hold%s no snapshot of the source at %s (copied at a later point, or "
                  "written by another writer since)", ", ".join(ahead), "s" if len(ahead) == 1 else "", lsn)
         return 0
-    if tags is None:
-        return sum(each(lambda identifier: move_tag(tables[identifier], lsn, view=views[identifier]), identifiers))
-    placed = {identifier: target for identifier, target in targets.items() if target is not None}
-    each(lambda identifier: tags.point(tables[identifier], CONSISTENT_TAG, placed[identifier], CONSISTENT_PROPERTY,
-                                       _recorded(lsn, placed[identifier])), identifiers)
+    each(lambda identifier: _point_tag(tables[identifier], placed[identifier], lsn), identifiers)
     return len(identifiers)
-
-
-def _lineage_view(table: Any) -> Any:
-    """What the tag rules read of ``table`` (its refs, properties, and each snapshot's operation and position), in
-    one small read from the JVM where pgcdc's jar is there: a run's start reads it for every mirror."""
-    from pgcdc.spark.iceberg_java import light_view
-
-    return light_view(table, (LSN_SUMMARY,)) or metadata_view(table)
 
 
 def _java_target(tags: Any, table: Any, lsn: Lsn) -> int | None:
@@ -248,11 +240,12 @@ def settle_tags(spark: SparkSession, identifiers: list[str], start: Lsn) -> Lsn 
     before a stop; the stream sends it again), tags left at different LSNs move to the newest of them instead,
     which every mirror held whole when it was recorded. Tags at rest stay as they are (:func:`settled_lsn`).
     Returns the LSN the tags stand for (None: none yet)."""
-    from pgcdc.spark.iceberg_java import load_table
+    from pgcdc.spark.iceberg_java import light_view, load_table
 
     if not identifiers:
         return None
-    tables = {identifier: _lineage_view(load_table(spark, identifier)) for identifier in identifiers}
+    # what the tag rules read of each mirror (refs, properties, each snapshot's operation and position)
+    tables = {identifier: light_view(load_table(spark, identifier), (LSN_SUMMARY,)) for identifier in identifiers}
     standing = settled_lsn(tables, start)
     if standing is not None:
         return standing

@@ -48,7 +48,6 @@ from pgcdc.spark.iceberg_java import (
     java_items,
     light_view,
     load_table,
-    metadata_view,
 )
 
 if TYPE_CHECKING:
@@ -152,7 +151,7 @@ HEALTH_SUMMARY = ("total-data-files", "total-delete-files", "total-records", "to
 def _health(spark: SparkSession, table: Any, *, count_manifests: bool = True) -> TableHealth:
     """``count_manifests``: read the manifest list for :attr:`TableHealth.manifests` (0 without: a look at
     whether a table is due needs none of it)."""
-    view = light_view(table, HEALTH_SUMMARY) or metadata_view(table)
+    view = light_view(table, HEALTH_SUMMARY)
     current = view.currentSnapshot()
     removed_at = view.properties().get(ORPHANS_REMOVED_PROPERTY)
     if current is None:
@@ -313,7 +312,7 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
         # turn on a warm Spark for a mirror of a few files, 2.4 s on a cold one, against 60 ms here (a mirror under
         # this maintenance has few manifests for the driver to read)
         def snapshots_now() -> list[Any]:
-            return list((light_view(table) or metadata_view(table)).snapshots())
+            return list(light_view(table).snapshots())
 
         snapshots = snapshots_now()
         held = {int(snapshot.snapshotId()) for snapshot in snapshots}

@@ -32,9 +32,9 @@ def position_facts(table: Any) -> tuple[list[str], str | None, bool]:
     ``pgcdc.lsn`` each snapshot of its current lineage carries, its ``pgcdc.position`` property, and whether it is
     keyed. ``table``: Iceberg's ``Table`` through the JVM, or the same read without one
     (:class:`pgcdc.iceberg.table_metadata.TableMetadata`)."""
-    from pgcdc.spark.iceberg_java import light_view, metadata_view
+    from pgcdc.spark.iceberg_java import light_view
 
-    table = light_view(table, (LSN_SUMMARY,)) or metadata_view(table)
+    table = light_view(table, (LSN_SUMMARY,))
     lineage: list[str] = []
     snapshot = table.currentSnapshot()
     while snapshot is not None:

@@ -121,10 +121,10 @@ class MirrorProperties:
 
     def read(self, identifier: str, *, table: Any = None) -> dict[str, str]:
         """The table's properties; ``table``: its Iceberg table, when loaded already."""
-        from pgcdc.spark.iceberg_java import light_view, load_table, metadata_view
+        from pgcdc.spark.iceberg_java import light_view, load_table
 
         table = table if table is not None else load_table(self.spark, identifier)
-        return {str(k): str(v) for k, v in (light_view(table) or metadata_view(table)).properties().items()}
+        return {str(k): str(v) for k, v in light_view(table).properties().items()}
 
     def set(self, identifier: str, values: Mapping[str, str]) -> None:
         """One metadata commit setting ``values`` among the table's properties (none when empty)."""

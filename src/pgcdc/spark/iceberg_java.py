@@ -275,17 +275,17 @@ def metadata_view(table: Any) -> Any:
     return view
 
 
-def light_view(table: Any, summary_keys: Sequence[str] = ()) -> TableMetadata | None:
-    """A :class:`TableMetadata` of a Java ``Table`` holding what pgcdc's rules read — properties, refs, snapshots
-    with their ids, parents, times, operations and the values of ``summary_keys`` — from one call into the JVM
-    (``pgcdc.iceberg.Facts``), rather than its whole metadata as JSON (:func:`metadata_view`: tens of milliseconds a
-    table in a JVM just started, paid for every mirror at a run's start and its first batch). ``table`` itself when
-    it is a :class:`TableMetadata`; None without pgcdc's jar (read :func:`metadata_view` then)."""
+def light_view(table: Any, summary_keys: Sequence[str] = ()) -> Any:
+    """``table``'s metadata, to read in Python, holding what pgcdc's rules read — properties, refs, snapshots with
+    their ids, parents, times, operations and the values of ``summary_keys`` — as a :class:`TableMetadata` from one
+    call into the JVM (``pgcdc.iceberg.Facts``), rather than the whole metadata as JSON (:func:`metadata_view`,
+    which it is without pgcdc's jar: tens of milliseconds a table in a JVM just started, paid for every mirror at a
+    run's start and its first batch). ``table`` itself when it is a :class:`TableMetadata`."""
     if isinstance(table, TableMetadata):
         return table
     facts = iceberg_classes().facts
     if facts is None:
-        return None
+        return metadata_view(table)
     document = json.loads(str(facts.view(table, ",".join(summary_keys))))
     return TableMetadata(document, f"the metadata of {table.name()} (pgcdc.iceberg.Facts)")
 
