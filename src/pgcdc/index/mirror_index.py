@@ -126,7 +126,7 @@ class MirrorIndex:
         self.partitions = {} if _ever_partitioned(table) else None
         if snapshot is not None:
             planned = self._planned(table, snapshot)
-            self._add_surviving(table, planned, files, _DeleteFiles(self, files))
+            self._add_surviving(table, planned, files, DeleteFiles(self, files))
         self.consistent = True
         self.save(force=True)
         where = f", {self.keys.disk_bytes >> 20:,} MB on disk" if self.disk is not None else ""
@@ -134,7 +134,7 @@ class MirrorIndex:
                  self.keys.memory_bytes >> 20, where)
 
     def _add_surviving(self, table: Any, planned: list[tuple[str, list[Any]]], files: FileReader,
-                       deletes: _DeleteFiles) -> None:
+                       deletes: DeleteFiles) -> None:
         """The rows of each planned data file that the delete files applying to it leave, with a progress line
         every 10 s on a long read."""
         paths = [path for path, _ in planned]
@@ -184,7 +184,7 @@ class MirrorIndex:
         held = set(keys.paths())
         live = {path for path, _ in planned}
         added = [(path, applying) for path, applying in planned if path not in held]
-        deletes = _DeleteFiles(self, files)
+        deletes = DeleteFiles(self, files)
         dropped: dict[str, np.ndarray] = {}
         for path, applying in planned:
             if path in held and applying:
@@ -318,10 +318,12 @@ class _CannotFollow(Exception):
     pass
 
 
-class _DeleteFiles:
-    """The delete files of a build, each read once: which rows of a data file they leave."""
+class DeleteFiles:
+    """The delete files of a build (or of a compaction, :mod:`pgcdc.mirrors.small_compaction`), each read once:
+    which rows of a data file they leave. ``index``: whose key equality deletes are matched on (None: a reader of
+    position deletes alone)."""
 
-    def __init__(self, index: MirrorIndex, files: FileReader) -> None:
+    def __init__(self, index: MirrorIndex | None, files: FileReader) -> None:
         self._index = index
         self._files = files
         self._positions: dict[str, dict[str, np.ndarray]] = {}
@@ -362,6 +364,8 @@ class _DeleteFiles:
         """Which rows of ``keys`` an equality delete file removes (its columns must be the index's key): equal on
         every column, NULL matching NULL, as Iceberg applies them — by their 128-bit codes."""
         location = str(delete.location())
+        if self._index is None:
+            raise Unindexable(f"an equality delete file ({location}) where position deletes alone were expected")
         ids = sorted(int(i) for i in delete.equalityFieldIds())
         if ids != sorted(_field_id(f) for f in self._index.key_fields()):
             raise Unindexable(f"an equality delete file on other columns than its key ({location})")

@@ -45,8 +45,8 @@ from pgcdc.spark.iceberg_java import (
     iceberg_classes,
     is_commit_conflict,
     java_count,
-    java_items,
     light_view,
+    live_files,
     load_table,
 )
 
@@ -359,43 +359,27 @@ def _drop_dangling_deletes(spark: SparkSession, table: Any, carried: Mapping[str
     if snapshot is None:
         return 0
     classes = iceberg_classes()
-    io, specs = table.io(), table.specs()
-    live_data = [data for manifest in java_items(snapshot.dataManifests(io))
-                 for data in _live_files(classes.read_data_manifest(manifest, io, specs))]
+    live_data = live_files(table, snapshot, "data")
     oldest_data = min((int(data.dataSequenceNumber()) for data in live_data), default=None)
     live_paths = {str(data.location()) for data in live_data}
     rewrite = table.newRewrite().validateFromSnapshot(snapshot.snapshotId())
     dropped = 0
-    for manifest in java_items(snapshot.deleteManifests(io)):
-        for delete in _live_files(classes.read_delete_manifest(manifest, io, specs), stats=True):
-            sequence = int(delete.dataSequenceNumber())
-            if str(delete.content()) == "EQUALITY_DELETES":
-                dangling = oldest_data is None or sequence <= oldest_data
-            else:
-                named = classes.referenced_data_file(delete)
-                dangling = oldest_data is None or sequence < oldest_data or (
-                    named is not None and str(named) not in live_paths)
-            if dangling:
-                rewrite = rewrite.deleteFile(delete)
-                dropped += 1
+    for delete in live_files(table, snapshot, "deletes", stats=True):
+        sequence = int(delete.dataSequenceNumber())
+        if str(delete.content()) == "EQUALITY_DELETES":
+            dangling = oldest_data is None or sequence <= oldest_data
+        else:
+            named = classes.referenced_data_file(delete)
+            dangling = oldest_data is None or sequence < oldest_data or (
+                named is not None and str(named) not in live_paths)
+        if dangling:
+            rewrite = rewrite.deleteFile(delete)
+            dropped += 1
     if dropped:
         for key, value in carried.items():
             rewrite = rewrite.set(str(key), str(value))
         rewrite.commit()
     return dropped
-
-
-def _live_files(reader: Any, *, stats: bool = False) -> list[Any]:
-    """The live files (added and existing entries) of a manifest reader, which is closed after; with their
-    column statistics when ``stats`` (a position delete's bounds name the data file it deletes from)."""
-    try:
-        files, iterator = [], reader.iterator()
-        while iterator.hasNext():
-            entry = iterator.next()
-            files.append(entry.copy() if stats else entry.copyWithoutStats())
-        return files
-    finally:
-        reader.close()
 
 
 def _position_delete_files(table: Any) -> int:
@@ -451,10 +435,10 @@ MAINTENANCE_OVERDUE_LOOKS = 3  # looks a stream of batches may delay before a ma
 
 class Maintainer:
     """The pipeline's schedule: :meth:`turn` maintains the due tables (round robin) for about a second, so a turn
-    between two applies stays short; a table is maintained again only ``policy.interval_seconds`` after its last maintenance
-    began (or four times as long as that maintenance took, when that is longer) — meanwhile only its snapshots
-    are expired, once they reach the policy's bound — and one left unchanged for an interval (the stream went
-    quiet) is compacted of its last delete files.
+    between two applies stays short; a table is maintained again only ``policy.interval_seconds`` after its last
+    maintenance began (or four times as long as that maintenance took, when that is longer) — meanwhile only its
+    snapshots are expired, once they reach the policy's bound — and one left unchanged for an interval (the
+    stream went quiet) is compacted of its last delete files.
     ``clock`` keeps the schedule's time (seconds; a simulation may run its own)."""
 
     def __init__(self, spark: Callable[[], SparkSession], policy: MaintenancePolicy,

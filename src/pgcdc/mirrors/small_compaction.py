@@ -24,16 +24,15 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 
 from pgcdc.errors import Unindexable
 from pgcdc.faults import injection_point
-from pgcdc.index.mirror_index import FileReader
+from pgcdc.index.mirror_index import DeleteFiles, FileReader
 from pgcdc.spark.iceberg_java import (
     holds_equality_deletes,
-    iceberg_classes,
     java_items,
+    live_files,
     steps_where_cheapest,
 )
 from pgcdc.spark.table_writer import TableWriter
@@ -64,25 +63,20 @@ def compact_small_table(spark: SparkSession, table: Any, carried: Mapping[str, s
     except Unindexable:
         return None
     planned = _planned(table, snapshot)
-    live_deletes = _live_delete_files(table, snapshot)
+    live_deletes = live_files(table, snapshot, "deletes")
     if any(str(delete.format()) != "PARQUET" or str(delete.content()) != "POSITION_DELETES"
            for delete in live_deletes):
         return None  # deletion vectors or equality deletes: Spark's readers apply them
     if len(planned) <= 1 and not live_deletes:
         return 0
     fields = list(writer.schema)
-    deleted: dict[str, dict[str, np.ndarray]] = {}
+    surviving = DeleteFiles(None, files)  # each delete file read once
     pieces = []
     for data, deletes in planned:
         path = str(data.location())
         rows = files.read_columns(path, fields, writer.schema)
-        gone = [_positions_of(files, deleted, delete, path) for delete in deletes]
-        if any(len(positions) for positions in gone):
-            keep = np.ones(rows.num_rows, dtype=bool)
-            for positions in gone:
-                keep[positions[positions < rows.num_rows]] = False
-            rows = rows.filter(pa.array(keep))
-        pieces.append(rows)
+        keep = surviving.surviving(path, rows, deletes)
+        pieces.append(rows if keep is None else rows.filter(pa.array(keep)))
     rows = pa.concat_tables(pieces) if pieces else pa.Table.from_batches([], writer.schema)
     with writer.committing("the compaction's") as written:
         added = writer.data_files(rows, written) if rows.num_rows else []
@@ -109,28 +103,3 @@ def _planned(table: Any, snapshot: Any) -> list[tuple[Any, list[Any]]]:
         return [(task.file(), java_items(task.deletes())) for task in java_items(tasks)]
     finally:
         tasks.close()
-
-
-def _live_delete_files(table: Any, snapshot: Any) -> list[Any]:
-    """Every live delete file of ``snapshot``, whether it still applies to a row or not."""
-    classes = iceberg_classes()
-    io, specs = table.io(), table.specs()
-    found = []
-    for manifest in java_items(snapshot.deleteManifests(io)):
-        reader = classes.read_delete_manifest(manifest, io, specs)
-        try:
-            iterator = reader.iterator()
-            while iterator.hasNext():
-                found.append(iterator.next().copyWithoutStats())
-        finally:
-            reader.close()
-    return found
-
-
-def _positions_of(files: FileReader, read: dict[str, dict[str, np.ndarray]], delete: Any, path: str) -> np.ndarray:
-    """The positions of the data file at ``path`` that the position-delete file ``delete`` removes (each delete
-    file read once)."""
-    location = str(delete.location())
-    if location not in read:
-        read[location] = files.read_position_deletes(location)
-    return read[location].get(path, np.empty(0, np.int64))

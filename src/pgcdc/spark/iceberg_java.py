@@ -7,7 +7,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pgcdc.errors import MetadataUnreadable
 from pgcdc.iceberg.table_metadata import TableMetadata
@@ -236,6 +236,27 @@ def java_items(iterable: Any) -> list[Any]:
     while iterator.hasNext():
         items.append(iterator.next())
     return items
+
+
+def live_files(table: Any, snapshot: Any, content: Literal["data", "deletes"], *, stats: bool = False) -> list[Any]:
+    """The live data files (or delete files) of ``table``'s ``snapshot``, read from its manifests (their added
+    and existing entries); with their column statistics when ``stats`` (a position delete's bounds name the data
+    file it deletes from)."""
+    classes = iceberg_classes()
+    io, specs = table.io(), table.specs()
+    manifests, read = ((snapshot.dataManifests(io), classes.read_data_manifest) if content == "data"
+                       else (snapshot.deleteManifests(io), classes.read_delete_manifest))
+    files = []
+    for manifest in java_items(manifests):
+        reader = read(manifest, io, specs)
+        try:
+            iterator = reader.iterator()
+            while iterator.hasNext():
+                entry = iterator.next()
+                files.append(entry.copy() if stats else entry.copyWithoutStats())
+        finally:
+            reader.close()
+    return files
 
 
 def java_count(iterable: Any) -> int:
