@@ -34,6 +34,7 @@ import contextlib
 import gc
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -132,12 +133,16 @@ def jdbc_rate(server: EmbeddedPostgres, spark, catalog: str, rows: int, table: s
 
 
 class Writer(threading.Thread):
-    """Commits transactions of 100 rows into ``flow`` (paced when ``rate`` is set); records (commit time,
+    """Commits transactions of 100 rows into ``flow`` (paced when ``rate`` is set): 80 inserts and 20 updates, of
+    recent rows, or of rows drawn at random among ids 1 to ``updates_over`` when it is set; records (commit time,
     commit LSN) of each."""
 
-    def __init__(self, dsn: str, seconds: float, rate: float | None, first_id: int) -> None:
+    def __init__(self, dsn: str, seconds: float, rate: float | None, first_id: int,
+                 updates_over: int | None = None) -> None:
         super().__init__(daemon=True)
         self.dsn, self.seconds, self.rate, self.next_id = dsn, seconds, rate, first_id
+        self.updates_over = updates_over
+        self.random = random.Random(first_id)
         self.commits: list[tuple[float, Lsn]] = []
         self.rows = 0
 
@@ -148,8 +153,12 @@ class Writer(threading.Thread):
                 with conn.transaction():
                     conn.execute("INSERT INTO flow SELECT i, i %% 7, 'row ' || i, now() FROM "
                                  "generate_series(%s::bigint, %s::bigint) i", (self.next_id, self.next_id + 79))
-                    conn.execute("UPDATE flow SET n = n + 1 WHERE id BETWEEN %s AND %s",
-                                 (self.next_id - 200, self.next_id - 181))
+                    if self.updates_over:
+                        conn.execute("UPDATE flow SET n = n + 1 WHERE id = ANY(%s)",
+                                     (self.random.sample(range(1, self.updates_over + 1), 20),))
+                    else:
+                        conn.execute("UPDATE flow SET n = n + 1 WHERE id BETWEEN %s AND %s",
+                                     (self.next_id - 200, self.next_id - 181))
                     # a position inside the transaction: below its end LSN, which the pipeline reports once
                     # the transaction is in the mirror (a position read after the commit may be past any
                     # transaction's end when other WAL follows, and would never be reached)
@@ -236,13 +245,13 @@ class RunningPipeline:
     pgcdc runs: its JVM, key index and maintenance schedule carry over from phase to phase."""
 
     def __init__(self, server: EmbeddedPostgres, spark, store: dict, label: str, python_gc: PythonGc,
-                 roots: list[int], **settings) -> None:
+                 roots: list[int], *, slot: str | None = None, **settings) -> None:
         self.spark, self.python_gc, self.roots = spark, python_gc, roots
-        self.slot = "bench_flow_" + "".join(c if c.isalnum() or c == "_" else "_" for c in label.lower())
+        self.slot = slot or "bench_flow_" + "".join(c if c.isalnum() or c == "_" else "_" for c in label.lower())
         self.dsn = server.dsn
         self.applied: list[tuple[float, Lsn]] = []
         # the pipeline makes its slot and copies the table (the rows earlier settings wrote) before it streams: the
-        # copy is behind it when the first phase starts
+        # copy is behind it when the first phase starts (a slot given is one whose mirror was copied already)
         config = PipelineConfig(dsn=server.dsn, publication="flow", slot=self.slot,
                                 destination=Destination(namespace=self.slot, **store), **settings)
         self.pipeline = Pipeline(config, spark=spark, on_progress=self._on_progress)
@@ -268,10 +277,10 @@ class RunningPipeline:
         if not self.runner.is_alive():
             raise RuntimeError(f"the pipeline stopped: {self.failures[0] if self.failures else 'no error'}")
 
-    def phase(self, seconds: float, rate: float | None, first_id: int) -> Phase:
+    def phase(self, seconds: float, rate: float | None, first_id: int, updates_over: int | None = None) -> Phase:
         """The writer for ``seconds`` (paced at ``rate`` rows/s, or unpaced), until the mirror holds it all."""
         before = Reading.now(self.pipeline, self.spark, self.python_gc, self.roots)
-        writer = Writer(self.dsn, seconds, rate, first_id)
+        writer = Writer(self.dsn, seconds, rate, first_id, updates_over)
         started = time.monotonic()
         writer.start()
         writer.join()
@@ -299,10 +308,11 @@ class RunningPipeline:
                      int(after.progress["batches_applied"] - before.progress["batches_applied"]), beside, steps,
                      cpu_per_change(before.cpu, after.cpu, max(rows, 1)), first, elapsed)
 
-    def stop(self) -> None:
+    def stop(self, *, drop: bool = True) -> None:
         self.pipeline.stop()
         self.runner.join(timeout=120)
-        drop_slot(self.dsn, self.slot)
+        if drop:
+            drop_slot(self.dsn, self.slot)
 
 
 def percentile(values: list[float], fraction: float) -> float:
