@@ -582,11 +582,14 @@ def test_a_streaming_mirror_folds_its_newest_rows_in_each_commit_and_every_reade
     storage: a mirror fed by small batches holds one data file and no delete file. Past FOLD_MAX_ROWS the small file stays, and the batch's deletes of its rows are written as
     deletes, folded in turn while they are few. Every reader reads the source's rows after every batch.
     A commit runs its steps in its own thread, or on Iceberg's worker pool once it would read many manifests for the
-    files it removes: both ways land the same rows."""
+    files it removes: both ways land the same rows. A commit is one call into the JVM (pgcdc.iceberg.Commits), or,
+    in a session without pgcdc's jar, made call by call (the first case): both land the same rows."""
     from pgcdc.apply import fold
     from pgcdc.spark import iceberg_java as iceberg
 
-    if fold_max_rows is not None:
+    if fold_max_rows is None:
+        monkeypatch.setattr(iceberg.iceberg_classes(), "commits", None)
+    else:
         monkeypatch.setattr(fold, "FOLD_MAX_ROWS", fold_max_rows)
         monkeypatch.setattr(iceberg, "MANIFESTS_READ_IN_TURN", 3)  # files graduate: the pool's turn comes
     spec = TableSpec("public", f"folded_{fold_max_rows or 'all'}", FLAT, ("id",), "d")

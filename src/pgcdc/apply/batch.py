@@ -216,7 +216,8 @@ def _commit(spark: SparkSession, mirror: MirrorTable, reduction: Reduction, lsn:
 def _row_delta_target(spark: SparkSession, mirror: MirrorTable, deletes: str) -> RowDeltaWriter | None:
     """The mirror as the row-delta writer writes it in this batch; None (the MERGE writer applies the batch)
     when it cannot, with the reason logged."""
-    target = RowDeltaWriter(spark, _current_table(spark, mirror))
+    target = RowDeltaWriter(spark, _current_table(spark, mirror), mirror.writer_layout)
+    mirror.writer_layout = target.layout
     by_equality = deletes == "equality" or mirror.deletes == "equality"
     matched_on = [] if mirror.spec.append_only or not by_equality else (
         list(mirror.spec.key_columns) or list(mirror.spec.spark_schema.names))

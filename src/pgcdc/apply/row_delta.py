@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from pgcdc.apply.steps import StepClock
 from pgcdc.faults import injection_point
+from pgcdc.spark import iceberg_java
 from pgcdc.spark.iceberg_java import (
     commit_in_transaction,
     data_file,
@@ -43,7 +44,7 @@ from pgcdc.spark.iceberg_java import (
     iceberg_classes,
     steps_where_cheapest,
 )
-from pgcdc.spark.table_writer import TableWriter, Written
+from pgcdc.spark.table_writer import Layout, TableWriter, Written
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -87,9 +88,10 @@ class RowDeltaWriter(TableWriter):
     """One mirror as the row-delta writer sees it for one batch: the Iceberg table as it stands now (its schema
     and field ids read fresh, so a schema change between batches is followed), and its Parquet layout."""
 
-    def __init__(self, spark: SparkSession, table: Any) -> None:
-        """``table``: the mirror's ``org.apache.iceberg.Table``, loaded or refreshed for this batch."""
-        super().__init__(spark, table)
+    def __init__(self, spark: SparkSession, table: Any, known: Layout | None = None) -> None:
+        """``table``: the mirror's ``org.apache.iceberg.Table``, loaded or refreshed for this batch; ``known``: its
+        layout as the last batch read it."""
+        super().__init__(spark, table, known)
         self.start_snapshot = self.table.currentSnapshot()
 
     def unwritable(self, key_columns: list[str]) -> str | None:
@@ -100,7 +102,7 @@ class RowDeltaWriter(TableWriter):
             return self.partition_problem
         if self.partitioned and key_columns:
             return "it is partitioned, and deletes by equality (deleting by position, the default, writes it)"
-        if int(self.table.operations().current().formatVersion()) < 2:
+        if self.layout.format_version < 2:
             return "it is an Iceberg format-version 1 table, which has no delete files"
         if self.layout_problem is not None:
             return self.layout_problem
@@ -134,57 +136,100 @@ class RowDeltaWriter(TableWriter):
             delete_files = [] if replace_all else self._delete_files(deletes, written)
             clock.lap("delete file")
             injection_point("apply.delta-commit")
-            # one transaction: the snapshot and the table properties land in one metadata file, or neither
-            transaction = self.table.newTransaction()
-            classes = iceberg_classes()
+            start = validate_from if validate_from is not None else (
+                None if self.start_snapshot is None else int(self.start_snapshot.snapshotId()))
+            referenced = list(deletes.files) if isinstance(deletes, PositionDeletes) else []
             if replace_all:
-                operation = transaction.newOverwrite().overwriteByRowFilter(classes.always_true)
-                for file in added:
-                    operation = operation.addFile(file.data_file)
+                snapshot_id, parent = self._replace_all(added, properties, table_properties)
+            elif iceberg_classes().commits is not None:  # one call into the JVM
+                snapshot_id, parent, added, delete_files = self._row_delta_in_jvm(
+                    start, referenced, added, delete_files, removed, removed_deletes, properties, table_properties,
+                    read_back=isinstance(deletes, PositionDeletes) and not self.partitioned)
             else:
-                operation = transaction.newRowDelta()
-                start = validate_from if validate_from is not None else (
-                    None if self.start_snapshot is None else int(self.start_snapshot.snapshotId()))
-                if start is not None:
-                    # conflicts are checked from the state the batch was built on: equality deletes need no data
-                    # file of it to survive (a compaction meanwhile is no conflict); position deletes need every
-                    # data file they name, and a commit that removed one makes this one fail, to be resolved again
-                    operation = operation.validateFromSnapshot(start)
-                if isinstance(deletes, PositionDeletes) and deletes.files:
-                    referenced = classes.ArrayList()
-                    for path in deletes.files:
-                        referenced.add(path)
-                    operation = operation.validateDataFilesExist(referenced).validateDeletedFiles()
-                if removed or removed_deletes:
-                    # the rows of a removed file are rewritten here: no data file nor delete file may have been
-                    # added since (a delete of its rows would come back), and every file it removes must still be
-                    # live: someone's compaction (a replace, which Iceberg does not count among added data) may
-                    # have rewritten it, and its rows would count twice
-                    operation = (operation.validateNoConflictingDataFiles().validateNoConflictingDeleteFiles()
-                                 .validateDeletedFiles())
-                for old in removed:
-                    operation = operation.removeRows(old)
-                for old in removed_deletes:
-                    operation = operation.removeDeletes(old)
-                for file in added:
-                    operation = operation.addRows(file.data_file)
-                for delete_file in delete_files:
-                    operation = operation.addDeletes(delete_file)
-            # a truncate's overwrite removes every file, as replace_with_files's does
-            operation = steps_where_cheapest(operation, self.table, self.start_snapshot,
-                                             removes_files=replace_all or bool(removed) or bool(removed_deletes))
-            commit_in_transaction(transaction, operation, properties, table_properties)
-            # the transaction's own view names the snapshot it committed, wherever the table has moved on since
-            snapshot = transaction.table().currentSnapshot()
-            parent = snapshot.parentId()
+                snapshot_id, parent = self._row_delta(start, referenced, added, delete_files, removed,
+                                                      removed_deletes, properties, table_properties)
             clock.lap("commit")
             # folding carries one data file and one position-delete file to the next commit
             single = added[0] if len(added) == 1 and not self.partitioned else None
             delete_file = delete_files[0] if len(delete_files) == 1 and isinstance(deletes, PositionDeletes) \
                 and not self.partitioned else None
-            return Committed(int(snapshot.snapshotId()), None if parent is None else int(parent),
-                             None if single is None else single.path, None if single is None else single.data_file,
-                             delete_file, tuple(added))
+            return Committed(snapshot_id, parent, None if single is None else single.path,
+                             None if single is None else single.data_file, delete_file, tuple(added))
+
+    def _replace_all(self, added: list[Written], summary: Mapping[str, str],
+                     table_properties: Mapping[str, str] | None) -> tuple[int, int | None]:
+        """Every row of the table replaced by ``added`` (a batch that begins with TRUNCATE), in one transaction."""
+        transaction = self.table.newTransaction()
+        operation = transaction.newOverwrite().overwriteByRowFilter(iceberg_classes().always_true)
+        for file in added:
+            operation = operation.addFile(file.data_file)
+        # a truncate's overwrite removes every file
+        operation = steps_where_cheapest(operation, self.table, self.start_snapshot, removes_files=True)
+        commit_in_transaction(transaction, operation, summary, table_properties)
+        return _committed(transaction)
+
+    def _row_delta_in_jvm(self, start: int | None, referenced: list[str], added: list[Written],
+                          delete_files: list[Any], removed: Sequence[Any], removed_deletes: Sequence[Any],
+                          summary: Mapping[str, str], table_properties: Mapping[str, str] | None, *,
+                          read_back: bool) -> tuple[int, int | None, list[Written], list[Any]]:
+        """:meth:`_row_delta`'s commit made by ``pgcdc.iceberg.Commits`` in one call. With ``read_back``, a single
+        data file and delete file come back as read from the snapshot's manifests, each knowing the manifest that
+        lists it: the next batch's fold, which removes them, then reads that manifest alone, not every manifest of
+        the table."""
+        read_back = read_back and len(added) == 1 and len(delete_files) <= 1
+        committed = iceberg_classes().commits.rowDelta(
+            self.table, -1 if start is None else start, _joined(referenced),
+            _one_or_list([file.data_file for file in added]), _one_or_list(delete_files), _one_or_list(removed),
+            _one_or_list(removed_deletes), _joined(_flat(summary)), _joined(_flat(table_properties or {})),
+            iceberg_java.steps_in_calling_thread(self.table, self.start_snapshot,
+                                                 bool(removed) or bool(removed_deletes)), read_back)
+        snapshot_id, parent = (int(part) for part in str(committed.ids()).split())
+        if read_back:
+            data_file = committed.dataFile()
+            if data_file is not None:
+                added = [Written(added[0].path, data_file, added[0].rows)]
+            delete_file = committed.deleteFile() if delete_files else None
+            if delete_file is not None:
+                delete_files = [delete_file]
+        return snapshot_id, None if parent == -1 else parent, added, delete_files
+
+    def _row_delta(self, start: int | None, referenced: list[str], added: list[Written], delete_files: list[Any],
+                   removed: Sequence[Any], removed_deletes: Sequence[Any], summary: Mapping[str, str],
+                   table_properties: Mapping[str, str] | None) -> tuple[int, int | None]:
+        """One row delta in one transaction: the snapshot and the table properties land in one metadata file, or
+        neither does."""
+        classes = iceberg_classes()
+        transaction = self.table.newTransaction()
+        operation = transaction.newRowDelta()
+        if start is not None:
+            # conflicts are checked from the state the batch was built on: equality deletes need no data file of it
+            # to survive (a compaction meanwhile is no conflict); position deletes need every data file they name,
+            # and a commit that removed one makes this one fail, to be resolved again
+            operation = operation.validateFromSnapshot(start)
+        if referenced:
+            names = classes.ArrayList()
+            for path in referenced:
+                names.add(path)
+            operation = operation.validateDataFilesExist(names).validateDeletedFiles()
+        if removed or removed_deletes:
+            # the rows of a removed file are rewritten here: no data file nor delete file may have been added since
+            # (a delete of its rows would come back), and every file it removes must still be live: someone's
+            # compaction (a replace, which Iceberg does not count among added data) may have rewritten it, and its
+            # rows would count twice
+            operation = (operation.validateNoConflictingDataFiles().validateNoConflictingDeleteFiles()
+                         .validateDeletedFiles())
+        for old in removed:
+            operation = operation.removeRows(old)
+        for old in removed_deletes:
+            operation = operation.removeDeletes(old)
+        for file in added:
+            operation = operation.addRows(file.data_file)
+        for delete_file in delete_files:
+            operation = operation.addDeletes(delete_file)
+        operation = steps_where_cheapest(operation, self.table, self.start_snapshot,
+                                         removes_files=bool(removed) or bool(removed_deletes))
+        commit_in_transaction(transaction, operation, summary, table_properties)
+        return _committed(transaction)
 
     def _delete_files(self, deletes: pa.Table | PositionDeletes | None, written: list[str]) -> list[Any]:
         """The delete files of ``deletes`` (none: nothing to delete): equality deletes on the table's columns, or
@@ -213,7 +258,7 @@ class RowDeltaWriter(TableWriter):
             [pa.array(np.repeat(np.array(paths, dtype=object), [len(p) for p in positions]), pa.string()),
              pa.array(np.concatenate(positions), pa.int64())], schema=POSITION_DELETE_SCHEMA)
         path, size, footer = self.write(rows, POSITION_DELETE_SCHEMA, written, partition=partition, spec=spec)
-        metrics_config = classes.metrics_for_position_deletes(self.table)
+        metrics_config = self.layout.position_metrics
         # (readers that match delete files to data files by their referenced data file go straight to the one)
         referenced = paths[0] if len(paths) == 1 else None
         if classes.files is not None:  # one call into the JVM, not a round trip per step of the builder
@@ -249,3 +294,30 @@ def _by_partition(deletes: PositionDeletes) -> list[tuple[int, Any, dict[str, np
             bucket.append(len(groups))
             groups.append((spec_id, partition, {path: positions}))
     return groups
+
+
+def _committed(transaction: Any) -> tuple[int, int | None]:
+    """The snapshot a committed transaction made, and its parent: the transaction's own view names it, wherever the
+    table has moved on since."""
+    snapshot = transaction.table().currentSnapshot()
+    parent = snapshot.parentId()
+    return int(snapshot.snapshotId()), None if parent is None else int(parent)
+
+
+def _one_or_list(files: Sequence[Any]) -> Any:
+    """Files as ``pgcdc.iceberg.Commits`` takes them: None, the one file, or a list (which py4j converts with a round
+    trip a file)."""
+    return None if not files else files[0] if len(files) == 1 else list(files)
+
+
+def _flat(entries: Mapping[str, str]) -> list[str]:
+    return [str(part) for key, value in entries.items() for part in (key, value)]
+
+
+def _joined(parts: list[str]) -> str | None:
+    """``parts`` as one string for ``pgcdc.iceberg.Commits``: each followed by NUL (None: no parts)."""
+    if not parts:
+        return None
+    if any("\0" in part for part in parts):
+        raise ValueError("a path or property of a commit holds a NUL character")
+    return "".join(part + "\0" for part in parts)

@@ -99,6 +99,7 @@ class MirrorTable:
     changelog_image: StructType | None = None  # the row image the change log was last written with
     index: MirrorIndex | None = None  # where each row is (deleting by position), built when first needed
     iceberg_table: Any = None  # its org.apache.iceberg.Table, kept between batches by the row-delta writer
+    writer_layout: Any = None  # what the row-delta writer read of its layout (pgcdc.spark.table_writer.Layout)
     deletes: str | None = None  # "equality" when this mirror cannot delete by position (why was logged)
     # the small files of its last commit (pgcdc.apply.fold.SmallFiles), which the apply makes at its first batch:
     # folding is the apply's to know, a room above this one

@@ -94,6 +94,7 @@ class IcebergClasses:
         self.tags = own_class("Tags")
         self.files = own_class("Files")
         self.facts = own_class("Facts")
+        self.commits = own_class("Commits")
         self.HashMap = jvm.java.util.HashMap
 
 
@@ -487,7 +488,10 @@ def steps_in_calling_thread(table: Any, snapshot: Any, removes_files: bool) -> b
     """Whether a commit of ``table`` at ``snapshot`` runs its steps in the calling thread (steps_where_cheapest)."""
     if not removes_files or snapshot is None:
         return True
-    return java_count(snapshot.allManifests(table.io())) <= MANIFESTS_READ_IN_TURN
+    commits = iceberg_classes().commits
+    manifests = commits.manifests(table, snapshot) if commits is not None else \
+        java_count(snapshot.allManifests(table.io()))
+    return manifests <= MANIFESTS_READ_IN_TURN
 
 
 def replace_with_files(spark: SparkSession, table: Any, files: Iterable[tuple[str, int, bytes]],

@@ -53,33 +53,73 @@ class Written:
     rows: np.ndarray
 
 
-class TableWriter:
-    """One Iceberg table as a writer of its data files sees it now: its schema and field ids read fresh (a schema
-    change between two writes is followed), its Parquet layout, codec and partition spec."""
+@dataclass(frozen=True)
+class Layout:
+    """What a writer of a table's files reads from its metadata: the Parquet layout (field ids, Iceberg's stored
+    types), codec, partition spec, format version, metrics configs and location provider. Kept between writes while
+    the table's ``shape`` stays the same (``pgcdc.iceberg.Commits.shape``: its format version, schema, spec, sort
+    order, location and properties other than pgcdc's); None without pgcdc's jar: read afresh every write."""
 
-    def __init__(self, spark: SparkSession, table: Any) -> None:
-        """``table``: the ``org.apache.iceberg.Table``, loaded or refreshed for this write."""
+    shape: str | None
+    schema: pa.Schema
+    layout_problem: str | None
+    compression: tuple[str, int | None]
+    spec: Any
+    partitioned: bool
+    partition_fields: list[PartitionField]
+    partition_problem: str | None
+    format_version: int
+    metrics: Any  # the table's MetricsConfig, for data files
+    position_metrics: Any  # for position-delete files
+    locations: Any  # the table's LocationProvider
+
+    @classmethod
+    def of(cls, table: Any, known: Layout | None = None) -> Layout:
+        """``table``'s layout: ``known`` when the table's shape is still the one it was read at, else read now."""
+        classes = iceberg_classes()
+        shape = None if classes.commits is None else str(classes.commits.shape(table))
+        if known is not None and shape is not None and known.shape == shape:
+            return known
+        layout_problem: str | None = None
+        table_schema = schema_json(table)  # the layout's and the partition spec's source columns
+        try:
+            columns = parquet_layout(table, table_schema)
+        except NotImplementedError as exc:
+            layout_problem, columns = str(exc), []
+        spec = table.spec()
+        partitioned = bool(spec.isPartitioned())
+        partition_fields: list[PartitionField] = []
+        partition_problem: str | None = None
+        if partitioned:
+            try:
+                partition_fields = spec_fields(partition_spec_json(spec), table_schema)
+            except UnsupportedPartitioning as exc:
+                partition_problem = f"its partition spec holds {exc}"
+            if classes.partitions is None:
+                partition_problem = str(PartitionsUnavailable())
+        return cls(shape, layout_schema(columns), layout_problem, parquet_compression(table), spec, partitioned,
+                   partition_fields, partition_problem, int(table.operations().current().formatVersion()),
+                   classes.metrics_for_table(table), classes.metrics_for_position_deletes(table),
+                   table.locationProvider())
+
+
+class TableWriter:
+    """One Iceberg table as a writer of its data files sees it now: its schema and field ids (a schema change
+    between two writes is followed), its Parquet layout, codec and partition spec (:class:`Layout`)."""
+
+    def __init__(self, spark: SparkSession, table: Any, known: Layout | None = None) -> None:
+        """``table``: the ``org.apache.iceberg.Table``, loaded or refreshed for this write; ``known``: its layout
+        as the last write read it (kept while the table's shape is the same)."""
         self.spark = spark
         self.table = table
-        self.layout_problem: str | None = None
-        table_schema = schema_json(self.table)  # the layout's and the partition spec's source columns
-        try:
-            layout = parquet_layout(self.table, table_schema)
-        except NotImplementedError as exc:
-            self.layout_problem, layout = str(exc), []
-        self.schema = layout_schema(layout)
-        self.compression = parquet_compression(self.table)
-        self.spec = self.table.spec()
-        self.partitioned = bool(self.spec.isPartitioned())
-        self.partition_fields: list[PartitionField] = []
-        self.partition_problem: str | None = None
-        if self.partitioned:
-            try:
-                self.partition_fields = spec_fields(partition_spec_json(self.spec), table_schema)
-            except UnsupportedPartitioning as exc:
-                self.partition_problem = f"its partition spec holds {exc}"
-            if iceberg_classes().partitions is None:
-                self.partition_problem = str(PartitionsUnavailable())
+        self.layout = layout = Layout.of(table, known)
+        self.schema = layout.schema
+        self.layout_problem = layout.layout_problem
+        self.compression = layout.compression
+        self.spec = layout.spec
+        self.partitioned = layout.partitioned
+        self.partition_fields = layout.partition_fields
+        self.partition_problem = layout.partition_problem
 
     def arrow_problem(self) -> str | None:
         """Why Arrow cannot write this table's data files (None: it can)."""
@@ -88,8 +128,7 @@ class TableWriter:
     def data_files(self, rows: pa.Table, written: list[str]) -> list[Written]:
         """``rows`` as data files: one, or one per partition their values fall in. Each path is appended to
         ``written`` before its file is, so a failure can remove what exists (:meth:`remove`)."""
-        classes = iceberg_classes()
-        metrics_config = classes.metrics_for_table(self.table)
+        metrics_config = self.layout.metrics
         if not self.partitioned:
             path, size, footer = self.write(rows, self.schema, written)
             return [Written(path, data_file(self.spark, self.table, path, size, footer, metrics_config=metrics_config,
@@ -108,7 +147,7 @@ class TableWriter:
         """``rows`` as one Parquet file in ``schema`` (field ids, Iceberg's types) at a new location of the
         table (under its partition's, when given); returns its path, size and footer."""
         name = f"{uuid.uuid4()}.parquet"
-        provider = self.table.locationProvider()
+        provider = self.layout.locations
         path = str(provider.newDataLocation(spec or self.spec, partition, name) if partition is not None
                    else provider.newDataLocation(name))
         written.append(path)
