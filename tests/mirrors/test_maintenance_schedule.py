@@ -53,6 +53,37 @@ def test_a_settled_table_is_compacted_of_any_delete_file_and_left_alone_without_
     assert due_steps(health(data_files=5), POLICY, now=2000.0, settled=True) == []
 
 
+GIB = 1 << 30
+
+
+def test_a_large_mirror_is_due_for_what_its_batches_added_not_for_its_size():
+    # 40 GiB in 80 full files of 512 MiB: due at the policy's count of files beyond those, not at every look
+    large = functools.partial(TableHealth, 3, manifests=1, orphans_removed_at=1000.0, rows=400_000_000,
+                              data_bytes=40 * GIB)
+    assert due_steps(large(80 + 9, 0), POLICY, now=2000.0) == []
+    assert due_steps(large(80 + 10, 0), POLICY, now=2000.0)[0] == "compact-data"
+    assert due_steps(large(80, 4), POLICY, now=2000.0)[0] == "compact-data"
+    # at rest, its few merged delete files stay (a rewrite of every file they touch would cost its 40 GiB)
+    assert due_steps(large(80, 1), POLICY, now=2000.0, settled=True) == []
+    # a table below WHOLE_REWRITE_BYTES counts every file, and is compacted of any delete at rest
+    small = functools.partial(TableHealth, 3, manifests=1, orphans_removed_at=1000.0, rows=1_000_000,
+                              data_bytes=100 << 20)
+    assert due_steps(small(10, 0), POLICY, now=2000.0)[0] == "compact-data"
+    assert due_steps(small(1, 1), POLICY, now=2000.0, settled=True)[0] == "compact-data"
+
+
+def test_a_large_mirror_rewrites_the_files_its_deletes_touch_once_they_remove_a_share_of_its_rows():
+    from pgcdc.mirrors.maintenance import DELETED_SHARE, WHOLE_REWRITE_BYTES, rewrites_every_deleted_file
+
+    def table(data_bytes: int, position_deletes: int) -> TableHealth:
+        return TableHealth(3, 10, 5, manifests=1, orphans_removed_at=None, rows=1_000_000, data_bytes=data_bytes,
+                           position_deletes=position_deletes)
+
+    assert rewrites_every_deleted_file(table(WHOLE_REWRITE_BYTES, 0))
+    assert not rewrites_every_deleted_file(table(WHOLE_REWRITE_BYTES + 1, int(DELETED_SHARE * 1_000_000) - 1))
+    assert rewrites_every_deleted_file(table(WHOLE_REWRITE_BYTES + 1, int(DELETED_SHARE * 1_000_000)))
+
+
 def test_many_snapshots_expire_alone():
     assert due_steps(health(snapshots=50), POLICY, now=2000.0) == ["expire"]
 

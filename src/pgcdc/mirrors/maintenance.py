@@ -62,6 +62,11 @@ ORPHANS_REMOVED_PROPERTY = "pgcdc.orphans-removed-at"  # epoch seconds of the la
 MAINTENANCE_JOB_GROUP = "pgcdc-maintenance"  # the Spark job group of the pipeline's maintenance: cancelled at a stop
 STEPS = ("compact-data", "compact-deletes", "rewrite-manifests", "expire", "remove-orphans")
 REWRITES = ("compact-data", "compact-deletes", "rewrite-manifests")  # commits that keep the rows as they are
+# a compaction rewrites every data file a delete applies to up to this much data, or once position deletes remove
+# this share of a larger table's rows (rewrites_every_deleted_file)
+WHOLE_REWRITE_BYTES = 256 << 20
+DELETED_SHARE = 0.1
+DEFAULT_TARGET_FILE_BYTES = 512 << 20  # Iceberg's write.target-file-size-bytes
 # Old metadata.json files are kept by Iceberg unless told otherwise: one per commit, forever.
 METADATA_CLEANUP = {"write.metadata.delete-after-commit.enabled": "true",
                     "write.metadata.previous-versions-max": "20"}
@@ -126,6 +131,7 @@ class TableHealth:
     current_snapshot: int | None = None  # its id: the table changed when it did
     rows: int = 0  # live rows, before deletes
     data_bytes: int = 0  # of its data files
+    position_deletes: int = 0  # rows its position-delete files remove
 
 
 @dataclass
@@ -145,7 +151,8 @@ def table_health(spark: SparkSession, identifier: str) -> TableHealth:
 
 
 # the snapshot summary values a table's health reads
-HEALTH_SUMMARY = ("total-data-files", "total-delete-files", "total-records", "total-files-size")
+HEALTH_SUMMARY = ("total-data-files", "total-delete-files", "total-records", "total-files-size",
+                  "total-position-deletes")
 
 
 def _health(spark: SparkSession, table: Any, *, count_manifests: bool = True) -> TableHealth:
@@ -166,7 +173,8 @@ def _health(spark: SparkSession, table: Any, *, count_manifests: bool = True) ->
         orphans_removed_at=float(removed_at) if removed_at else None,
         current_snapshot=int(current.snapshotId()),
         rows=int(summary.get("total-records") or "0"),
-        data_bytes=int(summary.get("total-files-size") or "0"))
+        data_bytes=int(summary.get("total-files-size") or "0"),
+        position_deletes=int(summary.get("total-position-deletes") or "0"))
 
 
 def _looked_health(spark: SparkSession, table: Any) -> TableHealth:
@@ -175,10 +183,10 @@ def _looked_health(spark: SparkSession, table: Any) -> TableHealth:
     classes = iceberg_classes()
     if classes.health is None:
         return _health(spark, table, count_manifests=False)
-    snapshots, data, deletes, rows, size, current, has_current, removed_at = (
+    snapshots, data, deletes, rows, size, current, has_current, removed_at, position_deletes = (
         int(figure) for figure in str(classes.health.of(table, ORPHANS_REMOVED_PROPERTY)).split(","))
     return TableHealth(snapshots, data, deletes, 0, None if removed_at < 0 else float(removed_at),
-                       current if has_current else None, rows, size)
+                       current if has_current else None, rows, size, position_deletes)
 
 
 def due_steps(health: TableHealth, policy: MaintenancePolicy, now: float, *, settled: bool = False) -> list[str]:
@@ -187,8 +195,12 @@ def due_steps(health: TableHealth, policy: MaintenancePolicy, now: float, *, set
     read of it pays for them (a scan cannot count from metadata, each task reads the deletes) and no batch is
     coming to push it over the thresholds."""
     steps = []
-    if (health.data_files >= policy.data_files or health.delete_files >= policy.delete_files
-            or (settled and health.delete_files > 0)):
+    # a large mirror holds a file per target size besides those its batches add: only these count (else one of
+    # 40 GB would be due at every interval, whatever changed), and only it keeps the deletes a rest leaves
+    full_files = 0 if rewrites_every_deleted_file(health) else \
+        health.data_bytes // (policy.target_file_bytes or DEFAULT_TARGET_FILE_BYTES)
+    if (health.data_files >= policy.data_files + full_files or health.delete_files >= policy.delete_files
+            or (settled and health.delete_files > 0 and rewrites_every_deleted_file(health))):
         steps += ["compact-data", "compact-deletes", "rewrite-manifests"]
     if health.snapshots >= policy.snapshots or (steps and health.snapshots > policy.snapshots_kept):
         steps.append("expire")
@@ -275,12 +287,18 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
             compacted = compact_small_table(spark, table, carried)
             if compacted is not None:
                 return compacted
-        # every data file a delete applies to is rewritten without the deleted rows; the new files keep the
-        # starting snapshot's sequence number: every delete file up to it is left without a row to apply to, and
-        # equality deletes committed during the rewrite still apply to them (no conflict with the stream)
+        # the new files keep the starting snapshot's sequence number: every delete file up to it is left without a
+        # row to apply to in the files rewritten, and equality deletes committed during the rewrite still apply to
+        # them (no conflict with the stream)
         action = (actions.rewriteDataFiles(table).option("min-input-files", "2")
-                  .option("delete-file-threshold", "1").option("partial-progress.enabled", "false")
+                  .option("partial-progress.enabled", "false")
                   .option("use-starting-sequence-number", "true").option("remove-dangling-deletes", "true"))
+        if rewrites_every_deleted_file(before):
+            # every data file a delete applies to is rewritten without the deleted rows: reads apply no delete
+            action = action.option("delete-file-threshold", "1")
+        # else a large mirror's small files are packed, and its deletes stay on its large files (merged by
+        # compact-deletes) until they remove a share of its rows: a rewrite of every file each interval would
+        # cost the whole mirror however little changed
         if policy.target_file_bytes:
             action = action.option("target-file-size-bytes", str(policy.target_file_bytes))
         return int(carrying(action).execute().rewrittenDataFilesCount())
@@ -326,6 +344,15 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
         table.updateProperties().set(ORPHANS_REMOVED_PROPERTY, str(int(time.time()))).commit()
         return java_count(outcome.orphanFileLocations())
     return 0
+
+
+def rewrites_every_deleted_file(health: TableHealth) -> bool:
+    """Whether a compaction of the table rewrites every data file a delete applies to, leaving reads no delete to
+    apply: a table of up to WHOLE_REWRITE_BYTES, or one whose position deletes remove DELETED_SHARE of its rows or
+    more. A larger table's files are rewritten that way once its deletes reach that share: the rewrite costs the
+    table's size, paid once per changes of a share of it, so what maintenance costs grows with the changes."""
+    return (health.data_bytes <= WHOLE_REWRITE_BYTES
+            or health.position_deletes >= DELETED_SHARE * max(health.rows, 1))
 
 
 def _small(health: TableHealth) -> bool:

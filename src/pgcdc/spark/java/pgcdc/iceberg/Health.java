@@ -14,7 +14,7 @@ public final class Health {
 
   /**
    * "snapshots,data files,delete files,records,bytes of files,current snapshot id,has a current snapshot (1 or
-   * 0),orphans removed at (epoch seconds, or -1 when never)" of {@code table} as it stands in memory (a string: py4j
+   * 0),orphans removed at (epoch seconds, or -1 when never),position deletes" of {@code table} as it stands in memory (a string: py4j
    * hands a Java array back element by element, a round trip each).
    */
   public static String of(Table table, String orphansProperty) {
@@ -26,7 +26,7 @@ public final class Health {
     long removedAt = removed == null ? -1 : (long) Double.parseDouble(removed);
     Snapshot current = table.currentSnapshot();
     if (current == null) {
-      return join(new long[] {snapshots, 0, 0, 0, 0, 0, 0, removedAt});
+      return join(new long[] {snapshots, 0, 0, 0, 0, 0, 0, removedAt, 0});
     }
     Map<String, String> summary = current.summary();
     return join(new long[] {
@@ -37,7 +37,8 @@ public final class Health {
       total(summary, "total-files-size"),
       current.snapshotId(),
       1,
-      removedAt
+      removedAt,
+      total(summary, "total-position-deletes")
     });
   }
 
