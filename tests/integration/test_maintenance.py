@@ -296,6 +296,55 @@ def test_a_small_table_is_compacted_in_the_driver_into_one_file_per_partition_an
     assert sorted(zip(*(read.column(c).to_pylist() for c in ("id", "v", "w")), strict=True)) == expected
 
 
+def test_a_large_table_s_compaction_costs_what_changed_until_its_deletes_remove_a_share_of_its_rows(
+        spark, iceberg_namespace, monkeypatch):
+    """A large mirror (made large here by lowering the bounds) keeps its full-size file and the deletes on it: its
+    small files are packed and its delete files merged into one. Once its deletes remove DELETED_SHARE of its rows,
+    the files they touch are rewritten without them. Every reader reads the same rows throughout."""
+    from pyiceberg.table import StaticTable
+
+    from pgcdc.mirrors import maintenance, small_compaction
+
+    monkeypatch.setattr(maintenance, "WHOLE_REWRITE_BYTES", 0)
+    monkeypatch.setattr(small_compaction, "SMALL_ROWS", 0)
+    identifier = f"pgcdc.{iceberg_namespace}.t"
+    spark.sql(f"CREATE TABLE {identifier} (id bigint, v string) USING iceberg TBLPROPERTIES ("
+              "'format-version' = '2', 'write.delete.mode' = 'merge-on-read', 'write.update.mode' = 'merge-on-read')")
+    spark.range(0, 10_000).coalesce(1).selectExpr("id", "concat('v', id) AS v").writeTo(identifier).append()
+    large = [row.file_path for row in spark.sql(f"SELECT file_path FROM {identifier}.files").collect()]
+    # the full-size file is the target size: within the sizes a compaction leaves as they are
+    size = spark.sql(f"SELECT file_size_in_bytes FROM {identifier}.files").collect()[0][0]
+    spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ('write.target-file-size-bytes' = '{size}')")
+    for start in (10_000, 10_010, 10_020):  # a stream's small files
+        spark.range(start, start + 10).coalesce(1).selectExpr("id", "concat('v', id) AS v").writeTo(
+            identifier).append()
+    for ids in ("id IN (1, 2)", "id IN (3, 10005)"):  # deletes on the large file, one on a small one
+        spark.sql(f"DELETE FROM {identifier} WHERE {ids}")
+
+    def rows() -> list[tuple]:
+        read = spark.table(identifier).collect()
+        table = load_table(spark, identifier)
+        other = StaticTable.from_metadata(str(table.operations().current().metadataFileLocation())).scan().to_arrow()
+        assert sorted(zip(other.column("id").to_pylist(), other.column("v").to_pylist(), strict=True)) == sorted(
+            (r.id, r.v) for r in read), "PyIceberg reads what Spark reads"
+        return sorted((r.id, r.v) for r in read)
+
+    expected = rows()
+    result = maintain_table(spark, identifier, {"pgcdc.lsn": "0/99"}, EAGER, steps=["compact-data", "compact-deletes"])
+    assert result.after is not None and result.after.delete_files == 1  # merged, kept on the large file
+    files = [row.file_path for row in spark.sql(f"SELECT file_path FROM {identifier}.data_files").collect()]
+    assert large[0] in files and len(files) == 2, files  # the large file kept, the small ones packed into one
+    assert rows() == expected
+    # deletes of a tenth of its rows: now every file they touch is rewritten without them
+    spark.sql(f"DELETE FROM {identifier} WHERE id % 9 = 0")
+    expected = rows()
+    result = maintain_table(spark, identifier, {"pgcdc.lsn": "0/99"}, EAGER, steps=["compact-data", "compact-deletes"])
+    assert result.after is not None and result.after.delete_files == 0
+    data_files = spark.sql(f"SELECT file_path FROM {identifier}.data_files").collect()
+    assert large[0] not in [row.file_path for row in data_files]
+    assert rows() == expected
+
+
 def test_a_delete_landing_during_a_small_table_s_compaction_makes_the_compaction_change_nothing(
         spark, iceberg_namespace, monkeypatch):
     """The compaction read the rows of a snapshot; a delete of one of them commits before the compaction does:
