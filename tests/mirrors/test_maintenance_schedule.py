@@ -57,12 +57,20 @@ GIB = 1 << 30
 
 
 def test_a_large_mirror_is_due_for_what_its_batches_added_not_for_its_size():
-    # 40 GiB in 80 full files of 512 MiB: due at the policy's count of files beyond those, not at every look
+    # 40 GiB in 80 full files of 512 MiB, no compaction in its history: due at the policy's count of files beyond
+    # those, not at every look
     large = functools.partial(TableHealth, 3, manifests=1, orphans_removed_at=1000.0, rows=400_000_000,
                               data_bytes=40 * GIB)
     assert due_steps(large(80 + 9, 0), POLICY, now=2000.0) == []
     assert due_steps(large(80 + 10, 0), POLICY, now=2000.0)[0] == "compact-data"
     assert due_steps(large(80, 4), POLICY, now=2000.0)[0] == "compact-data"
+    # after a compaction that left 300 files (some small, packed no further): the files added since count
+    assert due_steps(large(300 + 9, 0, compacted_data_files=300), POLICY, now=2000.0) == []
+    assert due_steps(large(300 + 10, 0, compacted_data_files=300), POLICY, now=2000.0)[0] == "compact-data"
+    # 100,000,000 narrow rows in 180 MB are large too: their rewrite is what costs
+    narrow = TableHealth(3, 2, 0, manifests=1, orphans_removed_at=None, rows=100_000_000, data_bytes=180 << 20,
+                         compacted_data_files=1)
+    assert due_steps(narrow, POLICY, now=2000.0) == []
     # at rest, its few merged delete files stay (a rewrite of every file they touch would cost its 40 GiB)
     assert due_steps(large(80, 1), POLICY, now=2000.0, settled=True) == []
     # a table below WHOLE_REWRITE_BYTES counts every file, and is compacted of any delete at rest
@@ -174,9 +182,15 @@ def test_a_look_reads_a_kept_table_in_one_call_and_commits_nothing(spark, iceber
 
     identifier = f"pgcdc.{iceberg_namespace}.t"
     spark.sql(f"CREATE TABLE {identifier} (id bigint) USING iceberg TBLPROPERTIES ('format-version' = '2')")
+    for _ in range(2):
+        spark.range(3).coalesce(1).writeTo(identifier).append()
+    name = identifier.split(".", 1)[1]
+    spark.sql(f"CALL pgcdc.system.rewrite_data_files(table => '{name}', options => map('rewrite-all', 'true'))")
     spark.range(3).coalesce(1).writeTo(identifier).append()
     kept = load_table(spark, identifier)
-    assert maintenance._looked_health(spark, kept) == maintenance._health(spark, kept, count_manifests=False)
+    looked = maintenance._looked_health(spark, kept)
+    assert looked == maintenance._health(spark, kept, count_manifests=False)
+    assert (looked.data_files, looked.compacted_data_files) == (2, 1)  # one file since the compaction
     reads = []
     for name in ("_health", "table_health"):
         read = getattr(maintenance, name)

@@ -62,10 +62,16 @@ ORPHANS_REMOVED_PROPERTY = "pgcdc.orphans-removed-at"  # epoch seconds of the la
 MAINTENANCE_JOB_GROUP = "pgcdc-maintenance"  # the Spark job group of the pipeline's maintenance: cancelled at a stop
 STEPS = ("compact-data", "compact-deletes", "rewrite-manifests", "expire", "remove-orphans")
 REWRITES = ("compact-data", "compact-deletes", "rewrite-manifests")  # commits that keep the rows as they are
-# a compaction rewrites every data file a delete applies to up to this much data, or once position deletes remove
-# this share of a larger table's rows (rewrites_every_deleted_file)
+# a compaction rewrites every data file a delete applies to up to this much data and these many rows (seconds of
+# Spark, and of the key index following the rewrite), or once position deletes remove this share of a larger
+# table's rows (rewrites_every_deleted_file)
 WHOLE_REWRITE_BYTES = 256 << 20
+WHOLE_REWRITE_ROWS = 4_000_000
 DELETED_SHARE = 0.1
+# a larger table's compaction packs the data files below this size only: a full-size file stays as it is (its
+# deletes merged), where Iceberg's default (three quarters of the target size) would rewrite a 100,000,000-row
+# file of 180 MB, a narrow table's, at every maintenance
+PACKED_BELOW_BYTES = 16 << 20
 DEFAULT_TARGET_FILE_BYTES = 512 << 20  # Iceberg's write.target-file-size-bytes
 # Old metadata.json files are kept by Iceberg unless told otherwise: one per commit, forever.
 METADATA_CLEANUP = {"write.metadata.delete-after-commit.enabled": "true",
@@ -132,6 +138,7 @@ class TableHealth:
     rows: int = 0  # live rows, before deletes
     data_bytes: int = 0  # of its data files
     position_deletes: int = 0  # rows its position-delete files remove
+    compacted_data_files: int | None = None  # data files after its newest rewrite kept in its history (None: none)
 
 
 @dataclass
@@ -164,6 +171,8 @@ def _health(spark: SparkSession, table: Any, *, count_manifests: bool = True) ->
     if current is None:
         return TableHealth(0, 0, 0, 0, float(removed_at) if removed_at else None)
     summary = current.summary()
+    rewrites = [snapshot for snapshot in view.snapshots() if snapshot.operation() == "replace"]
+    newest_rewrite = max(rewrites, key=lambda snapshot: snapshot.timestampMillis(), default=None)
     return TableHealth(
         snapshots=len(view.snapshots()),
         data_files=int(summary.get("total-data-files") or "0"),
@@ -174,7 +183,9 @@ def _health(spark: SparkSession, table: Any, *, count_manifests: bool = True) ->
         current_snapshot=int(current.snapshotId()),
         rows=int(summary.get("total-records") or "0"),
         data_bytes=int(summary.get("total-files-size") or "0"),
-        position_deletes=int(summary.get("total-position-deletes") or "0"))
+        position_deletes=int(summary.get("total-position-deletes") or "0"),
+        compacted_data_files=None if newest_rewrite is None else int(
+            newest_rewrite.summary().get("total-data-files") or "0"))
 
 
 def _looked_health(spark: SparkSession, table: Any) -> TableHealth:
@@ -183,10 +194,11 @@ def _looked_health(spark: SparkSession, table: Any) -> TableHealth:
     classes = iceberg_classes()
     if classes.health is None:
         return _health(spark, table, count_manifests=False)
-    snapshots, data, deletes, rows, size, current, has_current, removed_at, position_deletes = (
+    snapshots, data, deletes, rows, size, current, has_current, removed_at, position_deletes, compacted = (
         int(figure) for figure in str(classes.health.of(table, ORPHANS_REMOVED_PROPERTY)).split(","))
     return TableHealth(snapshots, data, deletes, 0, None if removed_at < 0 else float(removed_at),
-                       current if has_current else None, rows, size, position_deletes)
+                       current if has_current else None, rows, size, position_deletes,
+                       None if compacted < 0 else compacted)
 
 
 def due_steps(health: TableHealth, policy: MaintenancePolicy, now: float, *, settled: bool = False) -> list[str]:
@@ -195,12 +207,15 @@ def due_steps(health: TableHealth, policy: MaintenancePolicy, now: float, *, set
     read of it pays for them (a scan cannot count from metadata, each task reads the deletes) and no batch is
     coming to push it over the thresholds."""
     steps = []
-    # a large mirror holds a file per target size besides those its batches add: only these count (else one of
-    # 40 GB would be due at every interval, whatever changed), and only it keeps the deletes a rest leaves
-    full_files = 0 if rewrites_every_deleted_file(health) else \
-        health.data_bytes // (policy.target_file_bytes or DEFAULT_TARGET_FILE_BYTES)
-    if (health.data_files >= policy.data_files + full_files or health.delete_files >= policy.delete_files
-            or (settled and health.delete_files > 0 and rewrites_every_deleted_file(health))):
+    whole = rewrites_every_deleted_file(health)
+    # a large mirror counts the data files its batches added since its last compaction (else, one of 40 GB would be
+    # due at every interval whatever changed): those its history shows, or, without a compaction in it, those
+    # beyond one per target size; and only a mirror rewritten whole is compacted of the deletes a rest leaves
+    added = health.data_files if whole else health.data_files - (
+        health.compacted_data_files if health.compacted_data_files is not None else
+        health.data_bytes // (policy.target_file_bytes or DEFAULT_TARGET_FILE_BYTES))
+    if (added >= policy.data_files or health.delete_files >= policy.delete_files
+            or (settled and health.delete_files > 0 and whole)):
         steps += ["compact-data", "compact-deletes", "rewrite-manifests"]
     if health.snapshots >= policy.snapshots or (steps and health.snapshots > policy.snapshots_kept):
         steps.append("expire")
@@ -296,9 +311,13 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
         if rewrites_every_deleted_file(before):
             # every data file a delete applies to is rewritten without the deleted rows: reads apply no delete
             action = action.option("delete-file-threshold", "1")
-        # else a large mirror's small files are packed, and its deletes stay on its large files (merged by
-        # compact-deletes) until they remove a share of its rows: a rewrite of every file each interval would
-        # cost the whole mirror however little changed
+        else:
+            # a large mirror's small files are packed, and its deletes stay on its large files (merged by
+            # compact-deletes) until they remove a share of its rows: a rewrite of every file each interval would
+            # cost the whole mirror however little changed
+            target = policy.target_file_bytes or int(table.properties().getOrDefault(
+                "write.target-file-size-bytes", str(DEFAULT_TARGET_FILE_BYTES)))
+            action = action.option("min-file-size-bytes", str(min(PACKED_BELOW_BYTES, target * 3 // 4)))
         if policy.target_file_bytes:
             action = action.option("target-file-size-bytes", str(policy.target_file_bytes))
         return int(carrying(action).execute().rewrittenDataFilesCount())
@@ -348,10 +367,10 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
 
 def rewrites_every_deleted_file(health: TableHealth) -> bool:
     """Whether a compaction of the table rewrites every data file a delete applies to, leaving reads no delete to
-    apply: a table of up to WHOLE_REWRITE_BYTES, or one whose position deletes remove DELETED_SHARE of its rows or
+    apply: a table of up to WHOLE_REWRITE_BYTES and WHOLE_REWRITE_ROWS, or one whose position deletes remove DELETED_SHARE of its rows or
     more. A larger table's files are rewritten that way once its deletes reach that share: the rewrite costs the
     table's size, paid once per changes of a share of it, so what maintenance costs grows with the changes."""
-    return (health.data_bytes <= WHOLE_REWRITE_BYTES
+    return ((health.data_bytes <= WHOLE_REWRITE_BYTES and health.rows <= WHOLE_REWRITE_ROWS)
             or health.position_deletes >= DELETED_SHARE * max(health.rows, 1))
 
 

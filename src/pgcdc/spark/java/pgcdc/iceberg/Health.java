@@ -14,19 +14,26 @@ public final class Health {
 
   /**
    * "snapshots,data files,delete files,records,bytes of files,current snapshot id,has a current snapshot (1 or
-   * 0),orphans removed at (epoch seconds, or -1 when never),position deletes" of {@code table} as it stands in memory (a string: py4j
+   * 0),orphans removed at (epoch seconds, or -1 when never),position deletes,data files after the newest rewrite
+   * (-1 when none is kept)" of {@code table} as it stands in memory (a string: py4j
    * hands a Java array back element by element, a round trip each).
    */
   public static String of(Table table, String orphansProperty) {
     long snapshots = 0;
-    for (Snapshot ignored : table.snapshots()) {
+    Snapshot rewrite = null; // the newest compaction's ("replace"): what a table holds since is what changed
+    for (Snapshot snapshot : table.snapshots()) {
       snapshots++;
+      if ("replace".equals(snapshot.operation())
+          && (rewrite == null || snapshot.timestampMillis() > rewrite.timestampMillis())) {
+        rewrite = snapshot;
+      }
     }
+    long compacted = rewrite == null ? -1 : total(rewrite.summary(), "total-data-files");
     String removed = table.properties().get(orphansProperty);
     long removedAt = removed == null ? -1 : (long) Double.parseDouble(removed);
     Snapshot current = table.currentSnapshot();
     if (current == null) {
-      return join(new long[] {snapshots, 0, 0, 0, 0, 0, 0, removedAt, 0});
+      return join(new long[] {snapshots, 0, 0, 0, 0, 0, 0, removedAt, 0, compacted});
     }
     Map<String, String> summary = current.summary();
     return join(new long[] {
@@ -38,7 +45,8 @@ public final class Health {
       current.snapshotId(),
       1,
       removedAt,
-      total(summary, "total-position-deletes")
+      total(summary, "total-position-deletes"),
+      compacted
     });
   }
 
