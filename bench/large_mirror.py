@@ -3,8 +3,9 @@
 ``flow`` (bench/pipeline.py's table: id bigint, n int, note text, at timestamptz) is filled with ``--rows`` rows
 (default 100,000,000) and copied once into Iceberg by pgcdc (timed), and its copy's files packed by a first
 maintenance (timed apart). Then, on that mirror and its slot, each index
-in turn — kept on disk (``--index-memory-mb 0``) and held in memory (the default budget, a quarter of the machine's
-memory; the peer) — is measured:
+in turn — kept on disk (``--index-memory-mb 256``, ``--disk-budget-mb``: the index does not fit, and keeps a share
+of that beside its run) and held in memory (the default budget, a quarter of the machine's memory; the peer) — is
+measured:
 
 1. Restart to the first committed batch, ``--restarts`` times each: one transaction (20 updates of random rows) waits
    in the slot; a fresh ``pgcdc run --until-caught-up`` process starts; the seconds until the slot confirms it
@@ -73,13 +74,14 @@ def fill(dsn: str, rows: int) -> float:
     return time.perf_counter() - started
 
 
-def index_settings(index: str, index_dir: str) -> dict:
-    return {"index_memory_mb": 0, "index_dir": index_dir} if index == "disk" else {"index_dir": index_dir}
+def index_settings(index: str, index_dir: str, budget_mb: int) -> dict:
+    return {"index_memory_mb": budget_mb, "index_dir": index_dir} if index == "disk" else {"index_dir": index_dir}
 
 
-def run_command(server: EmbeddedPostgres, warehouse: str, index: str, index_dir: str, *extra: str) -> list[str]:
+def run_command(server: EmbeddedPostgres, warehouse: str, index: str, index_dir: str, budget_mb: int,
+                *extra: str) -> list[str]:
     """``pgcdc run`` on the mirror's slot, as a user starts it, with ``index``'s setting."""
-    memory = ["--index-memory-mb", "0"] if index == "disk" else []
+    memory = ["--index-memory-mb", str(budget_mb)] if index == "disk" else []
     return [sys.executable, "-m", "pgcdc.cli", "run", "--dsn", server.dsn, "--publication", "flow", "--slot", SLOT,
             "--warehouse", warehouse, "--namespace", SLOT, "--index-dir", index_dir, *memory, *extra]
 
@@ -178,18 +180,21 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="seconds of each apply phase (default 30)")
     parser.add_argument("--repeat", type=int, default=3, help="unpaced and paced phases of each index (default 3)")
     parser.add_argument("--restarts", type=int, default=3, help="restarts of each kind for each index (default 3)")
+    parser.add_argument("--disk-budget-mb", type=int, default=256,
+                        help="--index-memory-mb of the index kept on disk (default 256; 0: the least share)")
     args = parser.parse_args()
     if args.rows < 1000 or args.repeat < 1 or args.restarts < 1:
         parser.error("--rows takes 1,000 or more, --repeat and --restarts 1 or more")
     rng = random.Random(20261128)
     warehouse = tempfile.mkdtemp(prefix="pgcdc-large-")
     index_dir = tempfile.mkdtemp(prefix="pgcdc-large-index-")
-    figures: dict[str, object] = {"rows": args.rows}
+    figures: dict[str, object] = {"rows": args.rows, "disk_budget_mb": args.disk_budget_mb}
     with EmbeddedPostgres(settings={"max_wal_size": "16GB"}) as server:
         print(f"filling flow with {args.rows:,} rows", flush=True)
         figures["fill_s"] = round(fill(server.dsn, args.rows), 1)
         spark = spark_session(Destination(warehouse=warehouse))
-        config = PipelineConfig(dsn=server.dsn, publication="flow", slot=SLOT, index_memory_mb=0, index_dir=index_dir,
+        config = PipelineConfig(dsn=server.dsn, publication="flow", slot=SLOT, index_memory_mb=args.disk_budget_mb,
+                                index_dir=index_dir,
                                 destination=Destination(warehouse=warehouse, namespace=SLOT))
         started = time.perf_counter()
         copied = Pipeline(config, spark=spark).snapshot()
@@ -220,7 +225,7 @@ def main() -> None:
             """A pipeline of ``index`` started on the mirror, settled by a short unpaced phase, then one phase."""
             nonlocal next_id
             running = RunningPipeline(server, spark, {"warehouse": warehouse}, index, python_gc, roots, slot=SLOT,
-                                      **index_settings(index, index_dir))
+                                      **index_settings(index, index_dir, args.disk_budget_mb))
             sampler = RssSampler()
             sampler.start()
             try:
@@ -235,7 +240,8 @@ def main() -> None:
             what = f"{phase.rows_per_s:,.0f} rows/s" if rate is None else \
                 f"lag p50 {percentile(phase.lags, 0.5):.2f}s p99 {percentile(phase.lags, 0.99):.2f}s"
             print(f"  index {index}: {what} (first batch of the pipeline {settle.first_applied_s:.1f}s after its "
-                  "first commit)", flush=True)
+                  f"first commit; maintenance {phase.beside['maintenance_turns']:g} turns, "
+                  f"{phase.beside['maintenance_seconds']:.1f}s)", flush=True)
 
         # the two indexes alternate, a fresh pipeline each phase: neither is measured only on a colder JVM or a
         # fuller mirror
@@ -271,7 +277,7 @@ def main() -> None:
         print(f"restart to the first committed batch, {args.restarts} times each (a fresh process, its JVM "
               "included)", flush=True)
         for index in INDEXES:
-            command = run_command(server, warehouse, index, index_dir)
+            command = run_command(server, warehouse, index, index_dir, args.disk_budget_mb)
             # untimed: the other index's runs committed since this one's was saved; each restart timed after it
             # follows a clean stop of its own (its index saved at the mirror's last snapshot), or a kill
             first_batch(server, command, args.rows, rng)

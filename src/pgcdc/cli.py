@@ -397,7 +397,7 @@ MaintenanceInterval = Annotated[float, typer.Option(
          "mirror unchanged this long is compacted of its last delete files.")]
 CompactDataFiles = Annotated[int, typer.Option(
     "--compact-data-files", envvar="PGCDC_COMPACT_DATA_FILES", min=1, metavar="N", rich_help_panel=PANEL_MAINTENANCE,
-    help="Compact a mirror once it has this many data files ...")]
+    help="Compact a mirror once it has this many data files (a large mirror: added since its last compaction) ...")]
 CompactDeleteFiles = Annotated[int, typer.Option(
     "--compact-delete-files", envvar="PGCDC_COMPACT_DELETE_FILES", min=1, metavar="N",
     rich_help_panel=PANEL_MAINTENANCE, help="... or this many delete files.")]
