@@ -93,35 +93,38 @@ def update_random_rows(dsn: str, rows: int, rng: random.Random) -> Lsn:
         return Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
 
 
-def peak_rss_mib(pid: int) -> float | None:
-    """The process's peak resident memory so far (VmHWM), or None once it has gone."""
+def memory_mib(pid: int | str) -> tuple[float, float] | None:
+    """The process's peak resident memory so far (VmHWM) and its anonymous resident memory now (RssAnon: what is
+    not pages of files mapped in, such as the index's run, which the kernel takes back at will), or None once it
+    has gone."""
     try:
         with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
+            fields = dict(line.split(":", 1) for line in status if ":" in line)
+        return int(fields["VmHWM"].split()[0]) / 1024, int(fields["RssAnon"].split()[0]) / 1024
+    except (OSError, KeyError):
         return None
-    return None
 
 
-def first_batch(server: EmbeddedPostgres, command: list[str], rows: int, rng: random.Random) -> tuple[float, float]:
+def first_batch(server: EmbeddedPostgres, command: list[str], rows: int, rng: random.Random
+                ) -> tuple[float, float, float]:
     """A transaction waiting in the slot, then a fresh ``pgcdc run --until-caught-up``: seconds from its start until
-    the slot confirms the transaction, and the process's peak resident memory until then (MiB). Prints what the
-    process logged of its index."""
+    the slot confirms the transaction, and the process's peak resident memory until then, all and anonymous (MiB).
+    Prints what the process logged of its index."""
     written = update_random_rows(server.dsn, rows, rng)
     with psycopg.connect(server.dsn, autocommit=True) as conn, tempfile.TemporaryFile("w+") as log:
         started = time.perf_counter()
         process = subprocess.Popen([*command, "--until-caught-up"], stdout=subprocess.DEVNULL, stderr=log, text=True,
                                    env={**os.environ, "PGCDC_LOG_LEVEL": "INFO"})
-        peak = 0.0
+        peak = anonymous = 0.0
         try:
             while confirmed(conn, SLOT) < written:
                 if process.poll() is not None:
                     log.seek(0)
                     raise RuntimeError(f"pgcdc exited with {process.returncode} before confirming {written}: "
                                        f"{log.read()[-2000:]}")
-                peak = max(peak, peak_rss_mib(process.pid) or 0.0)
+                held = memory_mib(process.pid)
+                if held is not None:
+                    peak, anonymous = max(peak, held[0]), max(anonymous, held[1])
                 time.sleep(0.05)
             seconds = time.perf_counter() - started
         finally:
@@ -130,7 +133,7 @@ def first_batch(server: EmbeddedPostgres, command: list[str], rows: int, rng: ra
         about_index = [line for line in log.read().splitlines() if "index" in line]
     for line in about_index[-2:]:
         print(f"      {line[-220:]}", flush=True)
-    return seconds, peak
+    return seconds, peak, anonymous
 
 
 def killed_run(server: EmbeddedPostgres, command: list[str], rows: int, rng: random.Random) -> None:
@@ -153,19 +156,18 @@ def killed_run(server: EmbeddedPostgres, command: list[str], rows: int, rng: ran
 
 
 class RssSampler(threading.Thread):
-    """This process's resident memory, sampled every 0.2 s until stopped: its peak (MiB)."""
+    """This process's anonymous resident memory, sampled every 0.2 s until stopped: its peak (MiB)."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.peak = 0.0
+        self.peak = 0.0  # anonymous resident memory (see memory_mib)
         self._done = threading.Event()
 
     def run(self) -> None:
         while not self._done.is_set():
-            with open("/proc/self/status") as status:
-                for line in status:
-                    if line.startswith("VmRSS:"):
-                        self.peak = max(self.peak, int(line.split()[1]) / 1024)
+            held = memory_mib("self")
+            if held is not None:
+                self.peak = max(self.peak, held[1])
             self._done.wait(0.2)
 
     def stop(self) -> float:
@@ -180,11 +182,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="seconds of each apply phase (default 30)")
     parser.add_argument("--repeat", type=int, default=3, help="unpaced and paced phases of each index (default 3)")
     parser.add_argument("--restarts", type=int, default=3, help="restarts of each kind for each index (default 3)")
+    parser.add_argument("--only", default="apply,restart",
+                        help="the parts to measure, comma-separated among apply, restart (default both)")
     parser.add_argument("--disk-budget-mb", type=int, default=256,
                         help="--index-memory-mb of the index kept on disk (default 256; 0: the least share)")
     args = parser.parse_args()
     if args.rows < 1000 or args.repeat < 1 or args.restarts < 1:
         parser.error("--rows takes 1,000 or more, --repeat and --restarts 1 or more")
+    only = {part.strip() for part in args.only.split(",") if part.strip()}
+    if not only or not only <= {"apply", "restart"}:
+        parser.error(f"--only takes apply, restart or both, comma-separated; got {args.only!r}")
     rng = random.Random(20261128)
     warehouse = tempfile.mkdtemp(prefix="pgcdc-large-")
     index_dir = tempfile.mkdtemp(prefix="pgcdc-large-index-")
@@ -214,95 +221,101 @@ def main() -> None:
         print(f"the first maintenance packed the copy's {result.before.data_files} data files into "
               f"{result.after.data_files} in {result.seconds:.1f}s", flush=True)
 
-        python_gc = PythonGc()
-        roots = [os.getpid()] + ([server.pid] if server.pid else [])
         next_id = args.rows + 1
-        phases: dict[tuple[str, str], list] = {(index, kind): [] for index in INDEXES for kind in ("unpaced", "paced")}
-        peaks = dict.fromkeys(INDEXES, 0.0)
-        settled: dict[str, list[float]] = {index: [] for index in INDEXES}
+        if "apply" in only:
+            python_gc = PythonGc()
+            roots = [os.getpid()] + ([server.pid] if server.pid else [])
+            phases: dict[tuple[str, str], list] = {(index, kind): [] for index in INDEXES for kind in ("unpaced", "paced")}
+            peaks = dict.fromkeys(INDEXES, 0.0)
+            settled: dict[str, list[float]] = {index: [] for index in INDEXES}
 
-        def measure(index: str, rate: float | None) -> None:
-            """A pipeline of ``index`` started on the mirror, settled by a short unpaced phase, then one phase."""
-            nonlocal next_id
-            running = RunningPipeline(server, spark, {"warehouse": warehouse}, index, python_gc, roots, slot=SLOT,
-                                      **index_settings(index, index_dir, args.disk_budget_mb))
-            sampler = RssSampler()
-            sampler.start()
-            try:
-                settle = running.phase(min(10.0, args.seconds), None, next_id, updates_over=args.rows)
-                settled[index].append(settle.first_applied_s)
-                phase = running.phase(args.seconds, rate, settle.next_id, updates_over=args.rows)
-                next_id = phase.next_id
-            finally:
-                running.stop(drop=False)
-                peaks[index] = max(peaks[index], sampler.stop())
-            phases[index, "unpaced" if rate is None else "paced"].append(phase)
-            what = f"{phase.rows_per_s:,.0f} rows/s" if rate is None else \
-                f"lag p50 {percentile(phase.lags, 0.5):.2f}s p99 {percentile(phase.lags, 0.99):.2f}s"
-            print(f"  index {index}: {what} (first batch of the pipeline {settle.first_applied_s:.1f}s after its "
-                  f"first commit; maintenance {phase.beside['maintenance_turns']:g} turns, "
-                  f"{phase.beside['maintenance_seconds']:.1f}s)", flush=True)
+            def measure(index: str, rate: float | None) -> None:
+                """A pipeline of ``index`` started on the mirror, settled by a short unpaced phase, then one phase."""
+                nonlocal next_id
+                running = RunningPipeline(server, spark, {"warehouse": warehouse}, index, python_gc, roots, slot=SLOT,
+                                          **index_settings(index, index_dir, args.disk_budget_mb))
+                sampler = RssSampler()
+                sampler.start()
+                try:
+                    settle = running.phase(min(10.0, args.seconds), None, next_id, updates_over=args.rows)
+                    settled[index].append(settle.first_applied_s)
+                    phase = running.phase(args.seconds, rate, settle.next_id, updates_over=args.rows)
+                    next_id = phase.next_id
+                finally:
+                    running.stop(drop=False)
+                    peaks[index] = max(peaks[index], sampler.stop())
+                phases[index, "unpaced" if rate is None else "paced"].append(phase)
+                what = f"{phase.rows_per_s:,.0f} rows/s" if rate is None else \
+                    f"lag p50 {percentile(phase.lags, 0.5):.2f}s p99 {percentile(phase.lags, 0.99):.2f}s"
+                print(f"  index {index}: {what} (first batch of the pipeline {settle.first_applied_s:.1f}s after its "
+                      f"first commit; maintenance {phase.beside['maintenance_turns']:g} turns, "
+                      f"{phase.beside['maintenance_seconds']:.1f}s)", flush=True)
 
-        # the two indexes alternate, a fresh pipeline each phase: neither is measured only on a colder JVM or a
-        # fuller mirror
-        print(f"apply, unpaced: {args.repeat} phases of {args.seconds:g}s for each index, alternating", flush=True)
-        for _ in range(args.repeat):
+            # the two indexes alternate, a fresh pipeline each phase: neither is measured only on a colder JVM or a
+            # fuller mirror
+            print(f"apply, unpaced: {args.repeat} phases of {args.seconds:g}s for each index, alternating", flush=True)
+            for _ in range(args.repeat):
+                for index in INDEXES:
+                    measure(index, None)
+            rates = {index: [phase.rows_per_s for phase in phases[index, "unpaced"]] for index in INDEXES}
+            pace = 0.9 * min(statistics.median(rates[index]) for index in INDEXES)
+            print(f"apply, paced at {pace:,.0f} rows/s (90% of the slower index's median), {args.repeat} phases each",
+                  flush=True)
+            for _ in range(args.repeat):
+                for index in INDEXES:
+                    measure(index, pace)
             for index in INDEXES:
-                measure(index, None)
-        rates = {index: [phase.rows_per_s for phase in phases[index, "unpaced"]] for index in INDEXES}
-        pace = 0.9 * min(statistics.median(rates[index]) for index in INDEXES)
-        print(f"apply, paced at {pace:,.0f} rows/s (90% of the slower index's median), {args.repeat} phases each",
-              flush=True)
-        for _ in range(args.repeat):
-            for index in INDEXES:
-                measure(index, pace)
-        for index in INDEXES:
-            unpaced, paced = phases[index, "unpaced"], phases[index, "paced"]
-            p50s = [percentile(phase.lags, 0.5) for phase in paced]
-            p99s = [percentile(phase.lags, 0.99) for phase in paced]
-            figures.update({f"apply_rows_per_s_{index}": round(statistics.median(rates[index])),
-                            f"apply_rows_per_s_min_{index}": round(min(rates[index])),
-                            f"apply_rows_per_s_max_{index}": round(max(rates[index])),
-                            f"lag_p50_s_{index}": round(statistics.median(p50s), 2),
-                            f"lag_p99_s_{index}": round(statistics.median(p99s), 2),
-                            f"pipeline_first_batch_s_{index}": round(statistics.median(settled[index]), 2),
-                            f"apply_peak_rss_mib_{index}": round(peaks[index])})
-            print(f"index {index}: unpaced {spread(rates[index], ' rows/s')}; at {pace:,.0f} rows/s lag p50 "
-                  f"{spread(p50s, 's', 2)}, p99 {spread(p99s, 's', 2)}; a pipeline's first batch "
-                  f"{spread(settled[index], 's', 1)} after its first commit; this process's peak RSS "
-                  f"{peaks[index]:,.0f} MiB", flush=True)
-            print(f"  apply thread, µs per applied row by step: {steps_text(unpaced)}", flush=True)
+                unpaced, paced = phases[index, "unpaced"], phases[index, "paced"]
+                p50s = [percentile(phase.lags, 0.5) for phase in paced]
+                p99s = [percentile(phase.lags, 0.99) for phase in paced]
+                figures.update({f"apply_rows_per_s_{index}": round(statistics.median(rates[index])),
+                                f"apply_rows_per_s_min_{index}": round(min(rates[index])),
+                                f"apply_rows_per_s_max_{index}": round(max(rates[index])),
+                                f"lag_p50_s_{index}": round(statistics.median(p50s), 2),
+                                f"lag_p99_s_{index}": round(statistics.median(p99s), 2),
+                                f"pipeline_first_batch_s_{index}": round(statistics.median(settled[index]), 2),
+                                f"apply_peak_anonymous_mib_{index}": round(peaks[index])})
+                print(f"index {index}: unpaced {spread(rates[index], ' rows/s')}; at {pace:,.0f} rows/s lag p50 "
+                      f"{spread(p50s, 's', 2)}, p99 {spread(p99s, 's', 2)}; a pipeline's first batch "
+                      f"{spread(settled[index], 's', 1)} after its first commit; this process's peak anonymous RSS "
+                      f"{peaks[index]:,.0f} MiB", flush=True)
+                print(f"  apply thread, µs per applied row by step: {steps_text(unpaced)}", flush=True)
         spark.stop()
 
-        print(f"restart to the first committed batch, {args.restarts} times each (a fresh process, its JVM "
-              "included)", flush=True)
-        for index in INDEXES:
-            command = run_command(server, warehouse, index, index_dir, args.disk_budget_mb)
-            # untimed: the other index's runs committed since this one's was saved; each restart timed after it
-            # follows a clean stop of its own (its index saved at the mirror's last snapshot), or a kill
-            first_batch(server, command, args.rows, rng)
-            for kind in ("clean", "killed"):
-                seconds, peaks = [], []
-                for _ in range(args.restarts):
-                    if kind == "killed":
-                        killed_run(server, command, args.rows, rng)
-                    took, peak = first_batch(server, command, args.rows, rng)
-                    seconds.append(took)
-                    peaks.append(peak)
-                figures.update({f"restart_s_{kind}_{index}": round(statistics.median(seconds), 2),
-                                f"restart_peak_rss_mib_{kind}_{index}": round(max(peaks))})
-                print(f"  index {index}, after a {'clean stop' if kind == 'clean' else 'kill'}: "
-                      f"{spread(seconds, 's', 2)}; peak RSS of pgcdc's process {max(peaks):,.0f} MiB", flush=True)
+        if "restart" in only:
+            print(f"restart to the first committed batch, {args.restarts} times each (a fresh process, its JVM "
+                  "included)", flush=True)
+            for index in INDEXES:
+                command = run_command(server, warehouse, index, index_dir, args.disk_budget_mb)
+                # untimed: the other index's runs committed since this one's was saved; each restart timed after it
+                # follows a clean stop of its own (its index saved at the mirror's last snapshot), or a kill
+                first_batch(server, command, args.rows, rng)
+                for kind in ("clean", "killed"):
+                    seconds, peaks, anonymous = [], [], []
+                    for _ in range(args.restarts):
+                        if kind == "killed":
+                            killed_run(server, command, args.rows, rng)
+                        took, peak, anon = first_batch(server, command, args.rows, rng)
+                        seconds.append(took)
+                        peaks.append(peak)
+                        anonymous.append(anon)
+                    figures.update({f"restart_s_{kind}_{index}": round(statistics.median(seconds), 2),
+                                    f"restart_peak_rss_mib_{kind}_{index}": round(max(peaks)),
+                                    f"restart_peak_anonymous_mib_{kind}_{index}": round(max(anonymous))})
+                    print(f"  index {index}, after a {'clean stop' if kind == 'clean' else 'kill'}: "
+                          f"{spread(seconds, 's', 2)}; peak RSS of pgcdc's process {max(peaks):,.0f} MiB, anonymous "
+                          f"{max(anonymous):,.0f} MiB", flush=True)
 
-    for name, other in (("apply", "apply_rows_per_s"),):
-        disk, memory = figures[f"{other}_disk"], figures[f"{other}_memory"]
-        figures[f"{name}_ratio_disk_vs_memory"] = round(disk / memory, 2)  # type: ignore[operator]
-        print(f"{name} rate on disk: {disk / memory:.2f}x the in-memory index's (goal >= 0.7x)")  # type: ignore[operator]
-    print(f"lag p50/p99 on disk {figures['lag_p50_s_disk']}/{figures['lag_p99_s_disk']}s, in memory "
-          f"{figures['lag_p50_s_memory']}/{figures['lag_p99_s_memory']}s at the same load")
-    print(f"restart on disk {figures['restart_s_clean_disk']}s after a clean stop, {figures['restart_s_killed_disk']}s "
-          f"after a kill (goal <= 15s); in memory {figures['restart_s_clean_memory']}s / "
-          f"{figures['restart_s_killed_memory']}s")
+    if "apply" in only:
+        ratio = figures["apply_rows_per_s_disk"] / figures["apply_rows_per_s_memory"]  # type: ignore[operator]
+        figures["apply_ratio_disk_vs_memory"] = round(ratio, 2)
+        print(f"apply rate on disk: {ratio:.2f}x the in-memory index's (goal >= 0.7x); lag p50/p99 on disk "
+              f"{figures['lag_p50_s_disk']}/{figures['lag_p99_s_disk']}s, in memory {figures['lag_p50_s_memory']}/"
+              f"{figures['lag_p99_s_memory']}s at the same load")
+    if "restart" in only:
+        print(f"restart on disk {figures['restart_s_clean_disk']}s after a clean stop, "
+              f"{figures['restart_s_killed_disk']}s after a kill (goal <= 15s); in memory "
+              f"{figures['restart_s_clean_memory']}s / {figures['restart_s_killed_memory']}s")
     index_bytes = sum(f.stat().st_size for f in Path(index_dir).rglob("*") if f.is_file())
     mirror_rows = next_id - 1  # every id inserted is still there
     figures["index_bytes_per_row"] = round(index_bytes / mirror_rows, 2)

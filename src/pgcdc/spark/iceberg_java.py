@@ -86,7 +86,7 @@ class IcebergClasses:
                 found = getattr(jvm.pgcdc.iceberg, name)
             except Py4JError:  # a class loader that sees the jar but not Iceberg
                 return None
-            return found if isinstance(found, JavaClass) else None
+            return _StaticMembers(found) if isinstance(found, JavaClass) else None
 
         self.partitions = own_class("Partitions")
         self.manifests = own_class("Manifests")
@@ -96,6 +96,19 @@ class IcebergClasses:
         self.facts = own_class("Facts")
         self.commits = own_class("Commits")
         self.HashMap = jvm.java.util.HashMap
+
+
+class _StaticMembers:
+    """A Java class whose static methods are each looked up once: py4j resolves ``JavaClass.member`` with a round
+    trip of its own at every call, which doubled the round trips of pgcdc's one-call helpers."""
+
+    def __init__(self, java_class: Any) -> None:
+        self._java_class = java_class
+
+    def __getattr__(self, name: str) -> Any:
+        member = getattr(self._java_class, name)
+        setattr(self, name, member)
+        return member
 
 
 _CLASSES: weakref.WeakKeyDictionary[Any, IcebergClasses] = weakref.WeakKeyDictionary()
