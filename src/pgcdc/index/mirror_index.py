@@ -185,10 +185,18 @@ class MirrorIndex:
         live = {path for path, _ in planned}
         added = [(path, applying) for path, applying in planned if path not in held]
         deletes = DeleteFiles(self, files)
+        # the deletes of the files it kept that the saved snapshot held were applied before it was saved: only
+        # newer ones (a greater data sequence number) are read, where each would cost a pass over the run; when
+        # that snapshot is gone from the history, every one is applied again (the same result, slower)
+        saved = None if manifest.snapshot_id is None else table.snapshot(manifest.snapshot_id)
+        applied_upto = None if saved is None else int(saved.sequenceNumber())
         dropped: dict[str, np.ndarray] = {}
         for path, applying in planned:
             if path in held and applying:
-                dropped[path] = deletes.positions_in(path, applying)
+                newer = applying if applied_upto is None else [
+                    delete for delete in applying if int(delete.dataSequenceNumber()) > applied_upto]
+                if newer:
+                    dropped[path] = deletes.positions_in(path, newer)
         gone = sorted(held - live)
         with self.following():
             keys.drop_many(gone, dropped)
