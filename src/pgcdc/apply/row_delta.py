@@ -85,8 +85,8 @@ class Committed:
 
 
 class RowDeltaWriter(TableWriter):
-    """One mirror as the row-delta writer sees it for one batch: the Iceberg table as it stands now (its schema
-    and field ids read fresh, so a schema change between batches is followed), and its Parquet layout."""
+    """One mirror as the row-delta writer sees it for one batch: the Iceberg table as it stands now, and its Parquet
+    layout (kept from the batch before while the table's shape is the same: a schema change is followed)."""
 
     def __init__(self, spark: SparkSession, table: Any, known: Layout | None = None) -> None:
         """``table``: the mirror's ``org.apache.iceberg.Table``, loaded or refreshed for this batch; ``known``: its

@@ -58,7 +58,8 @@ class Layout:
     """What a writer of a table's files reads from its metadata: the Parquet layout (field ids, Iceberg's stored
     types), codec, partition spec, format version, metrics configs and location provider. Kept between writes while
     the table's ``shape`` stays the same (``pgcdc.iceberg.Commits.shape``: its format version, schema, spec, sort
-    order, location and properties other than pgcdc's); None without pgcdc's jar: read afresh every write."""
+    order, location and properties other than pgcdc's; None without pgcdc's jar, whose layout is read afresh every
+    write)."""
 
     shape: str | None
     schema: pa.Schema
