@@ -667,6 +667,32 @@ def test_files_ids_and_paths():
     assert index.drop_positions("never-added.parquet", np.array([1])) == 0
 
 
+@pytest.mark.parametrize("where", ["memory", "disk"])
+def test_a_rewritten_file_is_retired_once_its_keys_moved(tmp_path, where):
+    """A file whose rows a compaction or a fold wrote elsewhere leaves a keyed index without a pass over it: its
+    live keys were added to the new file first (their entries moved), its deleted ones forgotten. A multiset's
+    copies do not move: its retired files are dropped by a pass."""
+    from pgcdc.index.disk_runs import IndexDirectory
+
+    disk = IndexDirectory(tmp_path / "index") if where == "disk" else None
+    index = KeyIndex(multiset=False, disk=disk, overlay_bytes=1 << 20)
+    index.add("a.parquet", ids(list(range(10))))
+    index.checkpoint(1, [1], force=True)  # on disk: a.parquet is named by the run itself
+    index.forget(index.find(ids([3])))
+    index.add("b.parquet", ids([0, 1, 2, 4, 5, 6, 7, 8, 9]))  # the rewrite of a.parquet's live rows
+    index.retire_files(["a.parquet"])
+    assert index.file_id("a.parquet") is None and index.rows == 9
+    assert located_entries(index, index.find(ids([0, 3, 9]))) == [("b.parquet", 0), None, ("b.parquet", 8)]
+    copies = KeyIndex(multiset=True)
+    row = pa.table({"v": pa.array(["x", "x"])})
+    copies.add("a.parquet", row)
+    copies.add("b.parquet", row)  # the same two copies, rewritten
+    copies.retire_files(["a.parquet"])
+    assert copies.rows == 2
+    assert located_entries(copies, copies.take(row.slice(0, 1), np.array([5]))) == [("b.parquet", 0),
+                                                                                    ("b.parquet", 1)]
+
+
 def test_arguments_are_checked_before_anything_changes():
     index = KeyIndex(multiset=False)
     index.add("a.parquet", ids([1]))

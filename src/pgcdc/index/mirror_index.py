@@ -226,25 +226,30 @@ class MirrorIndex:
             return
         io = table.io()
         removed: list[str] = []
+        retired: list[str] = []  # removed by rewrites
         dropped: dict[str, list[np.ndarray]] = defaultdict(list)
         try:
             with self.following():
                 for snapshot in between:
-                    self._follow(snapshot, io, files, removed, dropped)
+                    self._follow(snapshot, io, files, removed, dropped, retired)
                 # what left, in one pass over the index: a location once gone never comes back (data files are
                 # immutable, their paths never reused), so dropping it after later snapshots' rows came is the same
                 self.keys.drop_many(removed, {path: np.concatenate(parts) for path, parts in dropped.items()})
-                self._forget_partitions(removed)
+                # then the files rewrites removed, without a pass: what of them was not moved is dropped just above
+                # (rows a delete before the rewrite removed)
+                self.keys.retire_files(retired)
+                self._forget_partitions(removed + retired)
                 self.snapshot_id = current_id
         except _CannotFollow as exc:
             log.info("%s: indexing it again (%s)", table.name(), exc)
             self.build(table, files)
 
     def _follow(self, snapshot: Any, io: Any, files: FileReader, removed: list[str],
-                dropped: dict[str, list[np.ndarray]]) -> None:
+                dropped: dict[str, list[np.ndarray]], retired: list[str]) -> None:
         """One snapshot someone else committed, followed: the rows it added enter the index now (a keyed entry
         then moves within its slot when a compaction rewrites its row), the files it removed and the rows its
-        position deletes remove are noted in ``removed`` and ``dropped``, to leave it in one pass."""
+        position deletes remove are noted in ``removed`` and ``dropped``, to leave it in one pass (the files a
+        rewrite removed, in ``retired``: their live rows moved)."""
         added_files = java_items(snapshot.addedDataFiles(io))
         added = [str(data.location()) for data in added_files]
         if self.partitions is not None:
@@ -252,11 +257,14 @@ class MirrorIndex:
                 self.partitions[path] = (int(data.specId()), data.partition())
         for path, keys in zip(added, files.read_each(added, self.key_fields(), self.layout), strict=True):
             self.keys.add(path, keys)
-        removed += [str(data.location()) for data in java_items(snapshot.removedDataFiles(io))]
+        gone = [str(data.location()) for data in java_items(snapshot.removedDataFiles(io))]
         if str(snapshot.operation()) == "replace":
-            # a rewrite leaves the table's rows as they were (Iceberg's spec): the deletes it writes, merged ones
-            # above all, name rows already gone, and dropping them again would pass over the whole index
+            # a rewrite leaves the table's rows as they were (Iceberg's spec): the live rows of the files it removed
+            # are in those it added, just indexed (their keys moved there), and the deletes it writes, merged ones
+            # above all, name rows already gone; looking for either would pass over the whole index
+            retired += gone
             return
+        removed += gone
         for delete in java_items(snapshot.addedDeleteFiles(io)):
             if str(delete.content()) != "POSITION_DELETES":
                 raise _CannotFollow(f"snapshot {snapshot.snapshotId()} added equality deletes")
@@ -286,8 +294,9 @@ class MirrorIndex:
             self.keys.add(path, rows.select(self.key_names), positions)
 
     def drop_file(self, path: str) -> None:
-        """A data file pgcdc's own commit removed (folded into its new one)."""
-        self.keys.drop_file(path)
+        """A data file pgcdc's own commit removed, folded into its new one: its live rows were added there first,
+        the others forgotten."""
+        self.keys.retire_files([path])
         self._forget_partitions([path])
 
     def replaced(self, snapshot_id: int, written: list[tuple[str, pa.Table, Any]]) -> None:
