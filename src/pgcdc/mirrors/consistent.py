@@ -178,9 +178,9 @@ def move_tags(spark: SparkSession, identifiers: list[str], lsn: Lsn, *,
               each: Callable[[Callable[[Any], Any], list[Any]], list[Any]] | None = None) -> int:
     """Every mirror's consistent tag pointed at its snapshot holding the source up to ``lsn``, and ``lsn`` recorded
     (one metadata commit a mirror), or none: while a mirror holds no snapshot at ``lsn`` (copied again, or first,
-    at a later point) the tags stay where they are. Returns how many moved. ``each(call, items)``: ``call`` of every item, in any order or side by side (default: one after
-    another); the tables are loaded, then their tags moved, that way: a move over hundreds of mirrors waits on
-    storage and the catalog per mirror."""
+    at a later point) the tags stay where they are. Returns how many moved. ``each(call, items)``: ``call`` of
+    every item, in any order or side by side (default: one after another); the tables are loaded, then their tags
+    moved, that way: a move over hundreds of mirrors waits on storage and the catalog per mirror."""
     from pgcdc.spark.iceberg_java import iceberg_classes, load_table
 
     each = each or (lambda call, items: [call(item) for item in items])

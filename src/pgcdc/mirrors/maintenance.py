@@ -367,9 +367,10 @@ def _run_step(spark: SparkSession, actions: Any, table: Any, step: str, before: 
 
 def rewrites_every_deleted_file(health: TableHealth) -> bool:
     """Whether a compaction of the table rewrites every data file a delete applies to, leaving reads no delete to
-    apply: a table of up to WHOLE_REWRITE_BYTES and WHOLE_REWRITE_ROWS, or one whose position deletes remove DELETED_SHARE of its rows or
-    more. A larger table's files are rewritten that way once its deletes reach that share: the rewrite costs the
-    table's size, paid once per changes of a share of it, so what maintenance costs grows with the changes."""
+    apply: a table of up to WHOLE_REWRITE_BYTES and WHOLE_REWRITE_ROWS, or one whose position deletes remove
+    DELETED_SHARE of its rows or more. A larger table's files are rewritten that way once its deletes reach that
+    share: the rewrite costs the table's size, paid once per changes of a share of it, so what maintenance costs
+    grows with the changes."""
     return ((health.data_bytes <= WHOLE_REWRITE_BYTES and health.rows <= WHOLE_REWRITE_ROWS)
             or health.position_deletes >= DELETED_SHARE * max(health.rows, 1))
 
