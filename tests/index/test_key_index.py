@@ -12,6 +12,8 @@ import contextlib
 import datetime
 import math
 import struct
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -351,12 +353,15 @@ class Files:
 class Place:
     """Where a model test keeps its index: in memory, or on disk in tiny blocks with a tiny memory share (so that
     its runs span many blocks, large adds spill, and checkpoints rewrite the run), reopened from its manifest.
+    On disk a run a checkpoint starts writing in the background is held unfinished until the test draws
+    :meth:`finish_rewrite` (or the index itself waits for it): the changes drawn meanwhile are replayed onto it.
     On disk a run's locations are packed in 32 bits; with ``where="disk, mixed widths"`` the limit is lowered to
     6 bits, so that runs of one or two files with positions below 32 pack and the others keep 8-byte locations."""
 
     def __init__(self, where: str) -> None:
         self.where = where
         self.directory: IndexDirectory | None = None
+        self.gate = threading.Event()  # set: a run being written in the background may finish
 
     def new(self, *, multiset: bool) -> KeyIndex:
         if self.where == "memory":
@@ -385,16 +390,47 @@ class Place:
         index.checkpoint(7, [1])
         return index
 
+    def committed(self, index: KeyIndex, draw: Callable[[str], bool]) -> None:
+        """After a change, perhaps the checkpoint a commit makes (which may start a run in the background)."""
+        if self.directory is not None and draw("checkpoint after it"):
+            index.checkpoint(7, [1])
+
+    def finish_rewrite(self, index: KeyIndex) -> None:
+        """Lets the run being written in the background (if any) finish, and waits until it has."""
+        rewrite = index._rewriting
+        if rewrite is not None:
+            self.gate.set()
+            rewrite.wait()
+            self.gate.clear()
+
     @contextlib.contextmanager
     def blocks(self) -> Iterator[None]:
         saved = disk_runs.BLOCK, key_index._MIN_OVERLAY, disk_runs.PACKED_BITS
+        merge, wait = key_index._merge_sources, key_index._Rewrite.wait
+        gate = self.gate
+
+        def held_merge(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            if threading.current_thread() is not threading.main_thread():
+                gate.wait(timeout=60)
+            yield from merge(*args, **kwargs)
+
+        def waited(rewrite: Any) -> None:
+            gate.set()  # the index waits for the run: it may finish now
+            wait(rewrite)
+            gate.clear()
+
         if self.where != "memory":
-            disk_runs.BLOCK, key_index._MIN_OVERLAY = 3, 2
+            # "disk": a share of 4 entries, so that most adds place their rows without spilling them (a spill
+            # writes the run at once) and the runs written in the background see changes; otherwise 2
+            disk_runs.BLOCK, key_index._MIN_OVERLAY = 3, 4 if self.where == "disk" else 2
+            key_index._merge_sources, key_index._Rewrite.wait = held_merge, waited  # type: ignore[method-assign]
         if self.where == "disk, mixed widths":
             disk_runs.PACKED_BITS = 6
         try:
             yield
         finally:
+            key_index._merge_sources, key_index._Rewrite.wait = merge, wait  # type: ignore[method-assign]
+            gate.set()
             disk_runs.BLOCK, key_index._MIN_OVERLAY, disk_runs.PACKED_BITS = saved
             if self.directory is not None:
                 import shutil
@@ -440,8 +476,11 @@ def test_keyed_index_against_a_dict(hashing, kind, collide, where):
         answers: list[Located] = []  # find results, to forget later (perhaps after other changes)
         for _ in range(data.draw(st.integers(1, 14), label="operations")):
             op = data.draw(st.sampled_from(["add", "add", "find", "forget", "drop_file", "drop_positions",
-                                            "restart"]))
-            if op == "restart" and index.rows:
+                                            "restart", "finish rewrite"]))
+            if op == "finish rewrite":
+                place.finish_rewrite(index)
+                answers.clear()  # the new run's slots
+            elif op == "restart" and index.rows:
                 index = place.reopened(index, kind.to_arrow([]).schema, lambda label: data.draw(st.booleans(),
                                                                                                label=label))
                 answers.clear()  # a Located names slots and file ids of the index that answered it
@@ -483,9 +522,11 @@ def test_keyed_index_against_a_dict(hashing, kind, collide, where):
                 for key in expected:
                     del model[key]
             assert index.rows == len(model)
+            place.committed(index, lambda label: data.draw(st.booleans(), label=label))
         everything = list(model)
         located = index.find(kind.to_arrow([raw[k] for k in everything]))
         assert located_entries(index, located) == [model[k] for k in everything]
+        index.close()
 
     with hashing_by(hashing), small_merges(), place.blocks(), \
             colliding_first_words() if collide else contextlib.nullcontext():
@@ -520,8 +561,10 @@ def test_multiset_index_against_a_multiset(hashing, collide, kind, where):
         paths: list[str] = []
         for _ in range(data.draw(st.integers(1, 14), label="operations")):
             op = data.draw(st.sampled_from(["add", "add", "take", "take", "drop_file", "drop_positions",
-                                            "restart"]))
-            if op == "restart" and index.rows:
+                                            "restart", "finish rewrite"]))
+            if op == "finish rewrite":
+                place.finish_rewrite(index)
+            elif op == "restart" and index.rows:
                 index = place.reopened(index, kind.to_arrow([]).schema, lambda label: data.draw(st.booleans(),
                                                                                                label=label))
             elif op == "add":
@@ -566,12 +609,14 @@ def test_multiset_index_against_a_multiset(hashing, collide, kind, where):
                 for at in expected:
                     del model[at]
             assert index.rows == len(model)
+            place.committed(index, lambda label: data.draw(st.booleans(), label=label))
         # at the end every entry can be taken, each exactly once
         held = Counter(model.values())
         if held:
             keys = list(held)
             located = index.take(kind.to_arrow([raw[k] for k in keys]), np.array([held[k] + 1 for k in keys]))
             assert sorted(located_entries(index, located)) == sorted(model)  # type: ignore[type-var]
+        index.close()
 
     with hashing_by(hashing), small_merges(), place.blocks(), \
             colliding_first_words() if collide else contextlib.nullcontext():
@@ -665,6 +710,156 @@ def test_files_ids_and_paths():
     assert index.file_id(path) != file_id  # an id is never given to another file
     assert index.drop_file("never-added.parquet") == 0
     assert index.drop_positions("never-added.parquet", np.array([1])) == 0
+
+
+@contextlib.contextmanager
+def held_background_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Runs written in the background wait for the event before they start (the index waiting for one sets it)."""
+    gate = threading.Event()
+    merge, wait = key_index._merge_sources, key_index._Rewrite.wait
+
+    def held_merge(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        if threading.current_thread() is not threading.main_thread():  # a run written now is not held
+            gate.wait(timeout=60)
+        yield from merge(*args, **kwargs)
+
+    def waited(rewrite: Any) -> None:
+        gate.set()
+        wait(rewrite)
+
+    monkeypatch.setattr(key_index, "_merge_sources", held_merge)
+    monkeypatch.setattr(key_index._Rewrite, "wait", waited)
+    monkeypatch.setattr(key_index, "_MIN_OVERLAY", 8)  # a share of 8 entries: a run is written past 8 changes
+    try:
+        yield gate
+    finally:
+        gate.set()
+
+
+def saved_snapshot(directory: IndexDirectory) -> int | None:
+    manifest = directory.read_manifest()
+    assert manifest is not None
+    return manifest.snapshot_id
+
+
+def adopted(index: KeyIndex, directory: IndexDirectory, gate: threading.Event, snapshot: int) -> None:
+    """Lets the run being written finish, and checkpoints until the index has taken it (its manifest saved)."""
+    gate.set()
+    for _ in range(6000):
+        index.checkpoint(snapshot, [1])
+        if saved_snapshot(directory) != 1:
+            return
+        time.sleep(0.01)
+    raise AssertionError("the run written in the background was never taken")
+
+
+def test_a_keyed_index_replays_onto_a_run_written_in_the_background_what_changed_meanwhile(tmp_path, monkeypatch):
+    """A checkpoint past the index's share starts the new run in the background from the index as it stands; the
+    batches go on, and once the run is written the changes made meanwhile are replayed onto it. The run and its
+    manifest describe the snapshot it was started at, exactly: a restart from them re-applies what followed."""
+    with held_background_runs(monkeypatch) as gate:
+        directory = IndexDirectory(tmp_path / "index")
+        index = KeyIndex(multiset=False, disk=directory, overlay_bytes=0)
+        index.add("a.parquet", ids(list(range(100))))
+        index.checkpoint(1, [1], force=True)
+        index.add("b.parquet", ids(list(range(8))))  # eight keys move and one goes: past the share
+        index.forget(index.find(ids([20])))
+        at_two = {key: ("b.parquet", key) if key < 8 else ("a.parquet", key) for key in range(100) if key != 20}
+        index.checkpoint(2, [1])  # the run of snapshot 2 starts in the background, held
+        assert saved_snapshot(directory) == 1
+        # meanwhile: a key deleted, one deleted and back, one moved twice, a new one, a delete by position, a key
+        # of a file added since the freeze deleted
+        index.forget(index.find(ids([5, 6])))
+        index.add("c.parquet", ids([6, 7, 100, 30]))
+        index.add("d.parquet", ids([7]))
+        assert index.drop_positions("a.parquet", np.array([50, 51])) == 2
+        index.forget(index.find(ids([30])))
+        index.checkpoint(3, [1])
+        assert saved_snapshot(directory) == 1  # the run is not written yet: the manifest still names the old one
+        now = dict(at_two)
+        del now[5], now[50], now[51], now[30]
+        now.update({6: ("c.parquet", 0), 7: ("d.parquet", 0), 100: ("c.parquet", 2)})
+        everything = list(range(102))
+        assert located_entries(index, index.find(ids(everything))) == [now.get(key) for key in everything]
+
+        adopted(index, directory, gate, 3)
+        assert saved_snapshot(directory) == 2
+        assert located_entries(index, index.find(ids(everything))) == [now.get(key) for key in everything]
+        assert index.rows == len(now)
+        index.add("e.parquet", ids([8]))  # the index goes on from the new run
+        now[8] = ("e.parquet", 0)
+        assert located_entries(index, index.find(ids(everything))) == [now.get(key) for key in everything]
+        index.close()
+        # what a restart opens: snapshot 2, exactly
+        manifest = directory.read_manifest()
+        assert manifest is not None
+        reopened = KeyIndex.opened(directory, manifest, ids([]).schema, overlay_bytes=0)
+        assert located_entries(reopened, reopened.find(ids(everything))) == [at_two.get(key) for key in everything]
+        reopened.close()
+        names = {path.name.split(".")[0] for path in directory.path.iterdir()} - {"index", "lock"}
+        assert names == {manifest.run.name}  # the old run is gone, nothing left half-written
+
+
+def test_a_multiset_replays_onto_a_run_written_in_the_background_what_changed_meanwhile(tmp_path, monkeypatch):
+    with held_background_runs(monkeypatch) as gate:
+        directory = IndexDirectory(tmp_path / "index")
+        index = KeyIndex(multiset=True, disk=directory, overlay_bytes=0)
+        index.add("a.parquet", ids([1, 1, 1, 2, 2, 3] * 3))
+        index.checkpoint(1, [1], force=True)
+        index.add("b.parquet", ids([1, 2, 4, 1, 2, 4, 1, 2]))
+        index.forget(index.take(ids([3]), np.array([1])))  # nine changes: past the share
+        index.checkpoint(2, [1])
+        assert saved_snapshot(directory) == 1
+        at_two = Counter({1: 12, 2: 9, 3: 2, 4: 2})
+        # meanwhile: copies of the run taken, copies added since taken, copies added and kept, a file dropped
+        index.forget(index.take(ids([1, 3]), np.array([2, 1])))
+        index.add("c.parquet", ids([3, 5, 5]))
+        index.forget(index.take(ids([5]), np.array([1])))
+        assert index.drop_file("b.parquet") == 8
+        now = at_two - Counter({1: 2 + 3, 3: 1, 2: 3, 4: 2}) + Counter({3: 1, 5: 1})
+
+        def held(index: KeyIndex) -> Counter[int]:
+            located = index.take(ids(list(range(7))), np.full(7, 100))
+            entries = located_entries(index, located)
+            assert len(set(entries)) == len(entries)  # never an entry twice
+            return Counter(owner[entry] for entry in entries if entry is not None)
+
+        owner: dict[tuple[str, int], int] = {}
+        for path, values in [("a.parquet", [1, 1, 1, 2, 2, 3] * 3), ("b.parquet", [1, 2, 4, 1, 2, 4, 1, 2]),
+                             ("c.parquet", [3, 5, 5])]:
+            owner.update({(path, row): value for row, value in enumerate(values)})
+        adopted(index, directory, gate, 3)
+        assert saved_snapshot(directory) == 2
+        assert index.rows == sum(now.values())
+        assert held(index) == now
+        index.close()
+        manifest = directory.read_manifest()
+        assert manifest is not None
+        reopened = KeyIndex.opened(directory, manifest, ids([]).schema, overlay_bytes=0)
+        assert held(reopened) == at_two  # the run describes snapshot 2
+        reopened.close()
+
+
+def test_changes_that_outrun_a_background_run_wait_for_it(tmp_path, monkeypatch):
+    """What sits in memory beside the run stays bounded however slow the disk: past four shares of changes while a
+    run is being written, the next change waits for that run and takes it."""
+    with held_background_runs(monkeypatch):
+        directory = IndexDirectory(tmp_path / "index")
+        index = KeyIndex(multiset=False, disk=directory, overlay_bytes=0)
+        index.add("a.parquet", ids(list(range(1000))))
+        index.checkpoint(1, [1], force=True)
+        index.add("b.parquet", ids(list(range(8))))
+        index.forget(index.find(ids([20])))
+        index.checkpoint(2, [1])
+        assert saved_snapshot(directory) == 1
+        for number in range(40):  # no checkpoint: the batches go on
+            index.add(f"c{number}.parquet", ids([100 + number]))
+            index.find(ids([0]))
+        assert saved_snapshot(directory) == 2  # taken by a change, without a checkpoint
+        assert index.memory_bytes < 1 << 20
+        assert located_entries(index, index.find(ids([0, 100, 139]))) == [
+            ("b.parquet", 0), ("c0.parquet", 0), ("c39.parquet", 0)]
+        index.close()
 
 
 @pytest.mark.parametrize("where", ["memory", "disk"])

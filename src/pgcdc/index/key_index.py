@@ -31,7 +31,10 @@ Layout, chosen for memory (a mirror of 10^9 rows must fit) and for vectorized ba
 (:mod:`pgcdc.index.disk_runs`), looked up through a fence of every 512th code; what changes it sits in memory
 beside it until a checkpoint writes a new run: the delta, and a *patch* of the main run's slots whose location
 changed (an update moving a key, a delete). The process holds the fence, the delta, the patch and the path table:
-bounded by ``overlay_bytes``, whatever the mirror's size. Adding more than that at once (a build) spills sorted
+bounded by ``overlay_bytes``, whatever the mirror's size. The new run is written in a background thread (a pass over
+the whole run: seconds at 10^8 entries, which the batches do not wait for), from the index as the checkpoint left
+it; the changes made meanwhile are also noted by key (a *journal*) and replayed onto the new run when a later
+checkpoint finds it written, then its manifest is saved. Adding more than that at once (a build) spills sorted
 runs to disk, merged into the main run in one pass. :meth:`KeyIndex.checkpoint` writes the manifest that ties the
 run to the snapshot it describes, so that a restart opens it instead of reading every data file again. Kept on
 disk, a hashed code is 96 bits wherever the index holds it (the second word's low 32 bits zeroed as codes are
@@ -40,21 +43,24 @@ entry on disk for integer keys, 16 for hashed ones (:mod:`pgcdc.index.disk_runs`
 in the form above.
 
 Not thread-safe: one apply thread owns a mirror's index. A build may read and decode files in other threads,
-but calls on the index must come from one thread at a time.
+but calls on the index must come from one thread at a time. The background rewrite reads only what was frozen for
+it (copies of what changes in place, the run's files through a mapping of its own).
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 
 from pgcdc.faults import injection_point
-from pgcdc.index.disk_runs import DiskRun, IndexDirectory, Manifest, RunWriter
+from pgcdc.index.disk_runs import DiskRun, IndexDirectory, Manifest, RunInfo, RunWriter
 from pgcdc.index.key_codes import Codes, KeyCoder
 
 POSITION_BITS = 32
@@ -69,6 +75,11 @@ _MIN_MERGE = 1 << 16
 _MIN_OVERLAY = 1 << 12
 # entries a scan for locations looks at in one step (bounds its temporary arrays)
 _SCAN_CHUNK = 1 << 20
+# what sits in memory beside a run while a new one is written in the background, in shares of the index's memory,
+# before a change waits for that run (the memory bound holds however slow the disk)
+_OVERLAY_WHILE_REWRITING = 4
+# one run written in the background at a time in the process: they share the disk and the cores with the batches
+_REWRITES = threading.Semaphore(1)
 
 
 @dataclass(frozen=True)
@@ -155,6 +166,7 @@ class KeyIndex:
         self._pending: list[DiskRun] = []
         self._disk_ids = 0  # file ids below this may be named by the main run's files themselves
         self._saved: tuple[str, int | None] | None = None  # (run, snapshot) the manifest names
+        self._rewriting: _Rewrite | None = None  # a new main run being written in the background
 
     @classmethod
     def opened(cls, disk: IndexDirectory, manifest: Manifest, key_schema: pa.Schema, *, overlay_bytes: int
@@ -210,7 +222,8 @@ class KeyIndex:
         """Bytes the index holds in memory now: its arrays (dead slots and queued rows included; of a run on disk,
         its fence), its patch and its path table."""
         arrays = (self._main.nbytes + self._delta.nbytes + sum(a.nbytes for queue in self._queued for a in queue)
-                  + self._patch_slots.nbytes + self._patch_locs.nbytes + sum(run.nbytes for run in self._pending))
+                  + self._patch_slots.nbytes + self._patch_locs.nbytes + sum(run.nbytes for run in self._pending)
+                  + (self._rewriting.nbytes if self._rewriting is not None else 0))
         paths = sys.getsizeof(self._paths) + sys.getsizeof(self._ids) + sum(
             sys.getsizeof(path) for path in self._paths if path is not None)
         return arrays + paths
@@ -347,24 +360,38 @@ class KeyIndex:
         if self._disk is None:
             return False
         self._flush()
+        saved = False
+        if force:
+            self._cancel_rewrite()  # everything is written below at once
+        elif self._rewriting is not None and self._rewriting.done:
+            saved = self._adopt()
         overlay = len(self._delta) + len(self._patch_slots)
-        if not isinstance(self._main, DiskRun) or ((overlay or self._pending) and
-                                                   (force or overlay > self._overlay_entries)):
-            self._rewrite()
-        if overlay and not force and isinstance(self._main, DiskRun) and len(self._delta) + len(self._patch_slots):
-            return False  # what changed stays in memory until there is enough of it
+        if not isinstance(self._main, DiskRun) or (force and overlay):
+            self._rewrite()  # a build's first run, or a clean stop: written now, whole
+        elif overlay > self._overlay_entries and self._rewriting is None:
+            self._rewriting = self._frozen(snapshot_id, key_ids)
+            return saved
+        if len(self._delta) + len(self._patch_slots):
+            return saved  # what changed stays in memory until there is enough of it
         main = self._main
         assert isinstance(main, DiskRun)
         if self._saved == (main.info.name, snapshot_id):
-            return False
-        injection_point("index.manifest")  # the new run written, the manifest still naming the one before
-        self._disk.write_manifest(Manifest(snapshot_id, self._multiset, key_ids, main.info, list(self._paths)))
-        self._saved = (main.info.name, snapshot_id)
-        self._disk.remove_except({main.info.name})
+            return saved
+        self._save(Manifest(snapshot_id, self._multiset, key_ids, main.info, list(self._paths)))
         return True
 
+    def _save(self, manifest: Manifest) -> None:
+        assert self._disk is not None
+        injection_point("index.manifest")  # the new run written, the manifest still naming the one before
+        self._disk.write_manifest(manifest)
+        self._saved = (manifest.run.name, manifest.snapshot_id)
+        writing = {self._rewriting.writer.name} if self._rewriting is not None else set()
+        self._disk.remove_except({manifest.run.name, *writing})
+
     def close(self) -> None:
-        """Unmaps the runs on disk (their files stay, for the manifest that names them)."""
+        """Unmaps the runs on disk (their files stay, for the manifest that names them); a run being written in the
+        background is abandoned."""
+        self._cancel_rewrite()
         for run in [self._main, *self._pending]:
             if isinstance(run, DiskRun):
                 run.close()
@@ -543,6 +570,9 @@ class KeyIndex:
         """Marks distinct live slots dead; returns how many."""
         if not len(slots):
             return 0
+        if self._rewriting is not None:
+            k1, k2 = self._codes_at(slots)
+            self._rewriting.note(k1, k2, self._locations(slots), removed=True)
         self._set_locations(slots, np.full(len(slots), DEAD, np.int64))
         self._live -= len(slots)
         self._dead += len(slots)
@@ -649,6 +679,8 @@ class KeyIndex:
         incoming = self._queued_run()
         if incoming is None:
             return
+        if self._rewriting is not None:
+            self._rewriting.note(incoming.k1, incoming.k2, incoming.loc, removed=False)
         if not self._multiset and (len(self._main) or len(self._delta)):
             queries, slots = self._lookup(incoming.k1, incoming.k2, presorted=True)
             revived = int((self._locations(slots) == DEAD).sum())
@@ -671,6 +703,10 @@ class KeyIndex:
         make up a quarter of the index. A main run on disk is rewritten at checkpoints (:meth:`checkpoint`), or
         here once what sits beside it takes twice its share of memory."""
         if self._disk is not None:
+            if self._rewriting is not None:
+                if len(self._delta) + len(self._patch_slots) <= _OVERLAY_WHILE_REWRITING * self._overlay_entries:
+                    return
+                self._adopt()  # changes outran the disk: they wait for the run being written
             if len(self._delta) + len(self._patch_slots) > 2 * self._overlay_entries:
                 self._rewrite()
             return
@@ -687,6 +723,7 @@ class KeyIndex:
         """One new main run on disk holding every live entry (the main run patched, the delta, the spilled runs,
         the queue), written in one streaming pass; the old runs' files are removed unless a manifest names them."""
         assert self._disk is not None
+        self._cancel_rewrite()  # this run holds everything that one would
         hashed = self._hashed
         incoming = self._queued_run()
         sources: list[_Source] = [_Source(self._main, self._patch_slots, self._patch_locs), _Source(self._delta)]
@@ -721,6 +758,183 @@ class KeyIndex:
                 if previous.info.name != saved:
                     for path in previous.files():
                         path.unlink(missing_ok=True)
+
+
+    # -- the main run rewritten in the background ---------------------------------------------------------------
+
+    def _frozen(self, snapshot_id: int | None, key_ids: list[int]) -> _Rewrite:
+        """A new main run, written in the background from the index as it stands (describing ``snapshot_id``): what
+        changes in place is copied, the run is read through a mapping of its own."""
+        assert self._disk is not None and isinstance(self._main, DiskRun)
+        main = DiskRun(self._disk.path, self._main.info)
+        delta = _Run(self._delta.k1, self._delta.k2, self._delta.loc.copy())  # codes are never written in place
+        sources = [_Source(main, self._patch_slots, self._patch_locs.copy()), _Source(delta)]
+        sources = [source for source in sources if len(source.run)]
+        step = max(1 << 10, (self._overlay_entries // 2) // max(1, len(sources)))
+        manifest = Manifest(snapshot_id, self._multiset, key_ids, main.info, list(self._paths))
+        return _Rewrite(self._disk.path, sources, step, hashed=self._hashed, keyed=not self._multiset,
+                        manifest=manifest)
+
+    def _adopt(self) -> bool:
+        """The run written in the background (waited for) becomes the main run, its manifest saved; the changes
+        made since it was frozen are replayed onto it. Returns whether a manifest was written."""
+        assert self._disk is not None and self._rewriting is not None
+        rewrite = self._rewriting
+        rewrite.wait()
+        self._rewriting = None
+        if rewrite.error is not None:
+            raise rewrite.error
+        assert rewrite.info is not None
+        run = DiskRun(self._disk.path, rewrite.info)
+        old = self._main
+        hashed = self._hashed
+        self._main = run
+        self._delta = _Run.empty(hashed=hashed)
+        self._patch_slots = np.empty(0, np.int64)
+        self._patch_locs = np.empty(0, np.int64)
+        self._live, self._dead = len(run), 0
+        self._disk_ids = len(rewrite.manifest.paths)  # files interned since hold no entry of the new run
+        self._layout = object()
+        if self._multiset:
+            self._replay_multiset(rewrite)
+        else:
+            self._replay_keyed(rewrite)
+        if isinstance(old, DiskRun):
+            old.close()
+        self._save(Manifest(rewrite.manifest.snapshot_id, self._multiset, rewrite.manifest.key, rewrite.info,
+                            rewrite.manifest.paths))  # removes the old run's files
+        return True
+
+    def _replay_keyed(self, rewrite: _Rewrite) -> None:
+        """Each key noted since the freeze takes its latest location (dead: the key is gone)."""
+        noted = rewrite.noted(removed=False)
+        if noted is None:
+            return
+        _sort(noted, group_equal=True)
+        noted = noted.select(_last_of_each_code(noted))
+        queries, slots = self._lookup(noted.k1, noted.k2, presorted=True)  # the delta is empty: main-run slots
+        locations = noted.loc[queries]
+        self._patch(slots, locations)
+        gone = int((locations == DEAD).sum())
+        self._live -= gone
+        self._dead += gone
+        new = np.ones(len(noted), bool)
+        new[queries] = False
+        new &= noted.loc != DEAD
+        self._delta = noted.select(new)
+        self._live += len(self._delta)
+
+    def _replay_multiset(self, rewrite: _Rewrite) -> None:
+        """Entries removed since the freeze go (those of the new run looked up by their code, matched by location),
+        entries added since and still held join the delta. A location names one entry: file ids are never reused."""
+        added = rewrite.noted(removed=False)
+        removed = rewrite.noted(removed=True)
+        if removed is not None:
+            every_removed = removed.loc
+            if added is not None:
+                removed = removed.select(~np.isin(removed.loc, added.loc))
+            queries, slots = self._lookup(removed.k1, removed.k2)
+            self._kill(_distinct(slots[self._locations(slots) == removed.loc[queries]]))
+            self._release()
+            if added is not None:
+                added = added.select(~np.isin(added.loc, every_removed))
+        if added is not None and len(added):
+            _sort(added, group_equal=False)
+            self._delta = added
+            self._live += len(added)
+
+    def _codes_at(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The codes of entries by slot (the main run's first, then the delta's)."""
+        boundary = len(self._main)
+        in_main = slots < boundary
+        k1 = np.empty(len(slots), self._main.k1.dtype)
+        k1[in_main] = self._main.k1[slots[in_main]]
+        k1[~in_main] = self._delta.k1[slots[~in_main] - boundary]
+        if self._main.k2 is None or self._delta.k2 is None:
+            return k1, None
+        k2 = np.empty(len(slots), np.uint64)
+        k2[in_main] = self._main.k2[slots[in_main]]
+        k2[~in_main] = self._delta.k2[slots[~in_main] - boundary]
+        return k1, k2
+
+    def _cancel_rewrite(self) -> None:
+        if self._rewriting is not None:
+            self._rewriting.cancel()
+            self._rewriting = None
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class _Rewrite:
+    """A main run written by a background thread from sources frozen at a checkpoint, and the changes made to the
+    index since, noted by code: a keyed index notes each key's new location (dead: removed), a multiset the entries
+    added and removed. ``manifest`` is what will be saved once it is adopted (its run replaced by the new one)."""
+
+    def __init__(self, directory: Path, sources: list[_Source], step: int, *, hashed: bool, keyed: bool,
+                 manifest: Manifest) -> None:
+        self.manifest = manifest
+        self._keyed = keyed
+        self.writer = RunWriter(directory, hashed=hashed)
+        self.info: RunInfo | None = None
+        self.error: BaseException | None = None
+        self._frozen_bytes = sum(source.patch_locs.nbytes + (source.run.nbytes if isinstance(source.run, _Run)
+                                                             else 0) for source in sources)
+        self._notes: dict[bool, list[_Run]] = {False: [], True: []}  # removed? -> runs of notes, oldest first
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._write, args=(sources, step, keyed), daemon=True,
+                                        name=f"pgcdc-index-{self.writer.name}")
+        self._thread.start()
+
+    def _write(self, sources: list[_Source], step: int, keyed: bool) -> None:
+        try:
+            with _REWRITES:
+                for k1, k2, loc in _merge_sources(sources, step, keyed=keyed, disjoint=True):
+                    if self._cancelled.is_set():
+                        raise _Cancelled
+                    self.writer.append(k1, k2, loc)
+                if self._cancelled.is_set():
+                    raise _Cancelled
+                self.info = self.writer.finish()
+        except BaseException as exc:  # handed to the apply thread when it adopts the run
+            self.writer.abandon()
+            self.error = exc
+        finally:
+            for source in sources:
+                if isinstance(source.run, DiskRun):
+                    source.run.close()
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    @property
+    def nbytes(self) -> int:
+        return self._frozen_bytes + sum(run.nbytes for runs in self._notes.values() for run in runs)
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        self.wait()
+
+    def note(self, k1: np.ndarray, k2: np.ndarray | None, loc: np.ndarray, *, removed: bool) -> None:
+        """Changes made since the freeze: entries placed (keyed: each key's new location), or removed."""
+        if not len(k1):
+            return
+        if self._keyed and removed:  # among the moves, in order: a key may go and come back
+            loc, removed = np.full(len(k1), DEAD, np.int64), False
+        self._notes[removed].append(_Run(k1.copy(), None if k2 is None else k2.copy(), loc.copy()))
+
+    def noted(self, *, removed: bool) -> _Run | None:
+        """What was noted, oldest first, as one run (a keyed index's removals are dead locations among its moves)."""
+        runs = self._notes[removed]
+        if not runs:
+            return None
+        k2 = None if runs[0].k2 is None else np.concatenate([run.k2 for run in runs])
+        return _Run(np.concatenate([run.k1 for run in runs]), k2, np.concatenate([run.loc for run in runs]))
 
 
 class _Source:
