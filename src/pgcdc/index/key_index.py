@@ -49,8 +49,10 @@ it (copies of what changes in place, the run's files through a mapping of its ow
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +64,8 @@ import pyarrow as pa
 from pgcdc.faults import injection_point
 from pgcdc.index.disk_runs import DiskRun, IndexDirectory, Manifest, RunInfo, RunWriter
 from pgcdc.index.key_codes import Codes, KeyCoder
+
+log = logging.getLogger("pgcdc.index.key_index")
 
 POSITION_BITS = 32
 MAX_POSITION = (1 << POSITION_BITS) - 1
@@ -799,6 +803,8 @@ class KeyIndex:
             self._replay_multiset(rewrite)
         else:
             self._replay_keyed(rewrite)
+        log.info("a key index's run of %d entries written in the background in %.1f s; %d changes made meanwhile "
+                 "replayed onto it", rewrite.info.rows, rewrite.seconds, rewrite.changes)
         if isinstance(old, DiskRun):
             old.close()
         self._save(Manifest(rewrite.manifest.snapshot_id, self._multiset, rewrite.manifest.key, rewrite.info,
@@ -879,6 +885,7 @@ class _Rewrite:
         self.writer = RunWriter(directory, hashed=hashed)
         self.info: RunInfo | None = None
         self.error: BaseException | None = None
+        self.seconds = 0.0  # how long the run took to write, once written
         self._frozen_bytes = sum(source.patch_locs.nbytes + (source.run.nbytes if isinstance(source.run, _Run)
                                                              else 0) for source in sources)
         self._notes: dict[bool, list[_Run]] = {False: [], True: []}  # removed? -> runs of notes, oldest first
@@ -888,6 +895,7 @@ class _Rewrite:
         self._thread.start()
 
     def _write(self, sources: list[_Source], step: int, keyed: bool) -> None:
+        started = time.monotonic()
         try:
             with _REWRITES:
                 for k1, k2, loc in _merge_sources(sources, step, keyed=keyed, disjoint=True):
@@ -897,6 +905,7 @@ class _Rewrite:
                 if self._cancelled.is_set():
                     raise _Cancelled
                 self.info = self.writer.finish()
+                self.seconds = time.monotonic() - started
         except BaseException as exc:  # handed to the apply thread when it adopts the run
             self.writer.abandon()
             self.error = exc
@@ -908,6 +917,10 @@ class _Rewrite:
     @property
     def done(self) -> bool:
         return not self._thread.is_alive()
+
+    @property
+    def changes(self) -> int:
+        return sum(len(run) for runs in self._notes.values() for run in runs)
 
     @property
     def nbytes(self) -> int:
