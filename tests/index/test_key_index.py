@@ -840,6 +840,59 @@ def test_a_multiset_replays_onto_a_run_written_in_the_background_what_changed_me
         reopened.close()
 
 
+KILLED_WHILE_WRITING = """
+import os, sys
+import numpy as np, pyarrow as pa
+from pathlib import Path
+from pgcdc.index import disk_runs, key_index
+from pgcdc.index.disk_runs import IndexDirectory
+from pgcdc.index.key_index import KeyIndex
+
+key_index._MIN_OVERLAY = 8
+ids = lambda values: pa.table({"id": pa.array(values, pa.int64())})
+index = KeyIndex(multiset=False, disk=IndexDirectory(Path(sys.argv[1])), overlay_bytes=0)
+index.add("a.parquet", ids(list(range(100))))
+index.checkpoint(1, [1], force=True)
+append = disk_runs.RunWriter.append
+
+def killed(self, *args):
+    append(self, *args)
+    os._exit(9)  # the process dies with the run half-written: no cleanup, as a SIGKILL
+
+disk_runs.RunWriter.append = killed
+index.add("b.parquet", ids(list(range(8))))
+index.forget(index.find(ids([20])))
+index.checkpoint(2, [1])  # the run of snapshot 2 starts in the background
+index.add("c.parquet", ids([200]))
+index._rewriting.wait()
+"""
+
+
+def test_a_kill_while_a_run_is_written_in_the_background_leaves_the_saved_index(tmp_path):
+    """The manifest names a run only once it is written: a kill while the background writes one leaves the last
+    saved run and its snapshot (what followed is read again from the table), and the half-written files go at the
+    next save."""
+    import subprocess
+    import sys
+
+    finished = subprocess.run([sys.executable, "-c", KILLED_WHILE_WRITING, str(tmp_path / "index")], check=False)
+    assert finished.returncode == 9
+    directory = IndexDirectory(tmp_path / "index")
+    manifest = directory.read_manifest()
+    assert manifest is not None and manifest.snapshot_id == 1
+    left = {path.name.split(".")[0] for path in directory.path.iterdir()} - {"index", "lock"}
+    assert len(left) == 2  # the saved run, and the one half-written
+    index = KeyIndex.opened(directory, manifest, ids([]).schema, overlay_bytes=0)
+    assert located_entries(index, index.find(ids([0, 20, 99, 200]))) == [
+        ("a.parquet", 0), ("a.parquet", 20), ("a.parquet", 99), None]
+    index.add("b.parquet", ids([0]))
+    index.checkpoint(3, [1], force=True)
+    manifest = directory.read_manifest()
+    assert manifest is not None and manifest.snapshot_id == 3
+    assert {path.name.split(".")[0] for path in directory.path.iterdir()} - {"index", "lock"} == {manifest.run.name}
+    index.close()
+
+
 def test_changes_that_outrun_a_background_run_wait_for_it(tmp_path, monkeypatch):
     """What sits in memory beside the run stays bounded however slow the disk: past four shares of changes while a
     run is being written, the next change waits for that run and takes it."""
