@@ -18,6 +18,10 @@ measured:
    (rows/s from source commit to Iceberg commit); then ``--repeat`` phases paced at 90% of the slower index's
    median rate, the same load for both (lag p50/p99). Beside each: the apply thread's time per step, and this
    process's peak resident memory (pgcdc's driver; Spark's JVM apart) while the phases ran.
+3. Stream (``--only stream``): a ``pgcdc run`` process of each index streams ``--seconds`` of the same workload,
+   paced at ``--stream-rate`` rows/s; sampled every 0.2 s: the process's anonymous resident memory and its
+   VmHWM (pgcdc's own process, Spark's JVM apart: its child), and the lag from each source commit until the
+   slot confirms it.
 
 Last line: JSON figures.
 """
@@ -52,7 +56,7 @@ from pgcdc.positions import LSN_SUMMARY, carried_summary
 from pgcdc.spark.destination import Destination
 from pgcdc.spark.iceberg_java import load_table
 from pgcdc.spark.session import spark_session
-from pipeline import PythonGc, RunningPipeline, percentile, spread, steps_text
+from pipeline import PythonGc, RunningPipeline, Writer, percentile, spread, steps_text
 
 SLOT = "large_flow"
 FILL_CHUNK = 10_000_000
@@ -155,6 +159,51 @@ def killed_run(server: EmbeddedPostgres, command: list[str], rows: int, rng: ran
         process.wait()
 
 
+def streamed(server: EmbeddedPostgres, command: list[str], seconds: float, rate: float, first_id: int, rows: int
+             ) -> dict[str, float]:
+    """A ``pgcdc run`` streaming a paced writer for ``seconds``: its peak memory (VmHWM and anonymous, MiB, sampled
+    every 0.2 s), and each transaction's lag from its commit until the slot confirms it (p50, p99, s)."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                               env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING"})
+    peak = anonymous = 0.0
+    lags: list[float] = []
+    try:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            written = update_random_rows(server.dsn, rows, random.Random(first_id))
+            while confirmed(conn, SLOT) < written:  # started: its index opened, its first batch committed
+                if process.poll() is not None:
+                    raise RuntimeError(f"pgcdc exited with {process.returncode} before its first batch")
+                time.sleep(0.1)
+            writer = Writer(server.dsn, seconds, rate, first_id, updates_over=rows)
+            writer.start()
+            seen = 0
+            while writer.is_alive() or seen < len(writer.commits):
+                now = time.monotonic()
+                position = confirmed(conn, SLOT)
+                commits = writer.commits[seen:]
+                for committed_at, lsn in commits:
+                    if lsn > position:
+                        break
+                    lags.append(now - committed_at)
+                    seen += 1
+                held = memory_mib(process.pid)
+                if held is not None:
+                    peak, anonymous = max(peak, held[0]), max(anonymous, held[1])
+                if process.poll() is not None:
+                    raise RuntimeError(f"pgcdc exited with {process.returncode} while streaming")
+                time.sleep(0.2)
+            writer.join()
+    finally:
+        os.killpg(process.pid, signal.SIGINT)  # a clean stop: the index on disk saved
+        try:
+            process.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return {"peak_rss_mib": peak, "peak_anonymous_mib": anonymous, "lag_p50_s": percentile(lags, 0.5),
+            "lag_p99_s": percentile(lags, 0.99), "next_id": writer.next_id}
+
+
 class RssSampler(threading.Thread):
     """This process's anonymous resident memory, sampled every 0.2 s until stopped: its peak (MiB)."""
 
@@ -183,15 +232,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="unpaced and paced phases of each index (default 3)")
     parser.add_argument("--restarts", type=int, default=3, help="restarts of each kind for each index (default 3)")
     parser.add_argument("--only", default="apply,restart",
-                        help="the parts to measure, comma-separated among apply, restart (default both)")
+                        help="the parts to measure, comma-separated among apply, restart, stream (default apply and "
+                             "restart)")
+    parser.add_argument("--stream-rate", type=float, default=25_000.0,
+                        help="rows/s of the writer while a pgcdc process streams (--only stream; default 25,000)")
     parser.add_argument("--disk-budget-mb", type=int, default=256,
                         help="--index-memory-mb of the index kept on disk (default 256; 0: the least share)")
     args = parser.parse_args()
     if args.rows < 1000 or args.repeat < 1 or args.restarts < 1:
         parser.error("--rows takes 1,000 or more, --repeat and --restarts 1 or more")
     only = {part.strip() for part in args.only.split(",") if part.strip()}
-    if not only or not only <= {"apply", "restart"}:
-        parser.error(f"--only takes apply, restart or both, comma-separated; got {args.only!r}")
+    if not only or not only <= {"apply", "restart", "stream"}:
+        parser.error(f"--only takes apply, restart, stream, comma-separated; got {args.only!r}")
     rng = random.Random(20261128)
     warehouse = tempfile.mkdtemp(prefix="pgcdc-large-")
     index_dir = tempfile.mkdtemp(prefix="pgcdc-large-index-")
@@ -281,6 +333,18 @@ def main() -> None:
                       f"{peaks[index]:,.0f} MiB", flush=True)
                 print(f"  apply thread, µs per applied row by step: {steps_text(unpaced)}", flush=True)
         spark.stop()
+
+        if "stream" in only:
+            print(f"a pgcdc process of each index streaming {args.seconds:g}s at {args.stream_rate:,.0f} rows/s",
+                  flush=True)
+            for index in INDEXES:
+                command = run_command(server, warehouse, index, index_dir, args.disk_budget_mb)
+                got = streamed(server, command, args.seconds, args.stream_rate, next_id, args.rows)
+                next_id = int(got.pop("next_id"))
+                figures.update({f"stream_{name}_{index}": round(value, 2) for name, value in got.items()})
+                print(f"  index {index}: peak RSS of pgcdc's process {got['peak_rss_mib']:,.0f} MiB, anonymous "
+                      f"{got['peak_anonymous_mib']:,.0f} MiB; lag p50 {got['lag_p50_s']:.2f}s p99 "
+                      f"{got['lag_p99_s']:.2f}s", flush=True)
 
         if "restart" in only:
             print(f"restart to the first committed batch, {args.restarts} times each (a fresh process, its JVM "

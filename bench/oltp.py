@@ -69,7 +69,7 @@ from pgcdc.embedded import EmbeddedPostgres
 from pgcdc.lsn import Lsn
 from pipeline import BUCKET, percentile  # bench/pipeline.py
 
-APPLIED = re.compile(r"applied (\d+) changes of (\d+) transactions up to (\S+) in ([\d.]+)s")
+APPLIED = re.compile(r"applied (\d+) changes of (\d+) transactions up to (\S+) in ([\d.]+)s(?: over (\d+) mirrors)?")
 SLOT, NAMESPACE, PUBLICATION = "oltp", "oltp", "pub"  # capture.recvlogical_drain reads publication "pub"
 GROWTH_LIMIT = 1.5  # last third's p99 over the first third's: more than this, lag grows
 
@@ -237,7 +237,7 @@ class Batch:
     transactions: int
     upto: Lsn
     seconds: float
-
+    mirrors: int  # 0: not logged
 
 @dataclass
 class Streaming:
@@ -271,7 +271,7 @@ class Streaming:
                 continue
             with contextlib.suppress(ValueError):  # a batch without a commit: nothing to place
                 self.batches.append(Batch(at, int(match.group(1)), int(match.group(2)), Lsn.parse(match.group(3)),
-                                          float(match.group(4))))
+                                          float(match.group(4)), int(match.group(5) or 0)))
 
     def _sample(self) -> None:
         watched = psutil.Process(self.process.pid)
@@ -494,6 +494,10 @@ def main() -> None:
     worst = max(lags)
     batch_seconds = [b.seconds for b in window] or [0.0]
     batch_changes = [b.changes for b in window] or [0]
+    # a batch's apply per mirror it touched: the median over the batches (the goal's "per-mirror cost of a batch")
+    batch_mirrors = [b.mirrors for b in window if b.mirrors]
+    per_mirror_ms = statistics.median(1000 * b.seconds / b.mirrors for b in window if b.mirrors) if batch_mirrors \
+        else 0.0
     gaps = [b.at - a.at for a, b in itertools.pairwise(window)] or [0.0]
 
     ops = workload.ops
@@ -526,6 +530,8 @@ def main() -> None:
         ("  median apply seconds (max)", f"{statistics.median(batch_seconds):.2f} ({max(batch_seconds):.2f})"),
         ("  median changes a batch, median seconds between batches",
          f"{statistics.median(batch_changes):,.0f}, {statistics.median(gaps):.2f}"),
+        ("  median mirrors a batch, a batch's apply per mirror (goal <= 20 ms)",
+         f"{statistics.median(batch_mirrors):,.0f}, {per_mirror_ms:.1f} ms" if batch_mirrors else "not logged"),
         ("caught up after the writer stopped", f"{tail_s:.2f} s"),
         ("stop at SIGINT (exit code)", f"{stop_s:.1f} s ({exit_code})"),
     ]
@@ -551,6 +557,8 @@ def main() -> None:
         ratio_vs_pg_recvlogical=round(sustained / peer_rate, 3), batches=len(window),
         batch_apply_median_s=round(statistics.median(batch_seconds), 2),
         batch_changes_median=statistics.median(batch_changes), caught_up_after_writer_s=round(tail_s, 2),
+        batch_mirrors_median=statistics.median(batch_mirrors) if batch_mirrors else None,
+        batch_ms_per_mirror=round(per_mirror_ms, 1) if batch_mirrors else None,
         stop_s=round(stop_s, 1), exit_code=exit_code, pgcdc_python_cores=round(cpu["python"], 2),
         pgcdc_jvm_cores=round(cpu["jvm"], 2), python_rss_mib=round(streaming.python_rss / 2**20),
         jvm_rss_mib=round(streaming.jvm_rss / 2**20), load=round(load_after, 1), notes=notes)

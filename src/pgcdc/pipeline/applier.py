@@ -64,6 +64,7 @@ class Applied:
     seconds: float = 0.0
     changes: int = 0
     rejected: int = 0
+    mirrors: int = 0  # the mirrors the batch touched
     commit_lsns: set[int] = field(default_factory=set)
     step_seconds: dict[str, float] = field(default_factory=dict)  # per step of the mirrors' applies
 
@@ -244,8 +245,8 @@ class Applier:
         self._rate_window = self._rate_window[-20:]
         (t0, r0), (t1, r1) = self._rate_window[0], self._rate_window[-1]
         progress.rows_per_s = (r1 - r0) / (t1 - t0) if t1 > t0 else 0.0
-        log.info("applied %d changes of %d transactions up to %s in %.2fs%s", applied.changes,
-                 len(applied.commit_lsns), batch.last_commit_lsn, applied.seconds,
+        log.info("applied %d changes of %d transactions up to %s in %.2fs over %d mirrors%s", applied.changes,
+                 len(applied.commit_lsns), batch.last_commit_lsn, applied.seconds, applied.mirrors,
                  f" ({applied.rejected} set aside)" if applied.rejected else "")
         self._emit()
         if batch.last_commit_lsn is not None:
@@ -355,7 +356,7 @@ class Applier:
         progress = _BatchProgress(len(tables))
         # every mirror ends, committed or failed, before the batch does
         outcomes = self._each(functools.partial(self._apply_table, progress=progress), tables)
-        outcome = Applied()
+        outcome = Applied(mirrors=len(tables))
         for applied in outcomes:
             outcome.changes += applied.changes
             outcome.rejected += applied.rejected
