@@ -78,8 +78,8 @@ positions = st.sampled_from([0, 1, 2, 3, 255, 256, 2**19, 2**31 - 1, 2**31, MAX_
 def test_locations_read_back_exactly_packed_or_wide(tmp_path_factory, entries, bits, hashed, chunks, block):
     """Whatever file ids and positions a run holds, readers get back exactly the ``file id << 32 | position``
     written, by a slice or by slots: packed in 32 bits when the run-local file numbers and positions fit the
-    limit, in 8 bytes otherwise (the limit lowered here so that both widths come up with few entries), packed a
-    few entries at a time."""
+    limit, in 40 bits (a byte more) when they fit 8 bits more, in 8 bytes otherwise (the limit lowered here so that
+    every width comes up with few entries, the bits above it in the extra byte), packed a few entries at a time."""
     saved = disk_runs.BLOCK, disk_runs._PACK_CHUNK
     disk_runs.BLOCK, disk_runs._PACK_CHUNK = block, 7
     try:
@@ -90,14 +90,16 @@ def test_locations_read_back_exactly_packed_or_wide(tmp_path_factory, entries, b
             run = written(directory, k1, hashed=hashed, chunks=chunks, loc=loc)
             present = sorted({f for f, _ in entries})
             needed = max(0, len(present) - 1).bit_length() + max([p for _, p in entries], default=0).bit_length()
-            assert run.info.packed == (bool(entries) and needed <= bits)
+            assert run.info.packed == (bool(entries) and needed <= bits + disk_runs.HIGH_BITS)
+            assert run.info.split == (bits if run.info.packed and needed > bits else None)
             assert run.loc[:].tolist() == loc.tolist()
             slots = np.arange(len(loc))[::-1]
             assert run.loc[slots].tolist() == loc[slots].tolist()
             if hashed:
                 assert run.k2 is not None and run.k2[:].tolist() == (k1 << np.uint64(32)).tolist()
-            width = 4 if run.info.packed else 8
-            assert (directory / f"{run.info.name}.loc").stat().st_size == width * len(loc)
+            width = (4 if run.info.split is None else 5) if run.info.packed else 8
+            high = 0 if run.info.split is None else 1
+            assert (directory / f"{run.info.name}.loc").stat().st_size == (width - high) * len(loc)
             assert run.disk_bytes == len(loc) * (8 + (4 if hashed else 0) + width) + run.fence.nbytes + \
                 (8 * len(present) if run.info.packed else 0)
             assert not (directory / f"{run.info.name}.wide").exists()
@@ -110,15 +112,20 @@ def test_locations_read_back_exactly_packed_or_wide(tmp_path_factory, entries, b
         disk_runs.BLOCK, disk_runs._PACK_CHUNK = saved
 
 
-@pytest.mark.parametrize(("key", "bytes_per_row"), [("bigint", 12), ("text", 16)])
-def test_an_entry_takes_12_or_16_bytes_on_disk_while_its_locations_pack(tmp_path, key, bytes_per_row):
+@pytest.mark.parametrize(("key", "bytes_per_row", "files"), [("bigint", 12, 20), ("text", 16, 20),
+                                                           ("bigint", 13, 1000), ("text", 17, 1000)])
+def test_an_entry_takes_12_or_16_bytes_on_disk_while_its_locations_pack(tmp_path, key, bytes_per_row, files):
+    """Locations of 32 bits or less take 4 bytes; a mirror holding a large file and many small ones (here 1,000
+    files and a position of 2^27: 37 bits) takes 5; the key 8 bytes, a hashed one 12."""
     rows = 100_000
-    files, per_file = 20, rows // 20
+    per_file = rows // files
     loc = (np.arange(rows, dtype=np.int64) // per_file + 7) << 32 | np.arange(rows, dtype=np.int64) % per_file
+    if files > 20:
+        loc[0] |= (1 << 27) - 1  # the last row of a file of 2^27 rows
     run = written(tmp_path, np.arange(rows, dtype=np.int64 if key == "bigint" else np.uint64), hashed=key == "text",
                   loc=loc)
     assert run.info.packed and run.info.files == files
-    assert bytes_per_row * rows < run.disk_bytes < (bytes_per_row + 0.05) * rows
+    assert bytes_per_row * rows < run.disk_bytes < (bytes_per_row + 0.1) * rows  # the fence, 8 bytes a file id
     run.close()
 
 
@@ -140,17 +147,18 @@ def test_chunks_out_of_order_are_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-# a run of 8-byte locations has no file ids beside it
-@pytest.mark.parametrize(("width", "column"), [(width, column) for width in ("packed", "wide")
-                                               for column in ("k1", "k2", "loc", "ids")
-                                               if not (column == "ids" and width == "wide")])
+# a run of 8-byte locations has no file ids beside it, a byte more (hi) only a run of 40-bit locations
+@pytest.mark.parametrize(("width", "column"), [(width, column) for width in ("packed", "40 bits", "wide")
+                                               for column in ("k1", "k2", "loc", "hi", "ids")
+                                               if not (column == "ids" and width == "wide")
+                                               and not (column == "hi" and width != "40 bits")])
 @pytest.mark.parametrize("damage", ["flipped byte", "short file", "missing fence", "missing column"])
 def test_a_run_whose_files_do_not_match_its_manifest_is_never_trusted(tmp_path, damage, column, width):
     loc = (np.arange(5000, dtype=np.int64) % 7) << 32 | np.arange(5000, dtype=np.int64)
-    with packed_bits(32 if width == "packed" else 8):
+    with packed_bits({"packed": 32, "40 bits": 10, "wide": 4}[width]):  # the locations take 3 + 13 bits
         run = written(tmp_path, np.arange(5000, dtype=np.uint64), hashed=True, loc=loc)
     info = run.info
-    assert info.packed == (width == "packed")
+    assert info.packed == (width != "wide") and (info.split is not None) == (width == "40 bits")
     run.close()
     path = tmp_path / f"{info.name}.{column}"
     if damage == "flipped byte":
@@ -192,6 +200,26 @@ def test_the_manifest_is_replaced_whole_and_garbage_is_damage(tmp_path):
     (directory.path / "index.json").write_text('{"format": 2, "snapshot_id": ')
     with pytest.raises(DamagedIndex):
         directory.read_manifest()
+    directory.close()
+
+
+def test_a_manifest_of_format_2_is_read_as_it_is(tmp_path):
+    """Format 3 only added 40-bit locations: an index saved in format 2 (32-bit or 8-byte ones) is opened, not built
+    again."""
+    directory = IndexDirectory(tmp_path / "t")
+    loc = (np.arange(100, dtype=np.int64) % 3) << 32 | np.arange(100, dtype=np.int64)
+    run = written(directory.path, np.arange(100, dtype=np.int64), hashed=False, loc=loc)
+    run.close()
+    saved = json.loads(Manifest(7, False, [1], run.info, ["a", "b", "c"]).encode())
+    saved["format"] = 2
+    del saved["run"]["split"]
+    (directory.path / "index.json").write_text(json.dumps(saved))
+    manifest = directory.read_manifest()
+    assert manifest is not None and manifest.run == run.info
+    reopened = DiskRun(directory.path, manifest.run)
+    reopened.verify()
+    assert reopened.loc[:].tolist() == loc.tolist()
+    reopened.close()
     directory.close()
 
 

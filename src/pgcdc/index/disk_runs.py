@@ -10,11 +10,13 @@ little-endian values, plus ``fence``: every ``BLOCK``-th ``k1``, the only part h
 - ``loc``: each entry's location. Packed in 32 bits (uint32) when the run's locations fit: ``local << pos_bits |
   position``, where ``local`` numbers the file ids present in the run densely in their order, ``ids`` (int64,
   beside the run, checksummed like the rest) maps it back to the file id, and ``pos_bits`` is the bit length of
-  the run's largest position. Otherwise (their bits add up to more than ``PACKED_BITS``) int64, ``file id << 32 |
-  position``, as held in memory. Readers only see the latter: :attr:`DiskRun.loc` decodes whatever it reads.
+  the run's largest position. When they need up to ``HIGH_BITS`` more (a mirror holding a file of 10^8 rows, 27
+  bits of position, and more than 32 files), ``loc`` holds the low ``PACKED_BITS`` of that packed value and
+  ``hi`` (uint8) the rest. Otherwise int64, ``file id << 32 | position``, as held in memory. Readers only see the
+  latter: :attr:`DiskRun.loc` decodes whatever it reads.
 
-So an entry takes 12 bytes for an integer key and 16 for a hashed one while its run's locations pack, 16 and 20
-when they do not.
+So an entry takes 12 bytes for an integer key and 16 for a hashed one while its run's locations pack in 32 bits,
+13 and 17 in 40 bits, 16 and 20 when they do not.
 
 - **Reading** maps the files read-only (:class:`DiskRun`). A lookup finds a key's block in the fence, then
   bisects inside the block: a key costs a page or two of each file, not a binary search over the whole run. What
@@ -52,8 +54,10 @@ import numpy as np
 log = logging.getLogger("pgcdc.index.disk_runs")
 
 BLOCK = 512  # entries between two fence values: 4 KiB of codes, one page
-FORMAT = 2  # 2: 96-bit codes, locations packed per run (the index of an older format is built again)
-PACKED_BITS = 32  # a run's locations are packed in a uint32 when their run-local file number and position fit
+FORMAT = 3  # 3: locations packed in 40 bits too (``hi``); format 2 is read as it is, format 1 built again
+READABLE_FORMATS = (2, 3)
+PACKED_BITS = 32  # a run's locations are packed in a uint32 when their run-local file number and position fit ...
+HIGH_BITS = 8  # ... or in that and a byte more (``hi``)
 _HIGH = np.uint64(32)  # a second word keeps its high 32 bits on disk
 _LOW_BITS = np.uint64(0xFFFFFFFF)
 _PACK_CHUNK = 1 << 20  # locations packed at once when a run is finished
@@ -65,7 +69,8 @@ _CRC_CHUNK = 1 << 24  # bytes checksummed at once when a run is opened
 class RunInfo:
     """What a manifest says of a run: its name in the directory, its entries, whether its codes are hashed
     (two words), each file's CRC-32, and how its locations are stored: ``pos_bits`` None for int64 locations,
-    else packed in 32 bits with ``files`` file ids in ``ids`` (see the module)."""
+    else packed with ``files`` file ids in ``ids``; ``split``: when packed values are split between ``loc`` (their
+    low ``split`` bits) and ``hi`` (the rest), else None (see the module)."""
 
     name: str
     rows: int
@@ -73,30 +78,34 @@ class RunInfo:
     crc: dict[str, int]
     pos_bits: int | None = None
     files: int = 0
+    split: int | None = None
 
     def encode(self) -> dict[str, Any]:
         return {"name": self.name, "rows": self.rows, "hashed": self.hashed, "crc": self.crc,
-                "pos_bits": self.pos_bits, "files": self.files}
+                "pos_bits": self.pos_bits, "files": self.files, "split": self.split}
 
     @classmethod
     def decode(cls, data: dict[str, Any]) -> RunInfo:
-        pos_bits = data["pos_bits"]
+        pos_bits, split = data["pos_bits"], data.get("split")  # format 2 has no split
         return cls(str(data["name"]), int(data["rows"]), bool(data["hashed"]),
                    {str(k): int(v) for k, v in data["crc"].items()}, None if pos_bits is None else int(pos_bits),
-                   int(data["files"]))
+                   int(data["files"]), None if split is None else int(split))
 
     @property
     def packed(self) -> bool:
         return self.pos_bits is not None
 
     def columns(self) -> list[str]:
-        return ["k1", *(["k2"] if self.hashed else []), "loc", *(["ids"] if self.packed else [])]
+        return ["k1", *(["k2"] if self.hashed else []), "loc", *(["hi"] if self.split is not None else []),
+                *(["ids"] if self.packed else [])]
 
     def dtype(self, column: str) -> np.dtype[Any]:
         return _dtype(column, self.hashed, self.packed)
 
 
 def _dtype(column: str, hashed: bool, packed: bool = False) -> np.dtype[Any]:
+    if column == "hi":
+        return np.dtype("u1")
     if column == "k2" or (column == "loc" and packed):
         return np.dtype("<u4")
     if column in ("loc", "ids") or (column == "k1" and not hashed):
@@ -124,6 +133,24 @@ class Decoded:
 def _second_words(stored: np.ndarray) -> np.ndarray:
     """A run's stored ``k2`` (high halves) as the second words they are."""
     return stored.astype(np.uint64) << _HIGH
+
+
+class _Split:
+    """Packed locations held in two columns, read as one: the low ``split`` bits in ``low``, the rest in ``high``."""
+
+    __slots__ = ("high", "low", "split")
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, split: int) -> None:
+        self.low, self.high, self.split = low, high, split
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        packed = np.asarray(self.high[index]).astype(np.int64)
+        packed <<= self.split
+        packed |= np.asarray(self.low[index])
+        return packed
+
+    def __len__(self) -> int:
+        return len(self.low)
 
 
 def _location_decoder(ids: np.ndarray, pos_bits: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -166,14 +193,17 @@ class DiskRun:
             raise
         self.k1: np.ndarray = self._raw["k1"]
         self.k2: Decoded | None = Decoded(self._raw["k2"], _second_words) if info.hashed else None
-        self.loc = Decoded(self._raw["loc"], _location_decoder(self._raw["ids"], info.pos_bits)
+        stored: Any = self._raw["loc"] if info.split is None else _Split(self._raw["loc"], self._raw["hi"], info.split)
+        self.loc = Decoded(stored, _location_decoder(self._raw["ids"], info.pos_bits)
                            if info.pos_bits is not None else np.asarray)
         if len(self.fence) != -(-info.rows // BLOCK):
             self.close()
             raise DamagedIndex(f"{fence} holds {len(self.fence)} values for {info.rows} entries")
         if info.pos_bits is not None:
             ids = self._raw["ids"]
-            if not 0 <= info.pos_bits <= 32 or max(0, info.files - 1).bit_length() + info.pos_bits > 32 \
+            bits = 32 if info.split is None else info.split + HIGH_BITS
+            if not 0 <= info.pos_bits <= 32 or max(0, info.files - 1).bit_length() + info.pos_bits > bits \
+                    or (info.split is not None and not 0 <= info.split <= 32) \
                     or (len(ids) and (ids[0] < 0 or (ids[1:] <= ids[:-1]).any())):
                 self.close()
                 raise DamagedIndex(f"{directory / f'{info.name}.ids'} does not describe packed locations")
@@ -355,8 +385,11 @@ class RunWriter:
         ids = self._file_ids()
         pos_bits = self._max_position.bit_length()
         wide = self.directory / f"{self.name}.wide"
-        if self.rows and not self._negative and max(0, len(ids) - 1).bit_length() + pos_bits <= PACKED_BITS:
-            self._crc["loc"] = self._pack(wide, ids, pos_bits)
+        bits = max(0, len(ids) - 1).bit_length() + pos_bits
+        split = None
+        if self.rows and not self._negative and bits <= PACKED_BITS + HIGH_BITS:
+            split = PACKED_BITS if bits > PACKED_BITS else None
+            self._pack(wide, ids, pos_bits, split)
             self._crc["ids"] = self._write(self.directory / f"{self.name}.ids", ids.astype("<i8"))
             wide.unlink()
             info_bits: int | None = pos_bits
@@ -369,15 +402,18 @@ class RunWriter:
         del self._crc["wide"]
         fence = np.concatenate(self._fence) if self._fence else np.empty(0, _dtype("k1", self.hashed))
         self._write(self.directory / f"{self.name}.fence", fence)
-        return RunInfo(self.name, self.rows, self.hashed, dict(self._crc), info_bits, len(ids))
+        return RunInfo(self.name, self.rows, self.hashed, dict(self._crc), info_bits, len(ids), split)
 
-    def _pack(self, wide: Path, ids: np.ndarray, pos_bits: int) -> int:
-        """Writes ``.loc`` packed from the ``.wide`` locations, chunk by chunk; returns its CRC-32."""
+    def _pack(self, wide: Path, ids: np.ndarray, pos_bits: int, split: int | None) -> None:
+        """Writes ``.loc`` packed from the ``.wide`` locations, chunk by chunk (and ``.hi``, the bits above
+        ``split``, when given), noting their CRC-32s."""
         dense, sparse = ids[ids < _DENSE_IDS], ids[ids >= _DENSE_IDS]
         local = np.zeros(int(dense[-1]) + 1 if len(dense) else 0, np.int64)
         local[dense] = np.arange(len(dense))
-        crc = 0
-        with open(self.directory / f"{self.name}.loc", "wb") as out:
+        crc = {"loc": 0, "hi": 0}
+        with contextlib.ExitStack() as opened:
+            out = {column: opened.enter_context(open(self.directory / f"{self.name}.{column}", "wb"))
+                   for column in ["loc", *(["hi"] if split is not None else [])]}
             for start in range(0, self.rows, _PACK_CHUNK):
                 loc = np.fromfile(wide, "<i8", min(_PACK_CHUNK, self.rows - start), offset=start * 8)
                 files = loc >> 32
@@ -390,12 +426,19 @@ class RunWriter:
                     number = local[files]
                 number <<= pos_bits
                 number |= np.bitwise_and(loc, 0xFFFFFFFF, out=loc)
-                data = number.astype("<u4").view(np.uint8).data
-                out.write(data)
-                crc = zlib.crc32(data, crc)
-            out.flush()
-            os.fsync(out.fileno())
-        return crc
+                if split is None:
+                    parts = {"loc": number.astype("<u4")}
+                else:
+                    parts = {"loc": np.bitwise_and(number, (1 << split) - 1).astype("<u4"),
+                             "hi": (number >> split).astype("u1")}
+                for column, part in parts.items():
+                    data = part.view(np.uint8).data
+                    out[column].write(data)
+                    crc[column] = zlib.crc32(data, crc[column])
+            for column, file in out.items():
+                file.flush()
+                os.fsync(file.fileno())
+                self._crc[column] = crc[column]
 
     def _write(self, path: Path, array: np.ndarray) -> int:
         data = np.ascontiguousarray(array).view(np.uint8).data
@@ -408,7 +451,7 @@ class RunWriter:
     def abandon(self) -> None:
         for file in self._files.values():
             file.close()
-        for column in ["k1", "k2", "wide", "loc", "ids", "fence"]:
+        for column in ["k1", "k2", "wide", "loc", "hi", "ids", "fence"]:
             with contextlib.suppress(FileNotFoundError):
                 (self.directory / f"{self.name}.{column}").unlink()
 
@@ -439,8 +482,8 @@ class Manifest:
     @classmethod
     def decode(cls, text: str) -> Manifest:
         data = json.loads(text)
-        if data.get("format") != FORMAT:
-            raise DamagedIndex(f"manifest format {data.get('format')!r}, not {FORMAT}")
+        if data.get("format") not in READABLE_FORMATS:
+            raise DamagedIndex(f"manifest format {data.get('format')!r}, not one of {READABLE_FORMATS}")
         snapshot = data["snapshot_id"]
         return cls(None if snapshot is None else int(snapshot), bool(data["multiset"]),
                    [int(i) for i in data["key"]], RunInfo.decode(data["run"]),
