@@ -500,6 +500,7 @@ def test_a_mirror_whose_index_does_not_fit_in_memory_keeps_it_on_disk_through_re
     from pgcdc.index.mirror_index import IndexBudget
 
     caplog.set_level("INFO", logger="pgcdc.index.mirror_index")
+    monkeypatch.setattr(mirror_index, "CHUNK_ROWS", 700)  # files of more rows are read in chunks, as a large one
     read = []
     real_read = mirror_index.FileReader.read_columns
     monkeypatch.setattr(mirror_index.FileReader, "read_columns",

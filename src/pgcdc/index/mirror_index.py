@@ -140,12 +140,13 @@ class MirrorIndex:
         paths = [path for path, _ in planned]
         started = reported = time.monotonic()
         rows = 0
-        for done, ((path, applying), keys) in enumerate(
+        for done, ((path, applying), chunks) in enumerate(
                 zip(planned, files.read_each(paths, self.key_fields(), self.layout), strict=True), start=1):
-            keep = deletes.surviving(path, keys, applying)
-            positions = np.flatnonzero(keep) if keep is not None else None
-            self.keys.add(path, keys if keep is None else keys.filter(pa.array(keep)), positions)
-            rows += keys.num_rows
+            for offset, keys in chunks:
+                keep = deletes.surviving(path, keys, applying, offset)
+                positions = offset + (np.flatnonzero(keep) if keep is not None else np.arange(keys.num_rows))
+                self.keys.add(path, keys if keep is None else keys.filter(pa.array(keep)), positions)
+                rows += keys.num_rows
             if time.monotonic() - reported >= 10:
                 reported = time.monotonic()
                 log.info("indexing %s: %d of %d data files read, %d rows, %.0f s", table.name(), done, len(paths),
@@ -255,8 +256,9 @@ class MirrorIndex:
         if self.partitions is not None:
             for path, data in zip(added, added_files, strict=True):
                 self.partitions[path] = (int(data.specId()), data.partition())
-        for path, keys in zip(added, files.read_each(added, self.key_fields(), self.layout), strict=True):
-            self.keys.add(path, keys)
+        for path, chunks in zip(added, files.read_each(added, self.key_fields(), self.layout), strict=True):
+            for offset, keys in chunks:
+                self.keys.add(path, keys, offset + np.arange(keys.num_rows))
         gone = [str(data.location()) for data in java_items(snapshot.removedDataFiles(io))]
         if str(snapshot.operation()) == "replace":
             # a rewrite leaves the table's rows as they were (Iceberg's spec): the live rows of the files it removed
@@ -350,8 +352,9 @@ class DeleteFiles:
         self._positions: dict[str, dict[str, np.ndarray]] = {}
         self._equality: dict[str, np.ndarray] = {}  # the codes of each equality delete file's rows
 
-    def surviving(self, path: str, keys: pa.Table, deletes: list[Any]) -> np.ndarray | None:
-        """A mask of the rows of the data file at ``path`` (its ``keys``) that ``deletes`` leave (None: all)."""
+    def surviving(self, path: str, keys: pa.Table, deletes: list[Any], offset: int = 0) -> np.ndarray | None:
+        """A mask of the rows of the data file at ``path`` (its ``keys``: the rows from position ``offset`` on) that
+        ``deletes`` leave (None: all)."""
         if not deletes:
             return None
         keep = np.ones(keys.num_rows, dtype=bool)
@@ -362,7 +365,8 @@ class DeleteFiles:
                     self._positions[location] = self._files.read_position_deletes(location)
                 positions = self._positions[location].get(path)
                 if positions is not None:
-                    keep[positions[positions < len(keep)]] = False
+                    positions = positions - offset
+                    keep[positions[(positions >= 0) & (positions < len(keep))]] = False
             else:
                 keep &= ~self._equality_matches(delete, keys)
         return keep
@@ -428,7 +432,22 @@ def _snapshots_after(table: Any, current: Any, indexed: int | None) -> list[Any]
     return list(reversed(found))
 
 
-READ_AHEAD = 8  # data files read at once while an index is built or follows someone else's commits
+READ_AHEAD = 8  # data files read at once while an index is built or follows someone else's commits ...
+CHUNK_ROWS = 1 << 22  # ... whole up to this many rows; a larger file's keys are read this many at a time
+
+
+def _stored_names(parquet: Any, fields: list[pa.Field]) -> list[str | None]:
+    """The name each of ``fields`` has in this Parquet file, by field id (None: the file predates it)."""
+    by_id = {int(f.metadata[b"PARQUET:field_id"]): f.name
+             for f in parquet.schema_arrow if f.metadata and b"PARQUET:field_id" in f.metadata}
+    return [by_id.get(_field_id(field)) for field in fields]
+
+
+def _shaped(table: pa.Table, wanted: list[str | None], fields: list[pa.Field], count: int) -> pa.Table:
+    """Columns read in their stored types now: a column a file predates is NULL, one widened since is cast."""
+    columns = [table.column(name).cast(field.type) if name is not None else pa.nulls(count, field.type)
+               for name, field in zip(wanted, fields, strict=True)]
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
 class FileReader:
@@ -463,37 +482,66 @@ class FileReader:
         """The columns of ``fields`` (by their field ids) of the Parquet file at ``location``, in their stored
         types now (a column a file predates is NULL; one widened since is cast); only ``rows`` when given."""
         parquet = self._open(location)
-        by_id = {int(f.metadata[b"PARQUET:field_id"]): f.name
-                 for f in parquet.schema_arrow if f.metadata and b"PARQUET:field_id" in f.metadata}
-        wanted = [by_id.get(_field_id(field)) for field in fields]
+        wanted = _stored_names(parquet, fields)
         present = [name for name in wanted if name is not None]
-        table = parquet.read(columns=present) if present else pa.table({})
-        if rows is not None:
-            table = table.take(pa.array(rows))
-        count = table.num_rows if present else (len(rows) if rows is not None else parquet.metadata.num_rows)
-        columns = [table.column(name).cast(field.type) if name is not None else pa.nulls(count, field.type)
-                   for name, field in zip(wanted, fields, strict=True)]
-        return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+        if rows is None:
+            table = parquet.read(columns=present) if present else pa.table({})
+            return _shaped(table, wanted, fields, parquet.metadata.num_rows)
+        rows = np.asarray(rows, np.int64)
+        if not present:
+            return _shaped(pa.table({}), wanted, fields, len(rows))
+        # only the row groups holding those rows: a few rows of a file of 10^8 do not read all of it
+        ends = np.cumsum([parquet.metadata.row_group(group).num_rows for group in range(parquet.num_row_groups)])
+        groups = np.unique(np.searchsorted(ends, rows, "right"))
+        starts = ends - np.array([parquet.metadata.row_group(group).num_rows
+                                  for group in range(parquet.num_row_groups)])
+        table = parquet.read_row_groups(groups.tolist(), columns=present)
+        # a row's place among the groups read: its position less the rows of the groups skipped before it
+        skipped = np.cumsum(starts[groups] - np.concatenate([[0], ends[groups][:-1]]))
+        group_of = np.searchsorted(ends[groups], rows, "right")
+        return _shaped(table.take(pa.array(rows - skipped[group_of])), wanted, fields, len(rows))
 
-    def read_each(self, locations: list[str], fields: list[pa.Field], layout: pa.Schema) -> Iterator[pa.Table]:
-        """:meth:`read_columns` of each of ``locations``, in their order, with up to ``READ_AHEAD`` files read at
-        once: each read mostly waits on storage (on S3, a few round trips per file; Arrow waits without holding
-        the interpreter), so an index is built at the storage's parallelism rather than one file at a time. At
-        most ``READ_AHEAD`` files' columns are held beyond the one handed out."""
-        if len(locations) <= 1:
-            yield from (self.read_columns(location, fields, layout) for location in locations)
+    def read_chunks(self, location: str, fields: list[pa.Field], layout: pa.Schema
+                    ) -> Iterator[tuple[int, pa.Table]]:
+        """:meth:`read_columns` of the whole file, ``CHUNK_ROWS`` rows at a time: (position of the first, columns)."""
+        parquet = self._open(location)
+        wanted = _stored_names(parquet, fields)
+        present = [name for name in wanted if name is not None]
+        total, offset = parquet.metadata.num_rows, 0
+        if not present:
+            for offset in range(0, total, CHUNK_ROWS):
+                yield offset, _shaped(pa.table({}), wanted, fields, min(CHUNK_ROWS, total - offset))
             return
+        for batch in parquet.iter_batches(batch_size=CHUNK_ROWS, columns=present, use_threads=False):
+            yield offset, _shaped(pa.Table.from_batches([batch]), wanted, fields, batch.num_rows)
+            offset += batch.num_rows
+
+    def read_each(self, locations: list[str], fields: list[pa.Field], layout: pa.Schema
+                  ) -> Iterator[Iterator[tuple[int, pa.Table]]]:
+        """For each of ``locations``, in their order, its columns in chunks (:meth:`read_chunks`), with up to
+        ``READ_AHEAD`` files read at once: each read mostly waits on storage (on S3, a few round trips per file;
+        Arrow waits without holding the interpreter), so an index is built at the storage's parallelism rather
+        than one file at a time. A file of at most ``CHUNK_ROWS`` rows is read ahead whole; a larger one is read
+        chunk by chunk as its chunks are taken: at most ``READ_AHEAD + 1`` chunks' columns are held at once,
+        whatever the files' sizes."""
+        def ahead(location: str) -> list[tuple[int, pa.Table]] | None:
+            parquet = self._open(location)
+            if parquet.metadata.num_rows > CHUNK_ROWS:
+                return None  # read when its turn comes
+            return [(0, self.read_columns(location, fields, layout))]
+
         remaining = iter(locations)
-        with ThreadPoolExecutor(max_workers=min(READ_AHEAD, len(locations)),
+        with ThreadPoolExecutor(max_workers=max(1, min(READ_AHEAD, len(locations))),
                                 thread_name_prefix="pgcdc-index-read") as pool:
-            reading = deque(pool.submit(self.read_columns, location, fields, layout)
+            reading = deque((location, pool.submit(ahead, location))
                             for location in itertools.islice(remaining, READ_AHEAD))
             while reading:
-                keys = reading.popleft().result()
+                location, future = reading.popleft()
+                chunks = future.result()
                 following = next(remaining, None)
                 if following is not None:
-                    reading.append(pool.submit(self.read_columns, following, fields, layout))
-                yield keys
+                    reading.append((following, pool.submit(ahead, following)))
+                yield iter(chunks) if chunks is not None else self.read_chunks(location, fields, layout)
 
     def read_position_deletes(self, location: str) -> dict[str, np.ndarray]:
         """A position-delete file's positions, per data file it names."""
