@@ -161,8 +161,9 @@ def killed_run(server: EmbeddedPostgres, command: list[str], rows: int, rng: ran
 
 def streamed(server: EmbeddedPostgres, command: list[str], seconds: float, rate: float, first_id: int, rows: int
              ) -> dict[str, float]:
-    """A ``pgcdc run`` streaming a paced writer for ``seconds``: its peak memory (VmHWM and anonymous, MiB, sampled
-    every 0.2 s), and each transaction's lag from its commit until the slot confirms it (p50, p99, s)."""
+    """A ``pgcdc run`` streaming a paced writer for ``seconds``: its peak memory from its start (VmHWM and anonymous,
+    MiB, sampled every 0.1-0.2 s), and each transaction's lag from its commit until the slot confirms it (p50, p99,
+    s)."""
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING"})
     peak = anonymous = 0.0
@@ -173,6 +174,9 @@ def streamed(server: EmbeddedPostgres, command: list[str], seconds: float, rate:
             while confirmed(conn, SLOT) < written:  # started: its index opened, its first batch committed
                 if process.poll() is not None:
                     raise RuntimeError(f"pgcdc exited with {process.returncode} before its first batch")
+                held = memory_mib(process.pid)
+                if held is not None:
+                    peak, anonymous = max(peak, held[0]), max(anonymous, held[1])
                 time.sleep(0.1)
             writer = Writer(server.dsn, seconds, rate, first_id, updates_over=rows)
             writer.start()
