@@ -514,6 +514,7 @@ class KeyIndex:
             k1 = k1[order]
             k2 = None if k2 is None else k2[order]
         in_main = _matches(self._main, k1, k2)
+        self._release()  # the run's codes read: their pages go back before its locations are read
         in_delta = _matches(self._delta, k1, k2)
         queries = np.concatenate([in_main[0], in_delta[0]])
         slots = np.concatenate([in_main[1], in_delta[1] + len(self._main)])
@@ -1062,6 +1063,8 @@ def _matches(run: _Run | DiskRun, k1: np.ndarray, k2: np.ndarray | None) -> tupl
         queries = np.flatnonzero(hit)
         slots = low[queries]
     if k2 is not None:
+        if isinstance(run, DiskRun):  # the first words' pages go back before the second words' are read
+            run.release()
         same = run.k2[slots] == k2[queries]  # type: ignore[index]
         queries, slots = queries[same], slots[same]
     return queries, slots.astype(np.int64, copy=False)
