@@ -894,7 +894,7 @@ def test_a_kill_while_a_run_is_written_in_the_background_leaves_the_saved_index(
 
 
 def test_changes_that_outrun_a_background_run_wait_for_it(tmp_path, monkeypatch):
-    """What sits in memory beside the run stays bounded however slow the disk: past four shares of changes while a
+    """What sits in memory beside the run stays bounded however slow the disk: past two shares of changes while a
     run is being written, the next change waits for that run and takes it."""
     with held_background_runs(monkeypatch):
         directory = IndexDirectory(tmp_path / "index")

@@ -80,8 +80,9 @@ _MIN_OVERLAY = 1 << 12
 # entries a scan for locations looks at in one step (bounds its temporary arrays)
 _SCAN_CHUNK = 1 << 20
 # what sits in memory beside a run while a new one is written in the background, in shares of the index's memory,
-# before a change waits for that run (the memory bound holds however slow the disk)
-_OVERLAY_WHILE_REWRITING = 4
+# before a change waits for that run: with the notes of what changed since the freeze (at most as much again) the
+# index holds about three shares at most, however slow the disk (a share is a quarter of what the budget leaves)
+_OVERLAY_WHILE_REWRITING = 2
 # one run written in the background at a time in the process: they share the disk and the cores with the batches
 _REWRITES = threading.Semaphore(1)
 
