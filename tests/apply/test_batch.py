@@ -501,10 +501,10 @@ def test_a_mirror_whose_index_does_not_fit_in_memory_keeps_it_on_disk_through_re
 
     caplog.set_level("INFO", logger="pgcdc.index.mirror_index")
     monkeypatch.setattr(mirror_index, "CHUNK_ROWS", 700)  # files of more rows are read in chunks, as a large one
-    read = []
-    real_read = mirror_index.FileReader.read_columns
-    monkeypatch.setattr(mirror_index.FileReader, "read_columns",
-                        lambda self, location, *a, **k: read.append(location) or real_read(self, location, *a, **k))
+    read = []  # every file of the mirror opened with Arrow: data files and delete files
+    real_open = mirror_index.FileReader._open
+    monkeypatch.setattr(mirror_index.FileReader, "_open",
+                        lambda self, location: read.append(location) or real_open(self, location))
     mirror = mirrors.ensure(TableSpec("public", "index_on_disk", FLAT, ("id",)))
     expected: dict[int, tuple] = {}
     rng = np.random.default_rng(7)
@@ -542,6 +542,7 @@ def test_a_mirror_whose_index_does_not_fit_in_memory_keeps_it_on_disk_through_re
 
     # a clean stop saves the index; the next start opens it and reads no data file to know where each row is
     budget.close(save=True)
+    assert read  # the build's reads are seen
     mirror.index, read[:] = None, []
     budget = IndexBudget(1, tmp_path)
     batch(budget, updates=50, deletes=50)

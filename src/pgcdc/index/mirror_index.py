@@ -481,7 +481,10 @@ class FileReader:
                      rows: np.ndarray | None = None) -> pa.Table:
         """The columns of ``fields`` (by their field ids) of the Parquet file at ``location``, in their stored
         types now (a column a file predates is NULL; one widened since is cast); only ``rows`` when given."""
-        parquet = self._open(location)
+        return self._columns(self._open(location), fields, rows)
+
+    @staticmethod
+    def _columns(parquet: Any, fields: list[pa.Field], rows: np.ndarray | None = None) -> pa.Table:
         wanted = _stored_names(parquet, fields)
         present = [name for name in wanted if name is not None]
         if rows is None:
@@ -528,7 +531,7 @@ class FileReader:
             parquet = self._open(location)
             if parquet.metadata.num_rows > CHUNK_ROWS:
                 return None  # read when its turn comes
-            return [(0, self.read_columns(location, fields, layout))]
+            return [(0, self._columns(parquet, fields))]
 
         remaining = iter(locations)
         with ThreadPoolExecutor(max_workers=max(1, min(READ_AHEAD, len(locations))),
