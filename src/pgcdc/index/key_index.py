@@ -54,7 +54,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -358,32 +358,30 @@ class KeyIndex:
             self._kill(self._slots_holding(_distinct(targets)))
         self._settle()
 
-    def checkpoint(self, snapshot_id: int | None, key_ids: list[int], *, force: bool = False) -> bool:
+    def checkpoint(self, snapshot_id: int | None, key_ids: list[int], *, force: bool = False) -> None:
         """For an index kept on disk that now describes ``snapshot_id``: when what sits in memory beside its run
-        has grown past its share (or ``force``), writes it into a new run, then a manifest naming that run and
-        the snapshot (see the module). Returns whether a manifest was written."""
+        has grown past its share, starts writing it into a new run in the background (taken, and its manifest
+        saved, by a later checkpoint that finds it written); ``force`` writes it now. A manifest names the run and
+        the snapshot it describes (see the module)."""
         if self._disk is None:
-            return False
+            return
         self._flush()
-        saved = False
         if force:
             self._cancel_rewrite()  # everything is written below at once
         elif self._rewriting is not None and self._rewriting.done:
-            saved = self._adopt()
+            self._adopt()
         overlay = len(self._delta) + len(self._patch_slots)
         if not isinstance(self._main, DiskRun) or (force and overlay):
             self._rewrite()  # a build's first run, or a clean stop: written now, whole
         elif overlay > self._overlay_entries and self._rewriting is None:
             self._rewriting = self._frozen(snapshot_id, key_ids)
-            return saved
+            return
         if len(self._delta) + len(self._patch_slots):
-            return saved  # what changed stays in memory until there is enough of it
+            return  # what changed stays in memory until there is enough of it
         main = self._main
         assert isinstance(main, DiskRun)
-        if self._saved == (main.info.name, snapshot_id):
-            return saved
-        self._save(Manifest(snapshot_id, self._multiset, key_ids, main.info, list(self._paths)))
-        return True
+        if self._saved != (main.info.name, snapshot_id):
+            self._save(Manifest(snapshot_id, self._multiset, key_ids, main.info, list(self._paths)))
 
     def _save(self, manifest: Manifest) -> None:
         assert self._disk is not None
@@ -781,9 +779,9 @@ class KeyIndex:
         return _Rewrite(self._disk.path, sources, step, hashed=self._hashed, keyed=not self._multiset,
                         manifest=manifest)
 
-    def _adopt(self) -> bool:
+    def _adopt(self) -> None:
         """The run written in the background (waited for) becomes the main run, its manifest saved; the changes
-        made since it was frozen are replayed onto it. Returns whether a manifest was written."""
+        made since it was frozen are replayed onto it."""
         assert self._disk is not None and self._rewriting is not None
         rewrite = self._rewriting
         rewrite.wait()
@@ -809,9 +807,7 @@ class KeyIndex:
                  "replayed onto it", rewrite.info.rows, rewrite.seconds, rewrite.changes)
         if isinstance(old, DiskRun):
             old.close()
-        self._save(Manifest(rewrite.manifest.snapshot_id, self._multiset, rewrite.manifest.key, rewrite.info,
-                            rewrite.manifest.paths))  # removes the old run's files
-        return True
+        self._save(replace(rewrite.manifest, run=rewrite.info))  # removes the old run's files
 
     def _replay_keyed(self, rewrite: _Rewrite) -> None:
         """Each key noted since the freeze takes its latest location (dead: the key is gone)."""

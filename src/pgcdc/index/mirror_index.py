@@ -494,10 +494,10 @@ class FileReader:
         if not present:
             return _shaped(pa.table({}), wanted, fields, len(rows))
         # only the row groups holding those rows: a few rows of a file of 10^8 do not read all of it
-        ends = np.cumsum([parquet.metadata.row_group(group).num_rows for group in range(parquet.num_row_groups)])
+        sizes = np.array([parquet.metadata.row_group(group).num_rows for group in range(parquet.num_row_groups)])
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
         groups = np.unique(np.searchsorted(ends, rows, "right"))
-        starts = ends - np.array([parquet.metadata.row_group(group).num_rows
-                                  for group in range(parquet.num_row_groups)])
         table = parquet.read_row_groups(groups.tolist(), columns=present)
         # a row's place among the groups read: its position less the rows of the groups skipped before it
         skipped = np.cumsum(starts[groups] - np.concatenate([[0], ends[groups][:-1]]))
@@ -507,7 +507,10 @@ class FileReader:
     def read_chunks(self, location: str, fields: list[pa.Field], layout: pa.Schema
                     ) -> Iterator[tuple[int, pa.Table]]:
         """:meth:`read_columns` of the whole file, ``CHUNK_ROWS`` rows at a time: (position of the first, columns)."""
-        parquet = self._open(location)
+        return self._chunks(self._open(location), fields)
+
+    @staticmethod
+    def _chunks(parquet: Any, fields: list[pa.Field]) -> Iterator[tuple[int, pa.Table]]:
         wanted = _stored_names(parquet, fields)
         present = [name for name in wanted if name is not None]
         total, offset = parquet.metadata.num_rows, 0
@@ -527,24 +530,22 @@ class FileReader:
         than one file at a time. A file of at most ``CHUNK_ROWS`` rows is read ahead whole; a larger one is read
         chunk by chunk as its chunks are taken: at most ``READ_AHEAD + 1`` chunks' columns are held at once,
         whatever the files' sizes."""
-        def ahead(location: str) -> list[tuple[int, pa.Table]] | None:
+        def ahead(location: str) -> Iterator[tuple[int, pa.Table]]:
             parquet = self._open(location)
             if parquet.metadata.num_rows > CHUNK_ROWS:
-                return None  # read when its turn comes
-            return [(0, self._columns(parquet, fields))]
+                return self._chunks(parquet, fields)  # read when its turn comes
+            return iter([(0, self._columns(parquet, fields))])
 
         remaining = iter(locations)
         with ThreadPoolExecutor(max_workers=max(1, min(READ_AHEAD, len(locations))),
                                 thread_name_prefix="pgcdc-index-read") as pool:
-            reading = deque((location, pool.submit(ahead, location))
-                            for location in itertools.islice(remaining, READ_AHEAD))
+            reading = deque(pool.submit(ahead, location) for location in itertools.islice(remaining, READ_AHEAD))
             while reading:
-                location, future = reading.popleft()
-                chunks = future.result()
+                chunks = reading.popleft().result()
                 following = next(remaining, None)
                 if following is not None:
-                    reading.append((following, pool.submit(ahead, following)))
-                yield iter(chunks) if chunks is not None else self.read_chunks(location, fields, layout)
+                    reading.append(pool.submit(ahead, following))
+                yield chunks
 
     def read_position_deletes(self, location: str) -> dict[str, np.ndarray]:
         """A position-delete file's positions, per data file it names."""
