@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -422,11 +423,13 @@ def test_killed_during_and_right_after_maintenance_steps_loses_and_duplicates_no
 @pytest.mark.long(3)
 # deleting by equality (a user's choice, maintenance beside the applies): make soak
 @pytest.mark.parametrize("deletes", [pytest.param("equality", marks=pytest.mark.soak), "position"])
-def test_maintenance_beside_or_between_the_row_delta_writers_applies(pg, spark, caplog, deletes):
+def test_maintenance_beside_or_between_the_row_delta_writers_applies(pg, spark, caplog, deletes, monkeypatch):
     """Equality deletes name keys, which a compaction keeps reaching: batches commit while pgcdc's own
     maintenance of a mirror runs (each side's commit retried over the other's by Iceberg). Position deletes name
-    files a compaction replaces: maintenance runs between two applies, never beside one, while the stream goes
-    on. Either way nothing is lost or doubled."""
+    files a compaction replaces: a table's rewrites run between two applies, never beside one, while the stream
+    goes on (expiry runs beside them). Either way nothing is lost or doubled."""
+    from pgcdc.pipeline.applier import _Gap
+
     prepare_source(pg, rows=200)
     eager = MaintenancePolicy(interval_seconds=0, data_files=3, delete_files=2, check_seconds=0)
     config = pipeline_config(pg, spark, changelog=True, batch_max_seconds=0.2, maintenance=eager, deletes=deletes)
@@ -438,17 +441,45 @@ def test_maintenance_beside_or_between_the_row_delta_writers_applies(pg, spark, 
         return [(record.created - float(record.args[1]), record.created) for record in caplog.records
                 if record.name == "pgcdc.mirrors.maintenance" and record.msg.startswith("maintained")]
 
-    def applied_during_maintenance() -> list[tuple[str, float]]:
-        """(table, seconds into the maintenance) of every data commit made while a maintenance ran."""
-        windows = maintenances()
-        found = []
+    def commits() -> tuple[list[tuple[str, float]], list[float]]:
+        """(table, time) of every batch's commit, to the mirrors and their change logs, and the times of the
+        rewrites' commits."""
+        batches, rewrites = [], []
         for schema_table in SHOP_TABLES:
-            identifier = mirrors.identifier_for(*schema_table.split("."))
-            for row in spark.sql(f"SELECT committed_at, operation FROM {identifier}.snapshots "
-                                 "WHERE summary['pgcdc.lsn'] IS NOT NULL AND operation <> 'replace'").collect():
-                at = row.committed_at.timestamp()
-                found += [(schema_table, at - start) for start, end in windows if start < at < end]
-        return found
+            for identifier in (mirrors.identifier_for(*schema_table.split(".")),
+                               mirrors.changelog_identifier_for(*schema_table.split("."))):
+                batches_and_rewrites(identifier, schema_table, batches, rewrites)
+        return batches, rewrites
+
+    def batches_and_rewrites(identifier: str, table: str, batches: list, rewrites: list) -> None:
+        from pyspark.errors import AnalysisException
+        try:
+            snapshots = spark.sql(f"SELECT committed_at, operation FROM {identifier}.snapshots "
+                                  "WHERE summary['pgcdc.lsn'] IS NOT NULL").collect()
+        except AnalysisException:  # a change log the workload never wrote to
+            return
+        for row in snapshots:
+            at = row.committed_at.timestamp()
+            if row.operation == "replace":
+                rewrites.append(at)
+            else:
+                batches.append((table, at))
+
+    def applied_during_maintenance() -> list[tuple[str, float]]:
+        """(table, seconds into the maintenance) of every batch's commit made while a maintenance ran."""
+        windows = maintenances()
+        return [(table, at - start) for table, at in commits()[0] for start, end in windows if start < at < end]
+
+    gaps: list[tuple[float, float]] = []  # (start, end) of each gap between two applies the rewrites ran in
+    run_in_gap = _Gap.run
+
+    def timed(gap: _Gap) -> None:
+        start = time.time()
+        try:
+            run_in_gap(gap)
+        finally:
+            gaps.append((start, time.time()))
+    monkeypatch.setattr(_Gap, "run", timed)
 
     looked_after = [0]  # maintenances whose window was searched already
 
@@ -472,8 +503,12 @@ def test_maintenance_beside_or_between_the_row_delta_writers_applies(pg, spark, 
             pipeline.stop()
             runner.join(timeout=300)
     assert not failures, failures
-    if deletes == "position":
-        assert applied_during_maintenance() == []
+    batches, rewrites = commits()
+    if deletes == "position":  # every rewrite in a gap, and no batch's commit in one
+        assert rewrites and all(any(start <= at <= end for start, end in gaps) for at in rewrites), (rewrites, gaps)
+        assert [(table, at) for table, at in batches if any(start < at < end for start, end in gaps)] == []
+    else:
+        assert gaps == []
     catch_up_in_process(config, spark)
     assert_mirrors_equal(config, spark, pg.dsn, SHOP_TABLES)
     assert_changelog_whole(spark, mirrors)

@@ -160,18 +160,6 @@ def test_expiry_keeps_the_retention_age_until_a_table_holds_too_many_snapshots()
         int((now - 3600) * 1000)  # kept covers them all: nothing beyond the age
 
 
-def test_a_stream_of_batches_delays_maintenance_for_three_looks_at_most():
-    clock = [0.0]
-    maintainer = Maintainer(lambda: None, MaintenancePolicy(check_seconds=10), lambda: [], clock=lambda: clock[0])
-    maintainer.turn()
-    clock[0] = 10.0
-    assert maintainer.ready() and not maintainer.overdue()  # a batch due goes first
-    clock[0] = 30.0
-    assert maintainer.overdue()  # now the turn goes before the next batch
-    maintainer.turn()
-    assert not maintainer.ready() and not maintainer.overdue()
-
-
 def test_a_look_reads_a_kept_table_in_one_call_and_commits_nothing(spark, iceberg_namespace, monkeypatch):
     """Hundreds of mirrors are looked at every few seconds, on the apply thread: a look reads the pipeline's kept
     table in one call into the JVM (not the table's whole metadata as JSON, nor a load from the catalog), and a

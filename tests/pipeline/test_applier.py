@@ -186,3 +186,72 @@ def test_mirrors_apply_side_by_side_by_default_one_after_another_with_a_change_l
         PipelineConfig(dsn="dbname=x", publication="p", apply_workers=4, changelog=True)
     with pytest.raises(ConfigError, match="apply workers 0 must be 1 to 64"):
         PipelineConfig(dsn="dbname=x", publication="p", apply_workers=0)
+
+
+def test_a_tables_rewrites_run_on_the_apply_thread_in_a_gap_a_batch_due_first_for_three_looks(caplog):
+    """Batches deleting by position name the files a compaction replaces: a maintenance (on its own thread) hands a
+    table's rewrites to the apply thread, which runs them between two applies once the stream's loop grants a gap:
+    never while a batch applies, not while a batch is due until they have waited three looks, at once when none is.
+    The batch handed over meanwhile waits behind them and says so. A stop cancels rewrites still waiting."""
+    from pgcdc.mirrors.maintenance import MaintenanceCancelled, MaintenancePolicy
+
+    mirrors, progress, confirmed = Mirrors(), Progress(), []
+    policy = MaintenancePolicy(enabled=False, check_seconds=0.2)  # no turn of its own; three looks: 0.6 s
+    ran: list[tuple[str, str]] = []
+
+    def rewrites(name: str, seconds: float = 0.0):
+        def call() -> None:
+            time.sleep(seconds)
+            ran.append((name, threading.current_thread().name))
+        return call
+
+    def asked(name: str, seconds: float = 0.0) -> tuple[threading.Thread, list[BaseException]]:
+        failures: list[BaseException] = []
+
+        def ask() -> None:
+            try:
+                running.maintainer.between(f"the rewrites of {name}", rewrites(name, seconds))
+            except BaseException as exc:
+                failures.append(exc)
+        thread = threading.Thread(target=ask)
+        thread.start()
+        while running._gap_wanted is None:
+            time.sleep(0.01)
+        return thread, failures
+
+    with caplog.at_level("INFO", logger="pgcdc.pipeline"), Applier(
+            None, lambda: None, progress, lambda: None, changelog=False, target=mirrors,  # type: ignore[arg-type]
+            maintenance=policy) as running:
+        assert running.maintainer.between is not None  # deleting by position (the default): rewrites need a gap
+        running.start(a_batch(), Lsn(100))
+        thread, failures = asked("t1", seconds=1.1)
+        running.maintain(batch_due=False)  # a batch applies: no gap
+        running.collect(confirmed.append)
+        running.maintain(batch_due=True)  # a batch due goes first
+        time.sleep(0.1)
+        assert ran == []
+        running.maintain(batch_due=False)
+        running.start(a_batch(), Lsn(200))  # handed over during the rewrites: waits behind them
+        running.collect(confirmed.append)
+        thread.join()
+        assert ran == [("t1", "pgcdc-apply")] and not failures and confirmed == [Lsn(100), Lsn(200)]
+        assert any("waited" in record.message and "the rewrites of t1" in record.message for record in caplog.records)
+
+        thread, failures = asked("t2")
+        running.maintain(batch_due=True)
+        time.sleep(0.7)
+        assert ran[1:] == []
+        running.maintain(batch_due=True)  # waited three looks: before the batch due
+        thread.join()
+        assert ran[1:] == [("t2", "pgcdc-apply")] and not failures
+
+        thread, failures = asked("t3")
+        running.maintainer.cancel()  # the stop
+        thread.join()
+        running.maintain(batch_due=False)
+        assert ran[2:] == [] and running._gap_wanted is None
+        assert len(failures) == 1 and isinstance(failures[0], MaintenanceCancelled)
+    equality = Applier(None, lambda: None, progress, lambda: None, changelog=False, target=mirrors,  # type: ignore[arg-type]
+                       deletes="equality", maintenance=policy)
+    with equality:
+        assert equality.maintainer.between is None  # deletes naming keys: rewrites run beside the applies

@@ -25,10 +25,10 @@ Steps 1-3 are commits that change no row, onto which the mirror's consistent tag
 newest snapshot keeps telling where the table stands; expiry may still remove every snapshot that carries
 it when others commit to the table too, which is why pgcdc also keeps it in a table property
 (:meth:`pgcdc.mirrors.catalog.MirrorCatalog.recording`). The pipeline runs a maintenance of one table at a time
-(:mod:`pgcdc.pipeline.applier`): beside the applies of the row-delta writer deleting by equality, whose
-commits and the maintenance's are retried over each other by Iceberg, and between two applies of writers whose
-position deletes name files a compaction replaces (the row-delta writer's default, and MERGE); ``pgcdc
-maintain`` runs it on demand.
+on a thread beside the applies (:mod:`pgcdc.pipeline.applier`), whose commits and the maintenance's are retried
+over each other by Iceberg — except the rewrites (steps 1-3) of a mirror whose batches delete by position (the
+row-delta writer's default, and MERGE): those deletes name the files a compaction replaces, so its rewrites run
+in a gap between two applies; ``pgcdc maintain`` runs it on demand.
 """
 
 from __future__ import annotations
@@ -239,12 +239,15 @@ def expiry_cutoff(commit_times_ms: Sequence[int], policy: MaintenancePolicy, now
     return cutoff
 
 
-def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, str], policy: MaintenancePolicy,
-                   *, steps: tuple[str, ...] | list[str] = STEPS,
-                   orphan_age_seconds: float | None = None) -> MaintenanceResult:
+def maintain_table(spark: SparkSession, identifier: str,
+                   carried: Mapping[str, str] | Callable[[], Mapping[str, str]], policy: MaintenancePolicy, *, steps: tuple[str, ...] | list[str] = STEPS, orphan_age_seconds: float | None = None,
+                   between: Callable[[Callable[[], None]], None] | None = None) -> MaintenanceResult:
     """Run ``steps`` (in their fixed order) on one table; every commit carries ``carried`` (the table's position
-    properties) in its snapshot summary. ``orphan_age_seconds`` overrides the policy's age (at least an hour
-    for a table anyone may be writing; tests of tables nobody writes go lower)."""
+    properties, or how to read them when the rewrites start) in its snapshot summary. ``orphan_age_seconds`` overrides the policy's age (at least an hour
+    for a table anyone may be writing; tests of tables nobody writes go lower). ``between``: runs the rewrites
+    (:data:`REWRITES`, one call) where no batch applies — the pipeline's apply thread between two batches, when
+    its batches delete by position, which name the files a rewrite replaces; the other steps (expiry, orphans)
+    stay on the calling thread, beside the batches, whose commits and theirs Iceberg retries over each other."""
     started = time.monotonic()
     classes = iceberg_classes()
     # the actions' worker threads find the catalogs through the active session they inherit from this thread,
@@ -252,29 +255,48 @@ def maintain_table(spark: SparkSession, identifier: str, carried: Mapping[str, s
     classes.set_active_session(spark._jsparkSession)
     actions = classes.spark_actions(spark._jsparkSession)
     table = load_table(spark, identifier)
-    before = _health(spark, table)
-    result = MaintenanceResult(identifier, before=before)
+    result = MaintenanceResult(identifier, before=_health(spark, table))
     _clean_old_metadata(table)
     wanted = [step for step in STEPS if step in steps]
 
-    for step in wanted:
-        injection_point(f"maintain.{step}")
-        log.info("%s: %s starting", identifier, step, extra={"event": "maintenance.step", "table": identifier,
-                                                              "step": step})
-        try:
-            result.steps[step] = _run_step(spark, actions, table, step, before, carried, policy, orphan_age_seconds)
-        except Exception as exc:
-            if not is_commit_conflict(exc):
-                raise
-            # a commit of the stream's (or anyone's) landed first: this step changed nothing and is due again at
-            # the next maintenance; the steps after it (expiry above all) still run
-            log.info("%s: %s lost to a concurrent commit (%s); it runs again at the next maintenance", identifier,
-                     step, next((line.strip(": ") for line in str(exc).splitlines() if "iceberg.exceptions" in line),
-                                _first_line(exc))[:300])
-            result.steps[step] = 0
-        table.refresh()
-        if step in REWRITES and result.steps[step]:
-            _follow_rewrites(table, identifier)
+    def run(steps: list[str]) -> None:
+        # only the rewrites' commits carry it (expiry and the orphans' removal make no snapshot)
+        summary: Mapping[str, str] = {}
+        if any(step in REWRITES for step in steps):
+            summary = carried() if callable(carried) else carried
+        for step in steps:
+            injection_point(f"maintain.{step}")
+            log.info("%s: %s starting", identifier, step, extra={"event": "maintenance.step", "table": identifier,
+                                                                  "step": step})
+            try:
+                assert result.before is not None
+                result.steps[step] = _run_step(spark, actions, table, step, result.before, summary, policy,
+                                               orphan_age_seconds)
+            except Exception as exc:
+                if not is_commit_conflict(exc):
+                    raise
+                # a commit of the stream's (or anyone's) landed first: this step changed nothing and is due again at
+                # the next maintenance; the steps after it (expiry above all) still run
+                log.info("%s: %s lost to a concurrent commit (%s); it runs again at the next maintenance",
+                         identifier, step, next((line.strip(": ") for line in str(exc).splitlines()
+                                                 if "iceberg.exceptions" in line), _first_line(exc))[:300])
+                result.steps[step] = 0
+            table.refresh()
+            if step in REWRITES and result.steps[step]:
+                _follow_rewrites(table, identifier)
+
+    rewrites = [step for step in wanted if step in REWRITES]
+    if rewrites and between is not None:
+        def in_the_gap() -> None:
+            classes.set_active_session(spark._jsparkSession)  # (another thread's)
+            table.refresh()  # what the batches before the gap committed
+            result.before = _health(spark, table)
+            run(rewrites)
+
+        between(in_the_gap)
+    else:
+        run(rewrites)
+    run([step for step in wanted if step not in REWRITES])
     injection_point("maintain.done")
     result.after = _health(spark, table)
     result.seconds = time.monotonic() - started
@@ -475,22 +497,29 @@ def mirror_tables(mirrors: MirrorCatalog, tables: list[tuple[str, bool, Callable
             for identifier, rejects, kept in tables]
 
 
+class MaintenanceCancelled(Exception):
+    """A table's rewrites did not run: the run stopped while they waited for a gap between two applies."""
+
+
 MAINTENANCE_REST_FACTOR = 4.0
 TURN_SECONDS = 1.0  # a turn maintains due tables after its first while it has taken less than this
 MAINTENANCE_OVERDUE_LOOKS = 3  # looks a stream of batches may delay before a maintenance turn goes before one
 
 
 class Maintainer:
-    """The pipeline's schedule: :meth:`turn` maintains the due tables (round robin) for about a second, so a turn
-    between two applies stays short; a table is maintained again only ``policy.interval_seconds`` after its last
+    """The pipeline's schedule: :meth:`turn` maintains the due tables (round robin) for about a second; a table is maintained again only ``policy.interval_seconds`` after its last
     maintenance began (or four times as long as that maintenance took, when that is longer) — meanwhile only its
     snapshots are expired, once they reach the policy's bound — and one left unchanged for an interval (the
     stream went quiet) is compacted of its last delete files.
     ``clock`` keeps the schedule's time (seconds; a simulation may run its own)."""
 
     def __init__(self, spark: Callable[[], SparkSession], policy: MaintenancePolicy,
-                 tables: Callable[[], list[MaintainedTable]], clock: Callable[[], float] = time.monotonic) -> None:
+                 tables: Callable[[], list[MaintainedTable]], clock: Callable[[], float] = time.monotonic, *,
+                 between: Callable[[str, Callable[[], None]], None] | None = None) -> None:
+        """``between(what, call)``: runs a table's rewrites where no batch applies, returning once they ran (see
+        :func:`maintain_table`); None: where the turn runs."""
         self._spark = spark
+        self.between = between
         self.policy = policy
         self._tables = tables
         self.clock = clock
@@ -513,15 +542,19 @@ class Maintainer:
         with contextlib.suppress(Exception):  # a JVM already gone has nothing left to cancel
             self._spark().sparkContext.cancelJobGroup(MAINTENANCE_JOB_GROUP)
 
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def patience(self) -> float:
+        """Seconds a table's rewrites waiting for a gap between two applies give way to batches due."""
+        return MAINTENANCE_OVERDUE_LOOKS * self.policy.check_every
+
     def ready(self, now: float | None = None) -> bool:
         """Whether a turn may find something to do (a clock check only; no table is read)."""
         now = self.clock() if now is None else now
         return self.policy.enabled and now - self._last_check >= self.policy.check_every
-
-    def overdue(self, now: float | None = None) -> bool:
-        """Whether a look is ``MAINTENANCE_OVERDUE_LOOKS`` intervals late (see :meth:`ready`)."""
-        now = self.clock() if now is None else now
-        return self.ready(now) and now - self._last_check >= MAINTENANCE_OVERDUE_LOOKS * self.policy.check_every
 
     def turn(self) -> MaintenanceResult | None:
         """Maintain the due tables, round robin, the first of them whatever it takes, the others while the turn
@@ -561,8 +594,8 @@ class Maintainer:
                     self._last[candidate.identifier] = now
                     self._next = (first + offset + 1) % len(tables)
                 with _job_group(spark):
-                    result = maintain_table(spark, candidate.identifier, candidate.carried(), self.policy,
-                                            steps=steps)
+                    result = maintain_table(spark, candidate.identifier, candidate.carried, self.policy,
+                                            steps=steps, between=self._in_a_gap(spark, candidate.identifier))
             except Exception as exc:  # maintenance must never stop the stream
                 self._last[candidate.identifier] = now
                 if self._cancelled:
@@ -582,6 +615,20 @@ class Maintainer:
                 # for a multiple of that time: maintenance of any one table takes at most a quarter of the time
                 self._rest[candidate.identifier] = MAINTENANCE_REST_FACTOR * result.seconds
         return made
+
+    def _in_a_gap(self, spark: SparkSession, identifier: str) -> Callable[[Callable[[], None]], None] | None:
+        """How ``identifier``'s rewrites run between two applies (None: where the turn runs), their Spark jobs in
+        the maintenance's group."""
+        between = self.between
+        if between is None:
+            return None
+
+        def grouped(call: Callable[[], None]) -> None:
+            def in_group() -> None:
+                with _job_group(spark):
+                    call()
+            between(f"the rewrites of {identifier}", in_group)
+        return grouped
 
     def _look(self, spark: SparkSession, candidate: MaintainedTable) -> TableHealth:
         """``candidate``'s health, as cheaply as it can be had (a look every few seconds over hundreds of mirrors

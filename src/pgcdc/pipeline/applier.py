@@ -9,11 +9,12 @@ the GIL. A batch is confirmed (the position :meth:`pgcdc.checkpoint.Checkpoint.b
 every mirror it touched has committed: when any fails, the others are waited for and the batch fails whole,
 its position unconfirmed; each mirror's own position (``pgcdc.lsn``, in the same commit as its rows) tells a
 replay what it holds already (:func:`pgcdc.checkpoint.held_whole`), so mirrors that committed are not written
-twice. Maintenance (compaction, expiry) runs one table at a time: between two
-applies, on the apply thread, when batches delete by position (the default, and the MERGE writer) — a
-compaction running beside them replaces the very files their deletes name, and one of the two would keep losing
-— and on a thread of its own beside the applies when they delete by equality, whose deletes name keys (their
-commits and the compaction's are retried over each other by Iceberg).
+twice. Maintenance runs on a thread of its own beside the applies, one table at a time: expiry and the
+removal of orphan files always (their commits and the batches' are retried over each other by Iceberg), and the
+rewrites (compaction, manifests) too when batches delete by equality, whose deletes name keys; when they delete by
+position (the default, and the MERGE writer) a table's rewrites run on the apply thread in a gap between two
+applies — a compaction beside them replaces the very files their deletes name, and one of the two would keep
+losing — which the stream's loop grants when no batch is due, or once the rewrites have waited several looks.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pgcdc.checkpoint import held_whole, mirror_position
 from pgcdc.faults import injection_point
 from pgcdc.index.mirror_index import IndexBudget
 from pgcdc.lsn import Lsn
-from pgcdc.mirrors.maintenance import Maintainer, MaintenancePolicy, mirror_tables
+from pgcdc.mirrors.maintenance import Maintainer, MaintenanceCancelled, MaintenancePolicy, mirror_tables
 from pgcdc.pipeline.batcher import Batch, Segment
 from pgcdc.pipeline.config import Progress
 from pgcdc.pipeline.tables import SourceTables
@@ -104,13 +105,16 @@ class Applier:
         self._mirror_workers = DaemonThreads("pgcdc-apply-mirror", apply_workers) if apply_workers > 1 else None
         self._opening = threading.Lock()  # mirrors are opened (created, evolved, filled) one at a time
         # equality deletes name keys, which a compaction running beside the applies keeps reaching; position
-        # deletes name files, which a compaction replaces: then maintenance runs between two applies
+        # deletes name files, which a compaction replaces: then the rewrites run in a gap between two applies
         beside = writer == "delta" and deletes == "equality"
-        self._maintenance_executor = DaemonThreads("pgcdc-maintain") if beside else self._executor
+        self._maintenance_executor = DaemonThreads("pgcdc-maintain")
         self.applying: Applying | None = None
         self._rate_window: list[tuple[float, int]] = []
-        self.maintainer = Maintainer(spark, maintenance or MaintenancePolicy(enabled=False), self._maintained)
+        self.maintainer = Maintainer(spark, maintenance or MaintenancePolicy(enabled=False), self._maintained,
+                                     between=None if beside else self._between_applies)
         self._maintaining: Future[object] | None = None
+        self._gap_lock = threading.Lock()
+        self._gap_wanted: _Gap | None = None  # rewrites waiting for a gap between two applies
         self._consistent_seconds = consistent_seconds
         self._tags_moved_at = float("-inf")
         self._tagged: list[str] | None = None  # the mirrors whose tags move: those streamed from this slot
@@ -182,26 +186,48 @@ class Applier:
         handed = time.monotonic()
         self.applying = Applying(batch, flush, self._executor.submit(lambda: self._apply(batch, handed)))
 
-    def maintenance_overdue(self) -> bool:
-        """Whether maintenance has not looked at the mirrors for several of its intervals (batches kept going
-        first): then its turn goes before the next batch."""
-        return self.maintainer.overdue()
-
-    def maintain(self) -> None:
-        """Queue one maintenance turn when one may be due: on its own thread beside the applies of the row-delta
-        writer deleting by equality; otherwise (position deletes name files a compaction replaces) between two
-        applies, on the apply thread, where the batch handed over next waits behind it while the stream goes
-        on."""
+    def maintain(self, *, batch_due: bool = False) -> None:
+        """Between two messages of the stream: grant the gap a maintenance's rewrites wait for, when no batch
+        applies and none is due (``batch_due``) — or when they have waited ``MAINTENANCE_OVERDUE_LOOKS`` looks (a
+        stream that always has a batch due would never leave them one); then start a maintenance turn, on its own
+        thread beside the applies, when one may be due and none runs."""
+        self._grant_gap(batch_due)
         if not self.maintainer.ready():
-            return
-        if self._maintenance_executor is self._executor and self.applying is not None:
             return
         if self._maintaining is not None and not self._maintaining.done():
             return
-        turn = self._maintenance_turn
-        if self._maintenance_executor is self._executor:  # a batch handed over meanwhile waits behind it
-            turn = self._noted("a maintenance turn", turn)
-        self._maintaining = self._maintenance_executor.submit(turn)
+        self._maintaining = self._maintenance_executor.submit(self._maintenance_turn)
+
+    def _grant_gap(self, batch_due: bool) -> None:
+        if self.busy:
+            return
+        with self._gap_lock:
+            gap = self._gap_wanted
+            if gap is None or (batch_due and time.monotonic() - gap.asked < self.maintainer.patience):
+                return
+            self._gap_wanted = None
+        # the batch handed over next waits behind it on the apply thread, and says so when that is long
+        self._executor.submit(self._noted(gap.what, gap.run))
+
+    def _between_applies(self, what: str, call: Callable[[], None]) -> None:
+        """(On the maintenance thread.) ``call`` run on the apply thread in a gap between two applies, once the
+        stream's loop grants one (:meth:`maintain`); raises :class:`MaintenanceCancelled` when the run stops
+        first."""
+        gap = _Gap(what, call, self.maintainer)
+        with self._gap_lock:
+            self._gap_wanted = gap
+        while True:
+            try:
+                gap.ran.result(timeout=0.2)
+                return
+            except TimeoutError:
+                if not self.maintainer.cancelled:
+                    continue
+                with self._gap_lock:
+                    if self._gap_wanted is gap:  # not granted: it never runs
+                        self._gap_wanted = None
+                        raise MaintenanceCancelled(what) from None
+                # granted as the run stopped: it runs (or refuses to, cancelled) on the apply thread shortly
 
     def _maintenance_turn(self) -> object:
         started = time.monotonic()
@@ -400,6 +426,28 @@ class Applier:
         if progress.table_done():
             injection_point("apply.between-mirrors")
         return outcome
+
+
+class _Gap:
+    """A table's rewrites waiting for a gap between two applies: the maintenance thread waits for :attr:`ran`."""
+
+    def __init__(self, what: str, call: Callable[[], None], maintainer: Maintainer) -> None:
+        self.what = what
+        self._call = call
+        self._maintainer = maintainer
+        self.asked = time.monotonic()
+        self.ran: Future[None] = Future()
+
+    def run(self) -> None:
+        """(On the apply thread.) Its outcome goes to the maintenance thread, not to the apply thread."""
+        try:
+            if self._maintainer.cancelled:
+                raise MaintenanceCancelled(self.what)
+            self._call()
+        except BaseException as exc:
+            self.ran.set_exception(exc)
+        else:
+            self.ran.set_result(None)
 
 
 class _BatchProgress:

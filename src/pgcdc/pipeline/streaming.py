@@ -151,11 +151,9 @@ class StreamRun:
         due = bool(batch) and hand_over_due(rows=batch.rows, age=time.monotonic() - batch.started,
                                             applying=applier.busy, config=config,
                                             caught_up=self.target is not None and idle)
-        # between two applies, a maintenance that must not run beside one (position deletes name files a
-        # compaction replaces): a batch due goes first, unless maintenance has waited for several looks already (a
-        # stream that always has a batch due would never leave it a turn)
-        if not due or applier.maintenance_overdue():
-            applier.maintain()  # when a mirror is due: compaction, expiry
+        # maintenance beside the applies; a table's rewrites that must not run beside one (position deletes name
+        # files a compaction replaces) get a gap between two applies, a batch due first
+        applier.maintain(batch_due=due)
         applier.move_tags()  # when the interval has passed since the last move (beside the applies)
         if due:
             self._hand_off(applier, batch)
