@@ -1,5 +1,6 @@
 """The pinned Iceberg runtime jar really works: create, MERGE, and a property in the same commit."""
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -333,3 +334,41 @@ def test_a_processs_first_commits_made_from_many_threads_at_once_all_land_with_t
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["failures"] == []
     assert result["landed"] == {f"pgcdc.first.commit_{n}": [[f"0/{n + 1}", n]] for n in range(6)}
+
+
+def test_a_commit_waiting_for_a_tables_lock_in_the_jvm_looks_again_within_milliseconds(spark, iceberg_namespace):
+    """Commits to one Hadoop-catalog table from the process (a batch's, a tag's move, a maintenance step) take turns
+    under the JVM's default lock manager, which polls every 5 s unless told otherwise (and reads no catalog's
+    settings): pgcdc has it look again every few milliseconds. A commit kept waiting by the lock lands once it is
+    released."""
+    import re
+
+    from pgcdc.spark.iceberg_java import COMMIT_LOCK_POLL_MS, iceberg_classes
+
+    iceberg_classes()
+    jvm = spark.sparkContext._jvm
+    locks = jvm.org.apache.iceberg.util.LockManagers.defaultLockManager()
+    assert locks.acquireIntervalMs() == COMMIT_LOCK_POLL_MS
+    identifier = f"pgcdc.{iceberg_namespace}.locked"
+    spark.sql(f"CREATE TABLE {identifier} (id bigint) USING iceberg")
+    table = load_table(spark, identifier)
+    current = str(table.operations().current().metadataFileLocation())
+    number = int(re.search(r"/v(\d+)\.metadata\.json$", current).group(1))
+    following = re.sub(r"/v\d+\.metadata\.json$", f"/v{number + 1}.metadata.json", current)
+    assert locks.acquire(following, "the test")
+    committed: list[BaseException | None] = []
+
+    def commit() -> None:
+        try:
+            table.updateProperties().set("locked", "no more").commit()
+            committed.append(None)
+        except BaseException as exc:
+            committed.append(exc)
+    thread = threading.Thread(target=commit)
+    thread.start()
+    thread.join(timeout=0.5)
+    assert thread.is_alive() and not committed  # waits for the lock
+    assert locks.release(following, "the test")
+    thread.join(timeout=60)
+    assert committed == [None]
+    assert load_table(spark, identifier).properties().get("locked") == "no more"

@@ -130,11 +130,6 @@ def catalog_settings(warehouse: str | os.PathLike[str] | None, catalog: str = DE
     }
     if chosen:
         settings[f"{prefix}.type"] = chosen
-    if chosen == "hadoop":
-        # commits to one table from this JVM (a batch's, a consistent tag's move, a maintenance step) take turns
-        # under the catalog's in-memory lock, held for milliseconds, which a commit kept waiting polls every 5 s
-        # by default: a batch of 0.8 s took 5.6 s when it met a tag's move on one mirror
-        settings[f"{prefix}.lock.acquire-interval-ms"] = "10"
     if catalog_type is not None and catalog_type not in CATALOG_TYPES:
         raise ConfigError(f"--catalog-type {catalog_type!r} must be one of {', '.join(CATALOG_TYPES)}; other "
                           f"catalogs (hive, glue, nessie) are set with --conf {prefix}.type=... or "
