@@ -133,7 +133,7 @@ def _commit_by_position(mirror: MirrorTable, reduction: Reduction, lsn: Lsn, tar
     else:
         # a partitioned mirror's batch writes a file per partition: maintenance compacts them, nothing is folded
         fold = small.plan(rows, deletes.files, built_on=None if target.partitioned else indexed,
-                          equality_deletes=holds_equality_deletes(target.table.currentSnapshot()))
+                          equality_deletes=holds_equality_deletes(target.start_snapshot))
         clock.lap("fold")
         committed = target.commit(fold.rows, PositionDeletes(fold.deletes, deletes.partitions), summary,
                                   table_properties=properties, validate_from=indexed, removed=fold.remove_data,
