@@ -251,7 +251,7 @@ def test_a_tables_rewrites_run_on_the_apply_thread_in_a_gap_a_batch_due_first_fo
         running.maintain(batch_due=False)
         assert ran[2:] == [] and running._gap_wanted is None
         assert len(failures) == 1 and isinstance(failures[0], MaintenanceCancelled)
-    equality = Applier(None, lambda: None, progress, lambda: None, changelog=False, target=mirrors,  # type: ignore[arg-type]
-                       deletes="equality", maintenance=policy)
+    equality = Applier(None, lambda: None, progress, lambda: None,  # type: ignore[arg-type]
+                       changelog=False, target=mirrors, deletes="equality", maintenance=policy)
     with equality:
         assert equality.maintainer.between is None  # deletes naming keys: rewrites run beside the applies

@@ -240,11 +240,13 @@ def expiry_cutoff(commit_times_ms: Sequence[int], policy: MaintenancePolicy, now
 
 
 def maintain_table(spark: SparkSession, identifier: str,
-                   carried: Mapping[str, str] | Callable[[], Mapping[str, str]], policy: MaintenancePolicy, *, steps: tuple[str, ...] | list[str] = STEPS, orphan_age_seconds: float | None = None,
+                   carried: Mapping[str, str] | Callable[[], Mapping[str, str]], policy: MaintenancePolicy, *,
+                   steps: tuple[str, ...] | list[str] = STEPS, orphan_age_seconds: float | None = None,
                    between: Callable[[Callable[[], None]], None] | None = None) -> MaintenanceResult:
     """Run ``steps`` (in their fixed order) on one table; every commit carries ``carried`` (the table's position
-    properties, or how to read them when the rewrites start) in its snapshot summary. ``orphan_age_seconds`` overrides the policy's age (at least an hour
-    for a table anyone may be writing; tests of tables nobody writes go lower). ``between``: runs the rewrites
+    properties, or how to read them when the rewrites start) in its snapshot summary. ``orphan_age_seconds``
+    overrides the policy's age (at least an hour for a table anyone may be writing; tests of tables nobody writes
+    go lower). ``between``: runs the rewrites
     (:data:`REWRITES`, one call) where no batch applies — the pipeline's apply thread between two batches, when
     its batches delete by position, which name the files a rewrite replaces; the other steps (expiry, orphans)
     stay on the calling thread, beside the batches, whose commits and theirs Iceberg retries over each other."""
@@ -507,10 +509,11 @@ MAINTENANCE_OVERDUE_LOOKS = 3  # looks a stream of batches may delay before a ma
 
 
 class Maintainer:
-    """The pipeline's schedule: :meth:`turn` maintains the due tables (round robin) for about a second; a table is maintained again only ``policy.interval_seconds`` after its last
-    maintenance began (or four times as long as that maintenance took, when that is longer) — meanwhile only its
-    snapshots are expired, once they reach the policy's bound — and one left unchanged for an interval (the
-    stream went quiet) is compacted of its last delete files.
+    """The pipeline's schedule: :meth:`turn` maintains the due tables (round robin) for about a second; a table is
+    maintained again only ``policy.interval_seconds`` after its last maintenance began (or four times as long as
+    that maintenance took, when that is longer) — meanwhile only its snapshots are expired, once they reach the
+    policy's bound — and one left unchanged for an interval (the stream went quiet) is compacted of its last
+    delete files.
     ``clock`` keeps the schedule's time (seconds; a simulation may run its own)."""
 
     def __init__(self, spark: Callable[[], SparkSession], policy: MaintenancePolicy,
@@ -632,9 +635,9 @@ class Maintainer:
 
     def _look(self, spark: SparkSession, candidate: MaintainedTable) -> TableHealth:
         """``candidate``'s health, as cheaply as it can be had (a look every few seconds over hundreds of mirrors
-        runs on the apply thread): a kept table is read from the pipeline's own handle in one call into the JVM,
-        not loaded from the catalog nor read as JSON. A table never cleaned of orphans counts its orphan clock from
-        its first look (its maintenance records it in the table: :func:`_clean_old_metadata`)."""
+        takes a core's time from the applies): a kept table is read from the pipeline's own handle in one call into
+        the JVM, not loaded from the catalog nor read as JSON. A table never cleaned of orphans counts its orphan
+        clock from its first look (its maintenance records it in the table: :func:`_clean_old_metadata`)."""
         table = candidate.kept()
         health = table_health(spark, candidate.identifier) if table is None else _looked_health(spark, table)
         if health.orphans_removed_at is None:
