@@ -504,7 +504,10 @@ class MaintenanceCancelled(Exception):
 
 
 MAINTENANCE_REST_FACTOR = 4.0
-TURN_SECONDS = 1.0  # a turn maintains due tables after its first while it has taken less than this
+# a turn maintains due tables after its first while it has taken less than this: turns run beside the applies (a
+# table's rewrites in a gap between two), so a turn may take the default look interval, and the expiry of
+# mirrors committing every second keeps up with them (a second a turn left 60 such mirrors at 150 snapshots)
+TURN_SECONDS = 10.0
 MAINTENANCE_OVERDUE_LOOKS = 3  # looks a stream of batches may delay before a maintenance turn goes before one
 
 
