@@ -617,6 +617,18 @@ def test_a_streaming_mirror_folds_its_newest_rows_in_each_commit_and_every_reade
         apply(spark, mirror, flat_changes(("id",), *events), lsn=Lsn(lsn), writer="delta")
         assert sorted(tuple(r) for r in spark.table(mirror.identifier).collect()) == sorted(expected.values())
         assert last_summary(spark, mirror.identifier).get("added-equality-deletes") is None
+        if fold_max_rows is not None:  # the files read back (pgcdc's jar) know the manifest that added them
+            small, table = mirror.small_files, load_table(spark, mirror.identifier)
+            snapshot = table.currentSnapshot()
+            added_now = [str(m.path()) for m in snapshot.allManifests(table.io())
+                         if int(m.snapshotId()) == int(snapshot.snapshotId()) and m.hasAddedFiles()]
+            written = {str(m.path()) for s in table.snapshots() for m in s.allManifests(table.io())}
+            if small.data is not None and not small.data.read_back:  # this batch's own data file
+                assert str(small.data.java.manifestLocation()) in added_now
+                # its rows, carried to the next fold, in one chunk however many folds they went through
+                assert all(column.num_chunks <= 1 for column in small.data.rows.columns)
+            if small.deletes is not None:  # this batch's, or one an earlier batch kept
+                assert str(small.deletes.java.manifestLocation()) in written
         files = spark.sql(f"SELECT content, record_count FROM {mirror.identifier}.files").collect()
         data = [f.record_count for f in files if f.content == 0]
         deletes = [f for f in files if f.content != 0]

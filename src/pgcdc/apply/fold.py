@@ -143,7 +143,9 @@ class SmallFiles:
                 live = live.filter(pa.array(keep))
             if rows.num_rows + live.num_rows < FOLD_MAX_ROWS:
                 folded, folded_path, remove_data = live, small.path, [small.java]
-                rows = pa.concat_tables([rows, live]) if live.num_rows else rows
+                # one chunk: the small file's rows are carried from commit to commit, and chunks appended at each
+                # made every later step over them (writes, filters, key codes) slower, batch after batch
+                rows = pa.concat_tables([rows, live]).combine_chunks() if live.num_rows else rows
             else:  # the small file stays: the batch's deletes of its rows are written as deletes
                 remaining = dict(deletes)
         remove_deletes: list[Any] = []

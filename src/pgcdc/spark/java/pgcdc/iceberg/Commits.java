@@ -1,5 +1,7 @@
 package pgcdc.iceberg;
 
+import java.io.IOException;
+import java.io.UncheckedIOException;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
@@ -8,6 +10,9 @@ import org.apache.iceberg.ContentFile;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.DeleteFile;
 import org.apache.iceberg.HasTableOperations;
+import org.apache.iceberg.ManifestFile;
+import org.apache.iceberg.ManifestFiles;
+import org.apache.iceberg.ManifestReader;
 import org.apache.iceberg.RowDelta;
 import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.Table;
@@ -103,8 +108,8 @@ public final class Commits {
     DataFile dataFile = null;
     DeleteFile deleteFile = null;
     if (readBack) {
-      dataFile = readBack(committed.addedDataFiles(table.io()), added);
-      deleteFile = readBack(committed.addedDeleteFiles(table.io()), deletes);
+      dataFile = readBack(table, committed, added, DataFile.class);
+      deleteFile = readBack(table, committed, deletes, DeleteFile.class);
     }
     return new Committed(
         committed.snapshotId() + " " + (parent == null ? -1 : parent), dataFile, deleteFile);
@@ -138,15 +143,37 @@ public final class Commits {
     }
   }
 
-  /** The file of {@code given} (when it is one file) among those a snapshot {@code added}, as read from them. */
-  private static <T extends ContentFile<?>> T readBack(Iterable<T> added, Object given) {
-    if (!(given instanceof ContentFile)) {
+  /**
+   * The file of {@code given} (when it is one file of {@code type}) as read from the manifest {@code snapshot} wrote
+   * for the files it added: read with the table's partition specs, each manifest is opened once, where the
+   * snapshot's own {@code addedDataFiles} opens each of its manifests twice (once for the header's spec and schema,
+   * parsed again each time) and reads the manifests it rewrote too — a request each on object stores.
+   */
+  private static <T extends ContentFile<T>> T readBack(
+      Table table, Snapshot snapshot, Object given, Class<T> type) {
+    if (!type.isInstance(given)) {
       return null;
     }
     String location = ((ContentFile<?>) given).location();
-    for (T file : added) {
-      if (file.location().equals(location)) {
-        return file;
+    boolean data = type == DataFile.class;
+    List<ManifestFile> manifests =
+        data ? snapshot.dataManifests(table.io()) : snapshot.deleteManifests(table.io());
+    for (ManifestFile manifest : manifests) {
+      if (!Long.valueOf(snapshot.snapshotId()).equals(manifest.snapshotId())
+          || !manifest.hasAddedFiles()) {
+        continue;
+      }
+      try (ManifestReader<?> reader =
+          data
+              ? ManifestFiles.read(manifest, table.io(), table.specs())
+              : ManifestFiles.readDeleteManifest(manifest, table.io(), table.specs())) {
+        for (ContentFile<?> file : reader) {
+          if (file.location().equals(location)) {
+            return type.cast(file.copy());
+          }
+        }
+      } catch (IOException e) {
+        throw new UncheckedIOException(e);
       }
     }
     return null;
