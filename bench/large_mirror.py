@@ -168,15 +168,20 @@ def streamed(server: EmbeddedPostgres, command: list[str], seconds: float, rate:
                                env={**os.environ, "PGCDC_LOG_LEVEL": "WARNING"})
     peak = anonymous = 0.0
     lags: list[float] = []
+
+    def sample() -> None:
+        nonlocal peak, anonymous
+        held = memory_mib(process.pid)
+        if held is not None:
+            peak, anonymous = max(peak, held[0]), max(anonymous, held[1])
+
     try:
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             written = update_random_rows(server.dsn, rows, random.Random(first_id))
             while confirmed(conn, SLOT) < written:  # started: its index opened, its first batch committed
                 if process.poll() is not None:
                     raise RuntimeError(f"pgcdc exited with {process.returncode} before its first batch")
-                held = memory_mib(process.pid)
-                if held is not None:
-                    peak, anonymous = max(peak, held[0]), max(anonymous, held[1])
+                sample()
                 time.sleep(0.1)
             writer = Writer(server.dsn, seconds, rate, first_id, updates_over=rows)
             writer.start()
@@ -190,9 +195,7 @@ def streamed(server: EmbeddedPostgres, command: list[str], seconds: float, rate:
                         break
                     lags.append(now - committed_at)
                     seen += 1
-                held = memory_mib(process.pid)
-                if held is not None:
-                    peak, anonymous = max(peak, held[0]), max(anonymous, held[1])
+                sample()
                 if process.poll() is not None:
                     raise RuntimeError(f"pgcdc exited with {process.returncode} while streaming")
                 time.sleep(0.2)

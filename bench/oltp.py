@@ -241,6 +241,7 @@ class Batch:
     seconds: float
     mirrors: int  # 0: not logged
 
+
 @dataclass
 class Streaming:
     """The long-running ``pgcdc run``: its applied batches, read from its log as it writes them."""

@@ -504,13 +504,10 @@ class FileReader:
         group_of = np.searchsorted(ends[groups], rows, "right")
         return _shaped(table.take(pa.array(rows - skipped[group_of])), wanted, fields, len(rows))
 
-    def read_chunks(self, location: str, fields: list[pa.Field], layout: pa.Schema
-                    ) -> Iterator[tuple[int, pa.Table]]:
-        """:meth:`read_columns` of the whole file, ``CHUNK_ROWS`` rows at a time: (position of the first, columns)."""
-        return self._chunks(self._open(location), fields)
-
     @staticmethod
     def _chunks(parquet: Any, fields: list[pa.Field]) -> Iterator[tuple[int, pa.Table]]:
+        """The columns of ``fields`` of the whole file as :meth:`read_columns` reads them, ``CHUNK_ROWS`` rows at a
+        time: (position of the first, columns)."""
         wanted = _stored_names(parquet, fields)
         present = [name for name in wanted if name is not None]
         total, offset = parquet.metadata.num_rows, 0
@@ -524,7 +521,7 @@ class FileReader:
 
     def read_each(self, locations: list[str], fields: list[pa.Field], layout: pa.Schema
                   ) -> Iterator[Iterator[tuple[int, pa.Table]]]:
-        """For each of ``locations``, in their order, its columns in chunks (:meth:`read_chunks`), with up to
+        """For each of ``locations``, in their order, its columns in chunks (:meth:`_chunks`), with up to
         ``READ_AHEAD`` files read at once: each read mostly waits on storage (on S3, a few round trips per file;
         Arrow waits without holding the interpreter), so an index is built at the storage's parallelism rather
         than one file at a time. A file of at most ``CHUNK_ROWS`` rows is read ahead whole; a larger one is read

@@ -257,9 +257,12 @@ def maintain_table(spark: SparkSession, identifier: str,
     classes.set_active_session(spark._jsparkSession)
     actions = classes.spark_actions(spark._jsparkSession)
     table = load_table(spark, identifier)
-    result = MaintenanceResult(identifier, before=_health(spark, table))
-    _clean_old_metadata(table)
     wanted = [step for step in STEPS if step in steps]
+    rewrites = [step for step in wanted if step in REWRITES]
+    in_a_gap = bool(rewrites) and between is not None
+    # rewrites in a gap read the table's health there, after the batches before it
+    result = MaintenanceResult(identifier, before=None if in_a_gap else _health(spark, table))
+    _clean_old_metadata(table)
 
     def run(steps: list[str]) -> None:
         # only the rewrites' commits carry it (expiry and the orphans' removal make no snapshot)
@@ -287,8 +290,9 @@ def maintain_table(spark: SparkSession, identifier: str,
             if step in REWRITES and result.steps[step]:
                 _follow_rewrites(table, identifier)
 
-    rewrites = [step for step in wanted if step in REWRITES]
-    if rewrites and between is not None:
+    if in_a_gap:
+        assert between is not None
+
         def in_the_gap() -> None:
             classes.set_active_session(spark._jsparkSession)  # (another thread's)
             table.refresh()  # what the batches before the gap committed
