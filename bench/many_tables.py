@@ -8,8 +8,12 @@
    seconds its batches took to apply (the rest: the process's start, the JVM's, reading each mirror before its
    first batch, decoding). The first round is reported apart (the warehouse's first restart); the median and
    the spread of the others.
+3. A backlog (``--backlog``, changes): what piles up while pgcdc is stopped under an OLTP application —
+   transactions of ~100 changes each touching 1-5 tables of skewed popularity (inserts, updates, deletes of old
+   rows) — drained by pg_recvlogical from a twin slot, then caught up by a new ``pgcdc run --until-caught-up``,
+   its start included; ``--backlog-runs`` times, each a new backlog.
 
-A JSON line of the figures ends the output. ``--quick``: fewer tables and rounds.
+A JSON line of the figures ends the output. ``--quick``: fewer tables, rounds and a smaller backlog.
 """
 
 from __future__ import annotations
@@ -57,6 +61,38 @@ def workload(conn: psycopg.Connection, tables: int, transactions: int, round_: i
                 conn.execute(f"DELETE FROM t{i} WHERE id % 11 = {step % 11}")
 
 
+BACKLOG_PROCEDURE = """
+CREATE OR REPLACE PROCEDURE pgcdc_backlog(transactions int, tables int, first_id bigint) LANGUAGE plpgsql AS $$
+DECLARE
+    k int;
+    t int;
+    x int;
+BEGIN
+    FOR k IN 0 .. transactions - 1 LOOP
+        -- 1-5 distinct tables, the low-numbered ones most often (a table's chance falls as its number grows)
+        FOR t IN SELECT DISTINCT floor(tables * power(random(), 2))::int FROM generate_series(1, 1 + floor(random() * 5)::int) LOOP
+            EXECUTE format('INSERT INTO t%s SELECT g, ''b'' || g, g, now(), ''{}'' FROM generate_series(%s, %s) g',
+                           t, first_id + k * 20, first_id + k * 20 + 19);
+            x := 1 + floor(random() * 490)::int;
+            EXECUTE format('UPDATE t%s SET v = md5(v), n = n + 1 WHERE id BETWEEN %s AND %s', t, x, x + 9);
+            EXECUTE format('DELETE FROM t%s WHERE id IN (SELECT id FROM t%s WHERE id >= 10000000 ORDER BY id LIMIT 3)',
+                           t, t);
+        END LOOP;
+        COMMIT;
+    END LOOP;
+END $$
+"""
+BACKLOG_CHANGES_PER_TRANSACTION = 100  # ~3 tables a transaction, ~20 inserts, ~10 updates and 3 deletes each
+
+
+def backlog(conn: psycopg.Connection, tables: int, changes: int, run: int) -> None:
+    """About ``changes`` changes in transactions of ~100, each in its own commit (the server's procedure commits
+    each; ``conn`` in autocommit)."""
+    conn.execute(BACKLOG_PROCEDURE)
+    transactions = max(1, changes // BACKLOG_CHANGES_PER_TRANSACTION)
+    conn.execute("CALL pgcdc_backlog(%s, %s, %s)", (transactions, tables, 10_000_000 * (run + 1)))
+
+
 def pgcdc_run(command: list[str], log_to: Path | None = None) -> tuple[float, int, list[float], int, int]:
     """A whole ``pgcdc run --until-caught-up`` process: its seconds, the changes it applied, each batch's apply
     seconds (from its log), and the most resident memory seen of pgcdc's Python process and of its JVM (sampled
@@ -89,6 +125,44 @@ def pgcdc_run(command: list[str], log_to: Path | None = None) -> tuple[float, in
     return seconds, sum(changes for changes, _ in batches), [took for _, took in batches], python_rss, jvm_rss
 
 
+def catch_up_backlog(conn: psycopg.Connection, server: EmbeddedPostgres, command: list[str], tables: int,
+                     changes: int, runs: int, logs: Path | None, python_rss: list[int],
+                     jvm_rss: list[int]) -> dict[str, object]:
+    """``runs`` backlogs of about ``changes`` changes, each drained by pg_recvlogical from a twin slot and caught
+    up by a new ``pgcdc run --until-caught-up``: the figures."""
+    walls, peers, rates, peer_rates, batch_counts = [], [], [], [], []
+    for run in range(runs):
+        peer = f"backlog_peer_{run}"
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (peer,))
+        started = time.perf_counter()
+        backlog(conn, tables, changes, run)
+        written = time.perf_counter() - started
+        end = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
+        peer_seconds = recvlogical_drain(server, peer, end)
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (peer,))
+        wall, applied, batches, rss, jvm = pgcdc_run(
+            command, logs / f"backlog-{run + 1:02d}.log" if logs else None)
+        python_rss.append(rss)
+        jvm_rss.append(jvm)
+        print(f"backlog {run + 1}: {applied:,} changes over {tables} tables (written in {written:.0f} s): pgcdc "
+              f"{wall:.1f} s, {applied / wall:,.0f} changes/s, its start included ({len(batches)} batches applying "
+              f"{sum(batches):.1f} s, median {statistics.median(batches or [0]):.2f} s); pg_recvlogical "
+              f"{peer_seconds:.1f} s, {applied / peer_seconds:,.0f} changes/s: {peer_seconds / wall:.2f}x",
+              flush=True)
+        walls.append(wall)
+        peers.append(peer_seconds)
+        rates.append(applied / wall)
+        peer_rates.append(applied / peer_seconds)
+        batch_counts.append(len(batches))
+    print(spread("backlog: pgcdc run --until-caught-up, whole process", walls))
+    print(spread("backlog: pg_recvlogical draining the same changes", peers))
+    return {"backlog_changes": changes, "backlog_s": round(statistics.median(walls), 2),
+            "backlog_s_min": round(min(walls), 2), "backlog_s_max": round(max(walls), 2),
+            "backlog_changes_per_s": round(statistics.median(rates)), "backlog_batches": batch_counts,
+            "backlog_pg_recvlogical_changes_per_s": round(statistics.median(peer_rates)),
+            "backlog_ratio_vs_pg_recvlogical": round(statistics.median(rates) / statistics.median(peer_rates), 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="30 tables, 3 rounds")
@@ -98,13 +172,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="workload rounds (default 4)")
     parser.add_argument("--transactions", type=int, default=3, help="transactions per round, each touching "
                                                                      "every table")
+    parser.add_argument("--backlog", type=int, default=None,
+                        help="changes in the backlog caught up after the rounds (default 1,000,000; --quick "
+                             "200,000; 0: none)")
+    parser.add_argument("--backlog-runs", type=int, default=2, help="backlogs caught up, each a new process")
     parser.add_argument("--apply-workers", type=int, default=None,
                         help="mirrors of a batch applied at once (default: pgcdc's); 1: one after another")
     args = parser.parse_args()
     if args.apply_workers is not None:  # every pgcdc process this bench starts
         os.environ["PGCDC_APPLY_WORKERS"] = str(args.apply_workers)
     tables = args.tables or (30 if args.quick else 100)
-    rounds = args.rounds or (3 if args.quick else 4)
+    rounds = args.rounds if args.rounds is not None else (3 if args.quick else 4)
+    backlog_changes = args.backlog if args.backlog is not None else (200_000 if args.quick else 1_000_000)
     figures: dict[str, object] = {"tables": tables, "rows_per_table": args.rows,
                                   "apply_workers": args.apply_workers or "default"}
     with EmbeddedPostgres() as server, tempfile.TemporaryDirectory(prefix="pgcdc-many-") as warehouse, \
@@ -138,19 +217,24 @@ def main() -> None:
             peers.append(peer_seconds)
             rates.append(changes / wall)
             peer_rates.append(changes / peer_seconds)
-    print("first round (the warehouse's first restart) apart; the others:")
-    for label, values in [("pgcdc run --until-caught-up, whole process", walls[1:]),
-                          ("pg_recvlogical draining the same changes", peers[1:])]:
-        print(spread(label, values))
-    figures.update(
-        first_round_s=round(walls[0], 2), first_round_changes_per_s=round(rates[0]),
-        round_s=round(statistics.median(walls[1:]), 2), round_s_min=round(min(walls[1:]), 2),
-        round_s_max=round(max(walls[1:]), 2), changes_per_s=round(statistics.median(rates[1:])),
-        apply_s_per_table_batch=round(statistics.median(applies[1:]), 3),
-        pg_recvlogical_changes_per_s=round(statistics.median(peer_rates[1:])),
-        ratio_vs_pg_recvlogical=round(statistics.median(rates[1:]) / statistics.median(peer_rates[1:]), 3),
-        python_rss_mib=round(max(python_rss) / 2**20), jvm_rss_mib=round(max(jvm_rss) / 2**20),
-        python_rss_kib_per_mirror=round(max(python_rss) / 1024 / tables, 1))
+        if rounds >= 2:
+            print("first round (the warehouse's first restart) apart; the others:")
+            for label, values in [("pgcdc run --until-caught-up, whole process", walls[1:]),
+                                  ("pg_recvlogical draining the same changes", peers[1:])]:
+                print(spread(label, values))
+            figures.update(
+                first_round_s=round(walls[0], 2), first_round_changes_per_s=round(rates[0]),
+                round_s=round(statistics.median(walls[1:]), 2), round_s_min=round(min(walls[1:]), 2),
+                round_s_max=round(max(walls[1:]), 2), changes_per_s=round(statistics.median(rates[1:])),
+                apply_s_per_table_batch=round(statistics.median(applies[1:]), 3),
+                pg_recvlogical_changes_per_s=round(statistics.median(peer_rates[1:])),
+                ratio_vs_pg_recvlogical=round(statistics.median(rates[1:]) / statistics.median(peer_rates[1:]), 3))
+        if backlog_changes:
+            figures.update(catch_up_backlog(conn, server, command, tables, backlog_changes, args.backlog_runs,
+                                            args.logs, python_rss, jvm_rss))
+        figures.update(python_rss_mib=round(max(python_rss, default=0) / 2**20),
+                       jvm_rss_mib=round(max(jvm_rss, default=0) / 2**20),
+                       python_rss_kib_per_mirror=round(max(python_rss, default=0) / 1024 / tables, 1))
     print(json.dumps(figures))
 
 

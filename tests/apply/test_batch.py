@@ -107,6 +107,45 @@ def test_replay_is_a_no_op_and_truncate_mid_batch(spark, mirrors, writer):
     assert namespace_positions(mirrors)[("public", "t")] == Lsn(8)
 
 
+def test_a_start_loads_each_mirror_once_for_all_it_asks_before_opening_it(spark, mirrors, monkeypatch):
+    """Before a batch opens its mirrors, a start asks of each whether it exists, where it stands and what columns it
+    has: one load of its table, looked at side by side with the others', answers every question and the opening;
+    a mirror not there yet is made when opened, and found readable after."""
+    import collections
+
+    import pgcdc.spark.iceberg_java as iceberg_java
+
+    specs = [TableSpec("public", f"looked{i}", SCHEMA, ("id",)) for i in range(3)]
+    for i, spec in enumerate(specs):
+        apply(spark, mirrors.ensure(spec), changes(("I", 10 + i, 0, {"id": 1, "name": "x"})), lsn=Lsn(10 + i),
+              writer="delta")
+    loads: collections.Counter[str] = collections.Counter()
+    load = iceberg_java.load_table
+
+    def counted(session, identifier):
+        loads[identifier] += 1
+        return load(session, identifier)
+
+    monkeypatch.setattr(iceberg_java, "load_table", counted)
+    restarted = MirrorCatalog(spark, Destination(namespace=mirrors.namespace))
+    new = TableSpec("public", "not_yet", SCHEMA, ("id",))
+    identifiers = [restarted.identifier_for("public", spec.source_table) for spec in [*specs, new]]
+    restarted.look_at([("public", spec.source_table) for spec in [*specs, new]], workers=4)  # from threads Spark
+    # did not start; the mirror not there yet is known absent from the namespace's listing, without a load
+    for i, spec in enumerate(specs):
+        assert restarted.readable(identifiers[i])
+        assert restarted.positions.read(identifiers[i], table=restarted.look(identifiers[i])) == Lsn(10 + i)
+        assert restarted.columns_of("public", spec.source_table) == set(SCHEMA.names)
+        assert restarted.ensure(spec).position == Lsn(10 + i)
+    assert not restarted.readable(identifiers[3]) and restarted.columns_of("public", "not_yet") is None
+    assert restarted.ensure(new).position is None and restarted.readable(identifiers[3])
+    assert loads == {identifier: 1 for identifier in identifiers[:3]}, loads
+    # a new start (the stream reconnected) looks again
+    restarted.look_afresh()
+    restarted.forget("public", "looked0")
+    assert restarted.ensure(specs[0]).position == Lsn(10) and loads[identifiers[0]] == 2
+
+
 def test_full_identity_without_key_matches_whole_rows(spark, mirrors, writer):
     mirror = mirrors.ensure(TableSpec("public", "log", SCHEMA, (), "f"))
     apply(spark, mirror, changes(

@@ -58,11 +58,15 @@ class Namespaces:
     """The mirrors' catalog as the copy sees it before its tables start: the namespaces it makes."""
 
     def __init__(self, copies: Copies) -> None:
-        self.copies, self.made = copies, []
+        self.copies, self.made, self.looked = copies, [], []
 
     def ensure_namespace(self, schema: str) -> None:
         assert not self.copies.started, "namespaces are made before any table's copy starts"
         self.made.append(schema)
+
+    def look_at(self, tables: list[tuple[str, str]], workers: int) -> None:
+        assert not self.copies.started, "the mirrors are looked at before any table's copy starts"
+        self.looked.extend(tables)
 
 
 def snapshotter(copies: Copies, workers: int) -> Snapshotter:

@@ -197,6 +197,9 @@ class MirrorCatalog(MirrorNames):
         self.partition_by = dict(partition_by or {})
         self._tables: dict[tuple[str, str], MirrorTable] = {}
         self._readable: set[str] = set()  # tables found usable; only this catalog drops them (_drop)
+        # mirrors loaded once, before they are opened, for every question a start asks of them (whether they exist,
+        # their position, key, shape and schema); opening one takes its table from here (ensure)
+        self._looks: dict[str, Any] = {}
         self._namespaces: set[str] = set()  # source schemas whose namespace this process made or found
         self.properties = MirrorProperties(spark)
         self.positions = MirrorPositions(spark)
@@ -211,27 +214,98 @@ class MirrorCatalog(MirrorNames):
         return load_table(self.spark, identifier)
 
     def readable(self, identifier: str) -> bool:
-        """True for a usable table; a broken leftover of an interrupted creation is dropped."""
-        if identifier in self._readable:
-            return True
-        if not self._exists(identifier):
-            return False
+        """True for a usable table."""
+        return identifier in self._readable or self.look(identifier) is not None
+
+    def look(self, identifier: str) -> Any:
+        """Iceberg's ``Table`` of ``identifier`` as this process first loaded it, before the mirror is opened (None:
+        no such table): one load answers whether it exists and what it holds. Looked again once the catalog
+        dropped or made it, or after :meth:`look_afresh`."""
+        if identifier in self._looks:
+            return self._looks[identifier]
         from pyspark.errors import AnalysisException
 
+        from pgcdc.spark.iceberg_java import iceberg_classes
+
+        # the catalog plug-ins are read from the thread's active session: set for threads Spark did not start (the
+        # one that started the session is another), before the catalog's first load
+        iceberg_classes().set_active_session(self.spark._jsparkSession)
         try:
-            self.spark.table(identifier).schema  # noqa: B018 - loads the table's metadata
-            # its snapshots resolve too; analysed, not run: a job would cost a cold JVM seconds and tell no more
-            self.spark.table(f"{identifier}.snapshots").schema  # noqa: B018
+            table = self.table(identifier)
         except AnalysisException as exc:
-            log.warning("dropping mirror %s left unusable by an interrupted run (%s)", identifier,
-                        str(exc).splitlines()[0])
-            self._drop(identifier, if_exists=True)
-            return False
-        self._readable.add(identifier)
-        return True
+            if exc.getErrorClass() != "TABLE_OR_VIEW_NOT_FOUND":
+                raise
+            table = None
+        else:
+            self.positions.seen(identifier)
+            self._readable.add(identifier)
+        self._looks[identifier] = table
+        return table
+
+    def look_at(self, tables: list[tuple[str, str]], workers: int) -> None:
+        """:meth:`look` at the mirror of each source (schema, table) not looked at yet: the namespaces listed once
+        (a mirror not there is not loaded, which would cost an exception through Spark), those there loaded up to
+        ``workers`` at a time — a first batch over hundreds of mirrors waited for their loads one after another (on
+        an object store, a few round trips each)."""
+        unseen = {identifier: (schema, table) for schema, table in tables
+                  if (identifier := self.identifier_for(schema, table)) not in self._looks
+                  and identifier not in self._readable}
+        named = self._table_names({schema for schema, _ in unseen.values()}) if len(unseen) > 1 else {}
+        loading = []
+        for identifier, (schema, table) in unseen.items():
+            if schema in named and encode_name(table) not in named[schema]:
+                self._looks[identifier] = None
+            else:
+                loading.append(identifier)
+        if len(loading) < 2 or workers < 2:
+            for identifier in loading:
+                self.look(identifier)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(workers, len(loading)), thread_name_prefix="pgcdc-look") as pool:
+            list(pool.map(self.look, loading))
+
+    def _table_names(self, source_schemas: set[str]) -> dict[str, set[str]]:
+        """The names of the tables in the namespace of each of ``source_schemas``, by the catalog's listing (one
+        call a schema; a namespace not made yet holds none)."""
+        catalog, gateway, classes = self._java_catalog()
+        names: dict[str, set[str]] = {}
+        for source_schema in source_schemas:
+            namespace = gateway.new_array(classes.String, 2)
+            namespace[0], namespace[1] = self.namespace, encode_name(source_schema)
+            names[source_schema] = ({str(identifier.name()) for identifier in catalog.listTables(namespace)}
+                                    if catalog.namespaceExists(namespace) else set())
+        return names
+
+    def _java_catalog(self) -> tuple[Any, Any, Any]:
+        """Spark's catalog plug-in of this catalog (a ``TableCatalog``), py4j's gateway and pgcdc's Java classes."""
+        from pgcdc.spark.iceberg_java import iceberg_classes
+
+        session: Any = self.spark._jsparkSession
+        classes = iceberg_classes()
+        # the catalog plug-ins are read from the thread's active session: set it for threads Spark did not start
+        classes.set_active_session(session)
+        return session.sessionState().catalogManager().catalog(self.catalog), self.spark.sparkContext._gateway, classes
+
+    def _opened_look(self, identifier: str) -> Any:
+        """The table of a mirror being opened, from its look, which the mirror keeps from now on (its
+        ``iceberg_table``): refreshed when looked at before now, since what this process committed to the mirror
+        meanwhile (a shape recorded, a copy's evolution) is not in the Table the look loaded."""
+        looked = identifier in self._looks
+        table = self.look(identifier)
+        self._looks.pop(identifier, None)
+        if looked and table is not None:
+            table.refresh()
+        return table
+
+    def look_afresh(self) -> None:
+        """Forget the tables looked at: a new start reads them again."""
+        self._looks.clear()
 
     def _drop(self, identifier: str, *, if_exists: bool = False) -> None:
         self._readable.discard(identifier)
+        self._looks.pop(identifier, None)
         self.positions.forget(identifier)
         self.spark.sql(f"DROP TABLE {'IF EXISTS ' if if_exists else ''}{identifier}")
 
@@ -252,7 +326,7 @@ class MirrorCatalog(MirrorNames):
         identifier = self.identifier_for(spec.source_schema, spec.source_table)
         # a mirror opened first in this process is loaded once for its properties, its position and the writer
         # (which refreshes it before each batch): a start over many mirrors paid a load for each
-        table = None if known is not None or not self.readable(identifier) else self.table(identifier)
+        table = None if known is not None else self._opened_look(identifier)
         properties = {} if table is None else self.properties.read(identifier, table=table)
         exists = known is not None or bool(properties)
         recorded = known.spec.key_columns if known is not None else recorded_key(properties)
@@ -324,7 +398,9 @@ class MirrorCatalog(MirrorNames):
     def record_shape(self, source_schema: str, source_table: str, shape: SourceShape) -> None:
         """Record ``shape`` as the source shape the rows of the mirror (which exists) hold: after a copy replaced
         them, or when the catalog told more of it."""
-        self.properties.set(self.identifier_for(source_schema, source_table), {SHAPE_PROPERTY: shape.encode()})
+        identifier = self.identifier_for(source_schema, source_table)
+        self.properties.set(identifier, {SHAPE_PROPERTY: shape.encode()})
+        self._looks.pop(identifier, None)  # its look holds the shape before
         known = self._tables.get((source_schema, source_table))
         if known is not None:
             known.shape = shape
@@ -347,8 +423,10 @@ class MirrorCatalog(MirrorNames):
         known = self._tables.get((source_schema, source_table))
         if known is not None:
             return set(known.schema.names)
-        identifier = self.identifier_for(source_schema, source_table)
-        return set(self.spark.table(identifier).schema.names) if self.readable(identifier) else None
+        from pgcdc.spark.iceberg_java import spark_schema_of
+
+        table = self.look(self.identifier_for(source_schema, source_table))
+        return None if table is None else set(spark_schema_of(table).names)
 
     def _tell_other_partitioning(self, spec: TableSpec, table: Any) -> None:
         """A mirror made before, whose partition spec is not the one --partition-by gives it now: said once (a spec
@@ -370,6 +448,7 @@ class MirrorCatalog(MirrorNames):
     def _create(self, identifier: str, spec: TableSpec) -> Any:
         """The mirror of ``spec`` made, with its key's columns required and declared Iceberg's identifier fields,
         and the partition spec --partition-by gives it; returns its Iceberg ``Table``."""
+        self._looks.pop(identifier, None)
         missing = [k for k in spec.key_columns if k not in spec.spark_schema.names]
         if missing:
             raise ConfigError(f"{spec.source}: key columns {missing} are not among its columns")
@@ -412,6 +491,8 @@ class MirrorCatalog(MirrorNames):
                      "identifier fields (floating-point or nested types)", identifier, spec.source, ", ".join(refused))
         log.info("created mirror %s for %s (key: %s%s)", identifier, spec.source, ", ".join(spec.key_columns) or "none",
                  f"; partitioned by {', '.join(str(t) for t in partitioning)}" if partitioning else "")
+        self._readable.add(identifier)
+        self.positions.seen(identifier)
         return table
 
     def ensure_namespace(self, source_schema: str) -> None:
@@ -462,6 +543,7 @@ class MirrorCatalog(MirrorNames):
 
     def forget(self, source_schema: str, source_table: str) -> None:
         """Open the mirror of this source table afresh the next time (its metadata changed behind this catalog)."""
+        self._looks.pop(self.identifier_for(source_schema, source_table), None)
         self._tables.pop((source_schema, source_table), None)
 
     def known(self) -> list[MirrorTable]:
@@ -471,14 +553,7 @@ class MirrorCatalog(MirrorNames):
     def source_tables(self) -> list[tuple[str, str, str]]:
         """(source schema, source table, identifier) of every mirror in the namespace, from the catalog's
         own listing (exact names, no parsing of SQL output)."""
-        from pgcdc.spark.iceberg_java import iceberg_classes
-
-        session: Any = self.spark._jsparkSession
-        classes = iceberg_classes()
-        # the catalog plug-ins are read from the thread's active session: set it for threads Spark did not start
-        classes.set_active_session(session)
-        catalog = session.sessionState().catalogManager().catalog(self.catalog)
-        gateway: Any = self.spark.sparkContext._gateway
+        catalog, gateway, classes = self._java_catalog()
         root = gateway.new_array(classes.String, 1)
         root[0] = self.namespace
         if not catalog.namespaceExists(root):

@@ -72,6 +72,10 @@ class MirrorPositions:
         self._existing.add(identifier)
         return True
 
+    def seen(self, identifier: str) -> None:
+        """``identifier`` was loaded: it exists."""
+        self._existing.add(identifier)
+
     def forget(self, identifier: str) -> None:
         """``identifier`` is being dropped: whether it exists is asked of the catalog again."""
         self._existing.discard(identifier)

@@ -200,6 +200,8 @@ class Snapshotter:
                 copied[label] = rows
 
         workers = min(self.config.copy_workers, len(tables))
+        # which mirrors exist already, those that do loaded side by side: once each, for their copies
+        self.tables.mirrors.look_at([(table.schema, table.name) for table in tables], workers)
         if workers <= 1:
             for table in tables:
                 copy(table)

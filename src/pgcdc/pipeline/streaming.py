@@ -178,6 +178,7 @@ class StreamRun:
         stream sending them, tables without a mirror. Copies take long: the connection is kept alive."""
         with self.stream.kept_alive():
             self.batcher.finish(batch)
+            self.tables.look_ahead(batch.relations())
             # before anything evolves a mirror to the batch's table versions: they tell what must be copied
             self.snapshotter.copy_rewritten(batch.versions(lambda relation: self.tables.held_position(
                 relation.namespace, relation.name, changelog=self.config.changelog)))

@@ -111,8 +111,18 @@ class SourceTables:
         return reading(self.mirrors)
 
     def read_afresh(self) -> None:
-        """The next :meth:`read_mirrors` reads the mirrors' metadata again (a new start: the stream reconnects)."""
+        """The next :meth:`read_mirrors` reads the mirrors' metadata again (a new start: the stream reconnects), and
+        the mirrors not opened yet are looked at again."""
         self._metadata = None
+        if self._mirrors is not None:
+            self._mirrors.look_afresh()
+
+    def look_ahead(self, relations: list[Relation]) -> None:
+        """Load the mirrors of ``relations`` not opened yet, side by side (as many at once as a batch applies), for
+        what the hand-off of a batch and its apply ask of them."""
+        mirrors = self.mirrors
+        mirrors.look_at([(r.namespace, r.name) for r in relations if mirrors.known_table(r.namespace, r.name) is None],
+                        self.config.mirror_workers)
 
     def _start_metadata(self) -> MirrorMetadata | None:
         if self._session_ready is None or self._mirrors is not None or self._session_ready():
@@ -278,12 +288,12 @@ class SourceTables:
             key: tuple[str, ...] | None = known.spec.key_columns
             shape, schema = known.shape, known.schema
         else:
-            identifier = mirrors.identifier_for(relation.namespace, relation.name)
-            if not mirrors.readable(identifier):
+            table = mirrors.look(mirrors.identifier_for(relation.namespace, relation.name))
+            if table is None:
                 return None
             from pgcdc.spark.iceberg_java import spark_schema_of
 
-            table = mirrors.table(identifier)  # one load for its properties and its schema
+            identifier = mirrors.identifier_for(relation.namespace, relation.name)
             properties = mirrors.properties.read(identifier, table=table)
             key, shape = recorded_key(properties), SourceShape.decode(properties.get(SHAPE_PROPERTY))
             schema = spark_schema_of(table)
@@ -331,9 +341,10 @@ class SourceTables:
             positions = [known.position, known.changelog_position if changelog else known.position]
         else:
             identifier = mirrors.identifier_for(source_schema, source_table)
-            if not mirrors.positions.exists(identifier):
+            table = mirrors.look(identifier)
+            if table is None:
                 return None
-            position = mirrors.positions.read(identifier)
+            position = mirrors.positions.read(identifier, table=table)
             changelog_identifier = mirrors.changelog_identifier_for(source_schema, source_table)
             positions = [position, mirrors.positions.read_if_exists(changelog_identifier) if changelog else position]
         return None if None in positions else min(p for p in positions if p is not None)
