@@ -536,6 +536,9 @@ def run(
     batch_rows: Annotated[int, typer.Option(
         "--batch-rows", envvar="PGCDC_BATCH_ROWS", metavar="N", rich_help_panel=PANEL_BATCHES,
         help="Apply a batch at this many changes ...")] = _CONFIG.batch_max_rows,
+    batch_mb: Annotated[int, typer.Option(
+        "--batch-mb", envvar="PGCDC_BATCH_MB", metavar="MIB", rich_help_panel=PANEL_BATCHES,
+        help="... or once its changes take this many MiB in memory ...")] = _CONFIG.batch_max_bytes >> 20,
     batch_seconds: Annotated[float, typer.Option(
         "--batch-seconds", envvar="PGCDC_BATCH_SECONDS", metavar="SECONDS", rich_help_panel=PANEL_BATCHES,
         help="... or this long after the batch before it, once that one is applied (the batch clock).")
@@ -590,6 +593,7 @@ def run(
 
     config = _pipeline_config(
         dsn=dsn, publication=publication, slot=slot, destination=destination, batch_max_rows=batch_rows,
+        batch_max_bytes=batch_mb << 20,
         batch_max_seconds=batch_seconds, changelog=changelog, snapshot=not no_snapshot, binary=binary,
         proto_version=proto_version, streaming=streaming, two_phase=two_phase, origin=origin, numeric=numeric,
         heartbeat_seconds=heartbeat_seconds, resnapshot=resnapshot, spill_dir=spill_dir,

@@ -55,6 +55,7 @@ class Batch:
 
     tables: dict[int, list[Segment]] = field(default_factory=dict)
     rows: int = 0
+    bytes: int = 0  # of the changes converted so far (Arrow), set aside ones included
     transactions: int = 0
     last_commit_lsn: Lsn | None = None
     last_end_lsn: Lsn | None = None
@@ -65,6 +66,10 @@ class Batch:
 
     def __bool__(self) -> bool:
         return self.transactions > 0
+
+    def full(self, max_rows: int, max_bytes: int) -> bool:
+        """Whether the batch holds ``max_rows`` changes, or its converted changes take ``max_bytes``."""
+        return self.rows >= max_rows or self.bytes >= max_bytes
 
     def relations(self) -> list[Relation]:
         """The first schema version of each table the batch touches."""
@@ -109,7 +114,7 @@ class Batcher:
         if not segments or (segments[-1].relation is not relation
                             and schema_signature(segments[-1].relation) != schema_signature(relation)):
             if segments:
-                self._convert_pending(segments[-1])
+                self._convert_pending(batch, segments[-1])
             segments.append(Segment(relation))
         segment = segments[-1]
         segment.span.note(txn.commit_lsn)
@@ -117,13 +122,13 @@ class Batcher:
             segment.pending.append((txn, part))
             segment.pending_rows += len(part) if isinstance(part, ChangeRun) else 1
             if segment.pending_rows >= _CHUNK_ROWS:
-                self._convert_pending(segment)
+                self._convert_pending(batch, segment)
 
     def finish(self, batch: Batch) -> None:
         """Convert what is left, before the batch is applied."""
         for segments in batch.tables.values():
             for segment in segments:
-                self._convert_pending(segment)
+                self._convert_pending(batch, segment)
 
     def _warn_without_columns(self, relation: Relation) -> bool:
         """A table without columns (``CREATE TABLE z ()``) has nothing a mirror could hold: its changes are
@@ -134,9 +139,10 @@ class Batcher:
                         relation.qualified_name)
         return True
 
-    def _convert_pending(self, segment: Segment) -> None:
+    def _convert_pending(self, batch: Batch, segment: Segment) -> None:
         if not segment.pending:
             return
+        converted, set_aside = len(segment.chunks), len(segment.rejects)  # before this conversion
         relation = segment.relation
         converter, key = self.tables.converter_for(relation), self.tables.key_for(relation)
         try:
@@ -155,6 +161,8 @@ class Batcher:
                             rejected.column("commit_lsn")[0].as_py())
         segment.pending = []
         segment.pending_rows = 0
+        batch.bytes += sum(chunk.nbytes for chunk in segment.chunks[converted:])
+        batch.bytes += sum(table.nbytes for table in segment.rejects[set_aside:])
 
 
 def _parts(item: ChangeRun | Change, room: int) -> list[ChangeRun | Change]:

@@ -47,7 +47,11 @@ class PipelineConfig:
     publication: str
     slot: str = "pgcdc"
     destination: Destination = field(default_factory=Destination)
-    batch_max_rows: int = 200_000
+    # a batch goes once it holds this many changes, or its converted changes take this many bytes: as large as the
+    # apply lets it grow under load, since each mirror it touches costs a commit whatever its rows (a backlog over
+    # 100 tables caught up in 200,000-change batches paid 5 commits a mirror for what one batch holds)
+    batch_max_rows: int = 1_000_000
+    batch_max_bytes: int = 256 << 20
     # the batch clock: a batch goes to the apply thread this long after the one before it at the latest, the moment
     # that one is applied (pgcdc.pipeline.streaming.hand_over_due); sub-second, for mirrors fresh within a second
     batch_max_seconds: float = 0.5
@@ -102,6 +106,8 @@ class PipelineConfig:
             problems.append(str(slot_problem))
         if self.batch_max_rows < 1:
             problems.append("batch_max_rows must be at least 1")
+        if self.batch_max_bytes < 1:
+            problems.append("batch_max_bytes must be at least 1 (--batch-mb: at least 1)")
         if self.batch_max_seconds <= 0:
             problems.append("batch_max_seconds must be positive")
         if self.receive_timeout_seconds <= 0:

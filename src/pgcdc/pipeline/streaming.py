@@ -44,8 +44,9 @@ _ACKNOWLEDGE_SECONDS = 5.0
 _STEP_SECONDS = 0.005
 
 
-def hand_over_due(*, rows: int, age: float, applying: bool, config: PipelineConfig, caught_up: bool = False) -> bool:
-    """Whether a batch of ``rows`` changes, begun ``age`` seconds ago (when the one before it was handed over), goes
+def hand_over_due(*, full: bool, age: float, applying: bool, config: PipelineConfig, caught_up: bool = False
+                  ) -> bool:
+    """Whether a batch (``full``: holding ``batch_max_rows`` changes or ``batch_max_bytes``), begun ``age`` seconds ago (when the one before it was handed over), goes
     to the apply thread now. Never while a batch applies: the batch grows meanwhile, and goes the moment the apply
     thread is free — under load, batches are as large as the apply's own time makes them, and no transaction waits
     for a clock tick besides. With the apply thread free, a batch goes once it is full, once the batch clock
@@ -53,7 +54,7 @@ def hand_over_due(*, rows: int, age: float, applying: bool, config: PipelineConf
     while its fixed cost is small beside the wait — or, running until caught up, once the stream has gone quiet."""
     if applying:
         return False
-    return rows >= config.batch_max_rows or age >= config.batch_max_seconds or caught_up
+    return full or age >= config.batch_max_seconds or caught_up
 
 
 class StreamRun:
@@ -110,7 +111,7 @@ class StreamRun:
                         applier.move_tags(now=True)
                         stopped_in_order = True
                         break
-                    if item is Tick.RECEIVED and batch.rows < config.batch_max_rows:
+                    if item is Tick.RECEIVED and not batch.full(config.batch_max_rows, config.batch_max_bytes):
                         now = time.monotonic()
                         if now - stepped < _STEP_SECONDS:
                             continue
@@ -146,9 +147,10 @@ class StreamRun:
         config = self.config
         handed = False
         # a full batch waits for the one applying: memory stays bounded by two batches
-        if applier.busy and (applier.done() or batch.rows >= config.batch_max_rows):
+        full = batch.full(config.batch_max_rows, config.batch_max_bytes)
+        if applier.busy and (applier.done() or full):
             self._finish_applying(applier)
-        due = bool(batch) and hand_over_due(rows=batch.rows, age=time.monotonic() - batch.started,
+        due = bool(batch) and hand_over_due(full=full, age=time.monotonic() - batch.started,
                                             applying=applier.busy, config=config,
                                             caught_up=self.target is not None and idle)
         # maintenance beside the applies; a table's rewrites that must not run beside one (position deletes name
