@@ -46,12 +46,13 @@ _STEP_SECONDS = 0.005
 
 def hand_over_due(*, full: bool, age: float, applying: bool, config: PipelineConfig, caught_up: bool = False
                   ) -> bool:
-    """Whether a batch (``full``: holding ``batch_max_rows`` changes or ``batch_max_bytes``), begun ``age`` seconds ago (when the one before it was handed over), goes
-    to the apply thread now. Never while a batch applies: the batch grows meanwhile, and goes the moment the apply
-    thread is free — under load, batches are as large as the apply's own time makes them, and no transaction waits
-    for a clock tick besides. With the apply thread free, a batch goes once it is full, once the batch clock
-    (``batch_max_seconds``) has run since the last hand-over — which bounds the commits a mirror takes per second
-    while its fixed cost is small beside the wait — or, running until caught up, once the stream has gone quiet."""
+    """Whether a batch (``full``: holding ``batch_max_rows`` changes, or ``batch_max_bytes`` of them), begun ``age``
+    seconds ago (when the one before it was handed over), goes to the apply thread now. Never while a batch
+    applies: the batch grows meanwhile, and goes the moment the apply thread is free — under load, batches are as
+    large as the apply's own time makes them, and no transaction waits for a clock tick besides. With the apply
+    thread free, a batch goes once it is full, once the batch clock (``batch_max_seconds``) has run since the last
+    hand-over — which bounds the commits a mirror takes per second while its fixed cost is small beside the wait —
+    or, running until caught up, once the stream has gone quiet."""
     if applying:
         return False
     return full or age >= config.batch_max_seconds or caught_up
