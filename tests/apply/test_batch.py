@@ -116,9 +116,9 @@ def test_a_start_loads_each_mirror_once_for_all_it_asks_before_opening_it(spark,
     import pgcdc.spark.iceberg_java as iceberg_java
 
     specs = [TableSpec("public", f"looked{i}", SCHEMA, ("id",)) for i in range(3)]
-    for i, spec in enumerate(specs):
+    for i, spec in enumerate(specs):  # the second keeps a change log too
         apply(spark, mirrors.ensure(spec), changes(("I", 10 + i, 0, {"id": 1, "name": "x"})), lsn=Lsn(10 + i),
-              writer="delta")
+              writer="delta", changelog=i == 1)
     loads: collections.Counter[str] = collections.Counter()
     load = iceberg_java.load_table
 
@@ -128,6 +128,10 @@ def test_a_start_loads_each_mirror_once_for_all_it_asks_before_opening_it(spark,
 
     monkeypatch.setattr(iceberg_java, "load_table", counted)
     restarted = MirrorCatalog(spark, Destination(namespace=mirrors.namespace))
+    asked: collections.Counter[str] = collections.Counter()  # whether a change log or __rejects table exists
+    exists = restarted.positions.exists
+    monkeypatch.setattr(restarted.positions, "exists", lambda identifier: asked.update([identifier]) or
+                        exists(identifier))
     new = TableSpec("public", "not_yet", SCHEMA, ("id",))
     identifiers = [restarted.identifier_for("public", spec.source_table) for spec in [*specs, new]]
     restarted.look_at([("public", spec.source_table) for spec in [*specs, new]], workers=4)  # from threads Spark
@@ -136,10 +140,15 @@ def test_a_start_loads_each_mirror_once_for_all_it_asks_before_opening_it(spark,
         assert restarted.readable(identifiers[i])
         assert restarted.positions.read(identifiers[i], table=restarted.look(identifiers[i])) == Lsn(10 + i)
         assert restarted.columns_of("public", spec.source_table) == set(SCHEMA.names)
-        assert restarted.ensure(spec).position == Lsn(10 + i)
+        opened = restarted.ensure(spec)
+        assert opened.position == Lsn(10 + i) and opened.changelog_position == (Lsn(11) if i == 1 else None)
+    # the listing told which mirrors have neither a change log nor a __rejects table: only the one with a change
+    # log is asked about it
+    assert asked == {restarted.changelog_identifier_for("public", "looked1"): 1}, asked
     assert not restarted.readable(identifiers[3]) and restarted.columns_of("public", "not_yet") is None
     assert restarted.ensure(new).position is None and restarted.readable(identifiers[3])
-    assert loads == {identifier: 1 for identifier in identifiers[:3]}, loads
+    changelog = restarted.changelog_identifier_for("public", "looked1")
+    assert loads == {**{identifier: 1 for identifier in identifiers[:3]}, changelog: 1}, loads
     # a new start (the stream reconnected) looks again
     restarted.look_afresh()
     restarted.forget("public", "looked0")

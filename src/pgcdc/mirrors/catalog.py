@@ -200,6 +200,9 @@ class MirrorCatalog(MirrorNames):
         # mirrors loaded once, before they are opened, for every question a start asks of them (whether they exist,
         # their position, key, shape and schema); opening one takes its table from here (ensure)
         self._looks: dict[str, Any] = {}
+        # mirrors whose change log and __rejects table the namespace's listing found missing, until the mirror's
+        # opening (the first thing any write of either needs) reads its state: no load then asks again
+        self._missing_beside: dict[str, tuple[bool, bool]] = {}
         self._namespaces: set[str] = set()  # source schemas whose namespace this process made or found
         self.properties = MirrorProperties(spark)
         self.positions = MirrorPositions(spark)
@@ -253,7 +256,12 @@ class MirrorCatalog(MirrorNames):
         named = self._table_names({schema for schema, _ in unseen.values()}) if len(unseen) > 1 else {}
         loading = []
         for identifier, (schema, table) in unseen.items():
-            if schema in named and encode_name(table) not in named[schema]:
+            if schema not in named:
+                loading.append(identifier)
+                continue
+            self._missing_beside[identifier] = (encode_name(table + CHANGELOG_SUFFIX) not in named[schema],
+                                                encode_name(table + REJECTS_SUFFIX) not in named[schema])
+            if encode_name(table) not in named[schema]:
                 self._looks[identifier] = None
             else:
                 loading.append(identifier)
@@ -302,10 +310,12 @@ class MirrorCatalog(MirrorNames):
     def look_afresh(self) -> None:
         """Forget the tables looked at: a new start reads them again."""
         self._looks.clear()
+        self._missing_beside.clear()
 
     def _drop(self, identifier: str, *, if_exists: bool = False) -> None:
         self._readable.discard(identifier)
         self._looks.pop(identifier, None)
+        self._missing_beside.pop(identifier, None)
         self.positions.forget(identifier)
         self.spark.sql(f"DROP TABLE {'IF EXISTS ' if if_exists else ''}{identifier}")
 
@@ -380,8 +390,10 @@ class MirrorCatalog(MirrorNames):
         else:
             mirror.position = self.positions.read(mirror.identifier, table=table)
             mirror.iceberg_table = table
-            mirror.changelog_position = self.positions.read_if_exists(mirror.changelog_identifier)
-            mirror.rejects_position = self.positions.read_rejects(mirror.rejects_identifier)
+            no_changelog, no_rejects = self._missing_beside.pop(mirror.identifier, (False, False))
+            mirror.changelog_position = None if no_changelog else \
+                self.positions.read_if_exists(mirror.changelog_identifier)
+            mirror.rejects_position = None if no_rejects else self.positions.read_rejects(mirror.rejects_identifier)
             pending = properties.get(FILL_PROPERTY)
             mirror.pending_fill = json.loads(pending) if pending else {}
             mirror.shape = SourceShape.decode(properties.get(SHAPE_PROPERTY))
@@ -449,6 +461,7 @@ class MirrorCatalog(MirrorNames):
         """The mirror of ``spec`` made, with its key's columns required and declared Iceberg's identifier fields,
         and the partition spec --partition-by gives it; returns its Iceberg ``Table``."""
         self._looks.pop(identifier, None)
+        self._missing_beside.pop(identifier, None)
         missing = [k for k in spec.key_columns if k not in spec.spark_schema.names]
         if missing:
             raise ConfigError(f"{spec.source}: key columns {missing} are not among its columns")
@@ -544,6 +557,7 @@ class MirrorCatalog(MirrorNames):
     def forget(self, source_schema: str, source_table: str) -> None:
         """Open the mirror of this source table afresh the next time (its metadata changed behind this catalog)."""
         self._looks.pop(self.identifier_for(source_schema, source_table), None)
+        self._missing_beside.pop(self.identifier_for(source_schema, source_table), None)
         self._tables.pop((source_schema, source_table), None)
 
     def known(self) -> list[MirrorTable]:
