@@ -35,17 +35,35 @@ def test_mixed_workload_mirrors_equal_source(pg, spark, binary, writer):
 
 
 @pytest.mark.parametrize("writer", ["arrow", "spark"])
-def test_both_snapshot_writers_copy_every_type_exactly(pg, spark, writer):
+def test_both_snapshot_writers_copy_every_type_exactly(pg, spark, writer, monkeypatch):
     """The initial copy written as Parquet data files by the tasks (arrow, the default for a local warehouse) and
     through Spark's Iceberg writer (spark, for any storage): the same mirrors, with Iceberg's column metrics and
-    the consistent point in the commit."""
+    the consistent point in the commit; each mirror made, copied and committed through the Table its making
+    returned, never loaded again for its copy."""
+    import sys
+
     import pyarrow.parquet as pq
 
+    import pgcdc.spark.iceberg_java as iceberg_java
+    import pgcdc.spark.snapshot as snapshot
+
+    copy_loads = []
+
+    def counted(load):
+        def load_table(session, identifier):
+            if sys._getframe(1).f_code.co_name in ("copy_table", "remove_unreferenced_files"):
+                copy_loads.append(identifier)
+            return load(session, identifier)
+        return load_table
+
+    monkeypatch.setattr(iceberg_java, "load_table", counted(iceberg_java.load_table))
+    monkeypatch.setattr(snapshot, "load_table", counted(snapshot.load_table))
     prepare_source(pg, rows=400)
     config = pipeline_config(pg, spark, snapshot_writer=writer)
     pipeline = Pipeline(config, spark=spark)
     copied = pipeline.snapshot()
     assert copied["shop.customers"] == 400
+    assert copy_loads == []
     _assert_mirrors_equal(pipeline, pg.dsn)
 
     customers = pipeline.mirrors.identifier_for("shop", "customers")

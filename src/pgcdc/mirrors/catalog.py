@@ -366,6 +366,7 @@ class MirrorCatalog(MirrorNames):
             table = self._create(identifier, spec)
             mirror = self._table(spec, spark_schema_of(table))
             mirror.shape = spec.shape
+            mirror.iceberg_table = table  # for its copy and its first batch, as an opened mirror keeps its own
         else:
             mirror = self._table(spec, self._evolve(identifier, spec, current))
             self._open(mirror, known, properties, replacing_rows=replacing_rows, table=table)

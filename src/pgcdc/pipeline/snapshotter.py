@@ -240,7 +240,7 @@ class Snapshotter:
         # the tables copied side by side are made side by side: each is its own table, in a namespace made before)
         mirror = self.tables.mirror_for(table.relation, replacing_rows=True, storage=table.storage)
         if mirror.position is None:  # files of an interrupted copy of this table, never committed
-            remove_unreferenced_files(self._spark(), mirror.identifier)
+            remove_unreferenced_files(self._spark(), mirror.identifier, mirror.iceberg_table)
         label = f"{table.schema}.{table.name}"
         injection_point("snapshot.copy")
 
@@ -272,7 +272,7 @@ class Snapshotter:
                 snapshot_name=snapshot_name, consistent_lsn=consistent_lsn,
                 session_settings=dict(SESSION_SETTINGS), progress=report, writer=self.config.snapshot_writer,
                 target_rows_per_task=self.config.snapshot_rows_per_task, row_filter=table.row_filter,
-                set_aside=set_aside if quarantine else None,
+                set_aside=set_aside if quarantine else None, table=mirror.iceberg_table,
             )
             if result.recorded:
                 recording.written_by_commit()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pgcdc.iceberg.locations import local_path
 
@@ -15,13 +15,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgcdc.spark.orphans")
 
 
-def remove_unreferenced_files(spark: SparkSession, identifier: str) -> int:
+def remove_unreferenced_files(spark: SparkSession, identifier: str, table: Any = None) -> int:
     """Delete the files under the table's ``data`` directory that no snapshot of it references (local and
     mounted warehouses; object stores keep them for Iceberg's own ``remove_orphan_files``). Call it only while
-    nothing else writes the table: a file being written now is not referenced yet either."""
+    nothing else writes the table: a file being written now is not referenced yet either. ``table``: its Iceberg
+    table, when loaded (or made) already and not committed to since."""
     from pgcdc.spark.iceberg_java import load_table
 
-    table = load_table(spark, identifier)
+    table = table if table is not None else load_table(spark, identifier)
     directory = local_path(str(table.location()))
     if directory is None:
         return 0

@@ -356,7 +356,7 @@ def copy_table(
     spark_schema: StructType, target_identifier: str, snapshot_name: str, consistent_lsn: Lsn,
     session_settings: Mapping[str, str], progress: Callable[[CopyProgress], None] | None = None,
     target_rows_per_task: int = 250_000, writer: str = "auto", row_filter: str | None = None,
-    set_aside: Callable[[list[SetAside]], None] | None = None,
+    set_aside: Callable[[list[SetAside]], None] | None = None, table: Any = None,
 ) -> CopyResult:
     """Copy ``source_schema.source_table`` (the rows its publication's ``row_filter`` keeps) into
     ``target_identifier`` as of ``snapshot_name``; see the module.
@@ -364,7 +364,8 @@ def copy_table(
     directory), "spark" goes through Spark's Iceberg writer (any catalog and storage), "auto" picks "arrow"
     where it can. ``set_aside`` (``--on-conversion-error quarantine``): the rows the mirror cannot hold are left
     out of the copy and handed to it, all of them, before the copy commits (an empty list: none); without it such
-    a row stops the copy, which commits nothing."""
+    a row stops the copy, which commits nothing. ``table``: the target's Iceberg table, when the caller holds it
+    (refreshed here: one read of the catalog's pointer, where a load reads the metadata again)."""
     from pgcdc.spark.arrow import spark_arrow_schema
 
     started = time.monotonic()
@@ -376,7 +377,10 @@ def copy_table(
     source = _CopySource(dsn, snapshot_name, dict(session_settings), source_schema, source_table, columns,
                          converter, spark_arrow_schema(spark_schema), text_outputs, row_filter)
     copied = spark.sparkContext.accumulator(0)
-    table = load_table(spark, target_identifier)
+    if table is None:
+        table = load_table(spark, target_identifier)
+    else:
+        table.refresh()
     layout, directory, s3 = _arrow_plan(table, writer, label, target_identifier)
     # a small table is read and written here, in the driver: a Spark job's own cost (tens to hundreds of ms) would
     # be most of its copy, and a database's tables are mostly small
