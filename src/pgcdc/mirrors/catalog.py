@@ -228,11 +228,7 @@ class MirrorCatalog(MirrorNames):
             return self._looks[identifier]
         from pyspark.errors import AnalysisException
 
-        from pgcdc.spark.iceberg_java import iceberg_classes
-
-        # the catalog plug-ins are read from the thread's active session: set for threads Spark did not start (the
-        # one that started the session is another), before the catalog's first load
-        iceberg_classes().set_active_session(self.spark._jsparkSession)
+        self._session_active()
         try:
             table = self.table(identifier)
         except AnalysisException as exc:
@@ -288,13 +284,19 @@ class MirrorCatalog(MirrorNames):
 
     def _java_catalog(self) -> tuple[Any, Any, Any]:
         """Spark's catalog plug-in of this catalog (a ``TableCatalog``), py4j's gateway and pgcdc's Java classes."""
+        classes = self._session_active()
+        session: Any = self.spark._jsparkSession
+        return session.sessionState().catalogManager().catalog(self.catalog), self.spark.sparkContext._gateway, classes
+
+    def _session_active(self) -> Any:
+        """Make the session the calling thread's active one, and return pgcdc's Java classes: the catalog plug-ins
+        are read from the thread's active session, which a thread Spark did not start has none of (the stream's,
+        a pool's; the session itself may have started on another) until its catalog's first load."""
         from pgcdc.spark.iceberg_java import iceberg_classes
 
-        session: Any = self.spark._jsparkSession
         classes = iceberg_classes()
-        # the catalog plug-ins are read from the thread's active session: set it for threads Spark did not start
-        classes.set_active_session(session)
-        return session.sessionState().catalogManager().catalog(self.catalog), self.spark.sparkContext._gateway, classes
+        classes.set_active_session(self.spark._jsparkSession)
+        return classes
 
     def _opened_look(self, identifier: str) -> Any:
         """The table of a mirror being opened, from its look, which the mirror keeps from now on (its

@@ -516,11 +516,11 @@ MAINTENANCE_OVERDUE_LOOKS = 3  # looks a stream of batches may delay before a ma
 
 
 class Maintainer:
-    """The pipeline's schedule: :meth:`turn` maintains the due tables (round robin) for about a second; a table is
-    maintained again only ``policy.interval_seconds`` after its last maintenance began (or four times as long as
-    that maintenance took, when that is longer) — meanwhile only its snapshots are expired, once they reach the
-    policy's bound — and one left unchanged for an interval (the stream went quiet) is compacted of its last
-    delete files.
+    """The pipeline's schedule: :meth:`turn` maintains the due tables (round robin), more than one while the turn
+    has taken less than ``TURN_SECONDS``; a table is maintained again only ``policy.interval_seconds`` after its
+    last maintenance began (or four times as long as that maintenance took, when that is longer) — meanwhile only
+    its snapshots are expired, once they reach the policy's bound — and one left unchanged for an interval (the
+    stream went quiet) is compacted of its last delete files.
     ``clock`` keeps the schedule's time (seconds; a simulation may run its own)."""
 
     def __init__(self, spark: Callable[[], SparkSession], policy: MaintenancePolicy,
