@@ -134,8 +134,14 @@ def test_a_start_loads_each_mirror_once_for_all_it_asks_before_opening_it(spark,
                         exists(identifier))
     new = TableSpec("public", "not_yet", SCHEMA, ("id",))
     identifiers = [restarted.identifier_for("public", spec.source_table) for spec in [*specs, new]]
-    restarted.look_at([("public", spec.source_table) for spec in [*specs, new]], workers=4)  # from threads Spark
-    # did not start; the mirror not there yet is known absent from the namespace's listing, without a load
+    from pgcdc.pipeline.workers import DaemonThreads
+
+    pool = DaemonThreads("test-look", 4)
+    try:  # from threads Spark did not start; the mirror not there yet is known absent from the namespace's
+        # listing, without a load
+        restarted.look_at([("public", spec.source_table) for spec in [*specs, new]], pool.run_all)
+    finally:
+        pool.shutdown()
     for i, spec in enumerate(specs):
         assert restarted.readable(identifiers[i])
         assert restarted.positions.read(identifiers[i], table=restarted.look(identifiers[i])) == Lsn(10 + i)

@@ -64,7 +64,7 @@ class Namespaces:
         assert not self.copies.started, "namespaces are made before any table's copy starts"
         self.made.append(schema)
 
-    def look_at(self, tables: list[tuple[str, str]], workers: int) -> None:
+    def look_at(self, tables: list[tuple[str, str]], each=None) -> None:
         assert not self.copies.started, "the mirrors are looked at before any table's copy starts"
         self.looked.extend(tables)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -241,11 +241,12 @@ class MirrorCatalog(MirrorNames):
         self._looks[identifier] = table
         return table
 
-    def look_at(self, tables: list[tuple[str, str]], workers: int) -> None:
+    def look_at(self, tables: list[tuple[str, str]],
+                each: Callable[[Callable[[str], Any], list[str]], object] | None = None) -> None:
         """:meth:`look` at the mirror of each source (schema, table) not looked at yet: the namespaces listed once
-        (a mirror not there is not loaded, which would cost an exception through Spark), those there loaded up to
-        ``workers`` at a time — a first batch over hundreds of mirrors waited for their loads one after another (on
-        an object store, a few round trips each)."""
+        (a mirror not there is not loaded, which would cost an exception through Spark), those there loaded by
+        ``each(call, items)`` side by side (None: one after another) — a first batch over hundreds of mirrors
+        waited for their loads one after another (on an object store, a few round trips each)."""
         unseen = {identifier: (schema, table) for schema, table in tables
                   if (identifier := self.identifier_for(schema, table)) not in self._looks
                   and identifier not in self._readable}
@@ -261,14 +262,11 @@ class MirrorCatalog(MirrorNames):
                 self._looks[identifier] = None
             else:
                 loading.append(identifier)
-        if len(loading) < 2 or workers < 2:
-            for identifier in loading:
-                self.look(identifier)
+        if each is not None and len(loading) > 1:
+            each(self.look, loading)
             return
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=min(workers, len(loading)), thread_name_prefix="pgcdc-look") as pool:
-            list(pool.map(self.look, loading))
+        for identifier in loading:
+            self.look(identifier)
 
     def _table_names(self, source_schemas: set[str]) -> dict[str, set[str]]:
         """The names of the tables in the namespace of each of ``source_schemas``, by the catalog's listing (one

@@ -200,9 +200,10 @@ class Snapshotter:
                 copied[label] = rows
 
         workers = min(self.config.copy_workers, len(tables))
-        # which mirrors exist already, those that do loaded side by side: once each, for their copies
-        self.tables.mirrors.look_at([(table.schema, table.name) for table in tables], workers)
+        # which mirrors exist already, those that do loaded (side by side): once each, for their copies
+        looked = [(table.schema, table.name) for table in tables]
         if workers <= 1:
+            self.tables.mirrors.look_at(looked)
             for table in tables:
                 copy(table)
         else:
@@ -214,6 +215,7 @@ class Snapshotter:
             ordered = sorted(tables, key=lambda t: -max(t.estimated_rows or 0, 0))
             pool = DaemonThreads("pgcdc-copy", workers)
             try:  # an interrupt: no further table; the copies under way end (Spark's jobs cancelled)
+                mirrors.look_at(looked, pool.run_all)
                 pool.run_all(copy, ordered)
             finally:
                 pool.shutdown()

@@ -29,6 +29,7 @@ from pgcdc.pipeline.copy_reasons import (
     new_filled_partitions,
     refreshed_shape,
 )
+from pgcdc.pipeline.workers import DaemonThreads
 from pgcdc.replication import KeptConnection, source_connection
 from pgcdc.replication.published import (
     AddedColumn,
@@ -79,6 +80,7 @@ class SourceTables:
         self._positioned: set[tuple[str, str]] = set()
         self._append_only_told: set[int] = set()  # tables whose append-only mirror was warned about
         self._catalog = KeptConnection(config.dsn)  # the catalog read before every batch (storage_of)
+        self._look_workers: DaemonThreads | None = None  # the threads mirrors are looked at on (look_ahead)
 
     @property
     def mirrors(self) -> MirrorCatalog:
@@ -121,8 +123,10 @@ class SourceTables:
         """Load the mirrors of ``relations`` not opened yet, side by side (as many at once as a batch applies), for
         what the hand-off of a batch and its apply ask of them."""
         mirrors = self.mirrors
+        if self._look_workers is None and self.config.mirror_workers > 1:
+            self._look_workers = DaemonThreads("pgcdc-look", self.config.mirror_workers)
         mirrors.look_at([(r.namespace, r.name) for r in relations if mirrors.known_table(r.namespace, r.name) is None],
-                        self.config.mirror_workers)
+                        None if self._look_workers is None else self._look_workers.run_all)
 
     def _start_metadata(self) -> MirrorMetadata | None:
         if self._session_ready is None or self._mirrors is not None or self._session_ready():
@@ -237,8 +241,12 @@ class SourceTables:
                                  self.config.receive_timeout_seconds)
 
     def close(self) -> None:
-        """End the connection kept for the catalog reads (a later read opens another)."""
+        """End the connection kept for the catalog reads and the threads mirrors are looked at on (a later read
+        or look starts them again)."""
         self._catalog.close()
+        if self._look_workers is not None:
+            self._look_workers.shutdown()
+            self._look_workers = None
 
     def copy_reason(self, relation: Relation, storage: TableStorage | None, *,
                     facts: MirrorFacts | None = None) -> CopyReason | None:
