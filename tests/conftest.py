@@ -338,8 +338,8 @@ def commit_steps_chosen(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     chosen: list[bool] = []
     decide = iceberg.steps_in_calling_thread
 
-    def noting(table, snapshot, removes_files: bool) -> bool:
-        chosen.append(decide(table, snapshot, removes_files))
+    def noting(table, snapshot, removes_files: bool, **known) -> bool:
+        chosen.append(decide(table, snapshot, removes_files, **known))
         return chosen[-1]
 
     monkeypatch.setattr(iceberg, "steps_in_calling_thread", noting)

@@ -114,6 +114,7 @@ def test_jvm_options_come_from_the_environment_and_short_lived_commands(monkeypa
     from pgcdc.spark.settings import SHORT_LIVED_JVM
 
     monkeypatch.delenv("PGCDC_JAVA_OPTIONS", raising=False)
+    monkeypatch.setattr("pgcdc.spark.settings.machine_cores", lambda: 8)
     plain = spark_settings("/w")
     assert "-Dlog4j.configurationFile=" in plain["spark.driver.extraJavaOptions"]
     assert SHORT_LIVED_JVM not in plain["spark.driver.extraJavaOptions"]
@@ -126,6 +127,22 @@ def test_jvm_options_come_from_the_environment_and_short_lived_commands(monkeypa
     # options given as Spark settings are the user's whole say
     mine = spark_settings("/w", conf={"spark.driver.extraJavaOptions": "-Xmx3g"})
     assert mine["spark.driver.extraJavaOptions"] == "-Xmx3g"
+
+
+def test_a_small_machine_s_driver_collects_its_garbage_serially_unless_the_options_choose(monkeypatch):
+    from pgcdc.spark.settings import SMALL_MACHINE_COLLECTOR
+
+    monkeypatch.delenv("PGCDC_JAVA_OPTIONS", raising=False)
+    monkeypatch.setattr("pgcdc.spark.settings.machine_cores", lambda: 2)
+    small = spark_settings("/w")
+    assert small["spark.driver.extraJavaOptions"].split()[-1] == SMALL_MACHINE_COLLECTOR
+    assert SMALL_MACHINE_COLLECTOR not in small["spark.executor.extraJavaOptions"]  # a cluster's are not this machine
+    for chosen in ("-XX:+UseG1GC", "-XX:+UseZGC -XX:+ZGenerational", "-XX:+UseParallelGC"):
+        theirs = spark_settings("/w", java_options=chosen)
+        assert SMALL_MACHINE_COLLECTOR not in theirs["spark.driver.extraJavaOptions"]
+        assert theirs["spark.driver.extraJavaOptions"].endswith(chosen)
+    monkeypatch.setattr("pgcdc.spark.settings.machine_cores", lambda: 3)
+    assert SMALL_MACHINE_COLLECTOR not in spark_settings("/w")["spark.driver.extraJavaOptions"]
 
 
 def test_secret_settings_are_recognised_by_name_and_removed_from_any_text():

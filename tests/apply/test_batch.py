@@ -161,6 +161,44 @@ def test_a_start_loads_each_mirror_once_for_all_it_asks_before_opening_it(spark,
     assert restarted.ensure(specs[0]).position == Lsn(10) and loads[identifiers[0]] == 2
 
 
+def test_a_batch_to_a_mirror_nobody_else_changed_asks_its_table_once_and_follows_one_that_changed(spark, mirrors):
+    """A batch asks of its mirror's table, refreshed, where it stands, its shape and whether it holds equality
+    deletes in one call into the JVM: with the table as its last batch left it, nothing more is asked of the table's
+    snapshots before the commit (each question was a round trip of its own, a mirror every batch). A commit someone
+    else made in between is still followed: the batch after it applies on top of it."""
+    from py4j.clientserver import ClientServerConnection
+
+    mirror = mirrors.ensure(TableSpec("public", "asked_once", SCHEMA, ("id",)))
+    for lsn in (10, 11):  # the writer's layout, the index and the small files of the last commit, as streaming has
+        apply(spark, mirror, changes(("I", lsn, 0, {"id": lsn, "name": "x"}), ("U", lsn, 1, {"id": 10, "name": "y"})),
+              lsn=Lsn(lsn), writer="delta")
+    methods: list[str] = []
+    send = ClientServerConnection.send_command
+
+    def noted(connection, command):
+        lines = command.split("\n")
+        if lines[0] == "c":  # a method called on a Java object: its name
+            methods.append(lines[2])
+        return send(connection, command)
+
+    ClientServerConnection.send_command = noted
+    try:
+        apply(spark, mirror, changes(("I", 12, 0, {"id": 12, "name": "z"}), ("U", 12, 1, {"id": 11, "name": "w"})),
+              lsn=Lsn(12), writer="delta")
+    finally:
+        ClientServerConnection.send_command = send
+    assert methods.count("refreshed") == 1, methods
+    asked_again = {"refresh", "currentSnapshot", "snapshot", "snapshotId", "summary", "getOrDefault", "shape",
+                   "manifests", "allManifests"}
+    assert not asked_again & set(methods), methods
+    # someone else's commit between two batches (an append through Spark): the next batch follows it
+    spark.sql(f"INSERT INTO {mirror.identifier} VALUES (500, 'theirs', NULL, NULL)")
+    apply(spark, mirror, changes(("U", 13, 0, {"id": 500, "name": "ours"}), ("D", 13, 1, {"id": 10})),
+          lsn=Lsn(13), writer="delta")
+    assert rows_of(spark, mirror.identifier) == [(11, "w", None, None), (12, "z", None, None),
+                                                  (500, "ours", None, None)]
+
+
 def test_full_identity_without_key_matches_whole_rows(spark, mirrors, writer):
     mirror = mirrors.ensure(TableSpec("public", "log", SCHEMA, (), "f"))
     apply(spark, mirror, changes(

@@ -39,7 +39,7 @@ from pgcdc.index.mirror_index import IndexBudget, MirrorIndex, index_for
 from pgcdc.lsn import Lsn
 from pgcdc.mirrors.catalog import MirrorTable
 from pgcdc.positions import commit_properties
-from pgcdc.spark.iceberg_java import holds_equality_deletes, load_table
+from pgcdc.spark.iceberg_java import TableState, load_table, refreshed_state
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -133,7 +133,7 @@ def _commit_by_position(mirror: MirrorTable, reduction: Reduction, lsn: Lsn, tar
     else:
         # a partitioned mirror's batch writes a file per partition: maintenance compacts them, nothing is folded
         fold = small.plan(rows, deletes.files, built_on=None if target.partitioned else indexed,
-                          equality_deletes=holds_equality_deletes(target.start_snapshot))
+                          equality_deletes=target.equality_deletes)
         clock.lap("fold")
         committed = target.commit(fold.rows, PositionDeletes(fold.deletes, deletes.partitions), summary,
                                   table_properties=properties, validate_from=indexed, removed=fold.remove_data,
@@ -180,7 +180,7 @@ def _index(mirror: MirrorTable, target: RowDeltaWriter, budget: IndexBudget | No
     key_names = list(spec.key_columns) or list(spec.spark_schema.names)
     try:
         mirror.index = index_for(mirror.index, target.table, key_names, target.schema,
-                                 multiset=not spec.key_columns, budget=budget)
+                                 multiset=not spec.key_columns, budget=budget, state=target.state)
     except Unindexable as exc:
         log.warning("%s: its mirror deletes by equality (%s); PyIceberg cannot read it until it is compacted",
                     spec.source, exc)
@@ -216,7 +216,8 @@ def _commit(spark: SparkSession, mirror: MirrorTable, reduction: Reduction, lsn:
 def _row_delta_target(spark: SparkSession, mirror: MirrorTable, deletes: str) -> RowDeltaWriter | None:
     """The mirror as the row-delta writer writes it in this batch; None (the MERGE writer applies the batch)
     when it cannot, with the reason logged."""
-    target = RowDeltaWriter(spark, _current_table(spark, mirror), mirror.writer_layout)
+    table, state = _current_table(spark, mirror)
+    target = RowDeltaWriter(spark, table, mirror.writer_layout, state)
     mirror.writer_layout = target.layout
     by_equality = deletes == "equality" or mirror.deletes == "equality"
     matched_on = [] if mirror.spec.append_only or not by_equality else (
@@ -228,17 +229,17 @@ def _row_delta_target(spark: SparkSession, mirror: MirrorTable, deletes: str) ->
     return target
 
 
-def _current_table(spark: SparkSession, mirror: MirrorTable) -> Any:
-    """The mirror's Iceberg table as it stands now: the handle kept from its last batch, refreshed — one read of
-    the catalog's pointer, and of the metadata only when someone committed since (pgcdc's own commit, its
-    maintenance, the MERGE writer, anyone's compaction) — or loaded when there is none. Loading it afresh every
-    batch, through Spark's catalog, parsed its identifier and its whole metadata every time."""
+def _current_table(spark: SparkSession, mirror: MirrorTable) -> tuple[Any, TableState | None]:
+    """The mirror's Iceberg table as it stands now, and what the batch asks of it first (None without pgcdc's jar):
+    the handle kept from its last batch, refreshed — one read of the catalog's pointer, and of the metadata only
+    when someone committed since (pgcdc's own commit, its maintenance, the MERGE writer, anyone's compaction) — or
+    loaded when there is none. Loading it afresh every batch, through Spark's catalog, parsed its identifier and
+    its whole metadata every time."""
     table = mirror.iceberg_table
     if table is not None:
         try:
-            table.refresh()
-            return table
+            return table, refreshed_state(table)
         except Exception as exc:  # dropped and made again under its name, say: loaded afresh below
             log.info("%s: its table is loaded again (%s)", mirror.identifier, str(exc).splitlines()[0][:200])
     mirror.iceberg_table = table = load_table(spark, mirror.identifier)
-    return table
+    return table, refreshed_state(table)

@@ -38,9 +38,11 @@ from pgcdc.apply.steps import StepClock
 from pgcdc.faults import injection_point
 from pgcdc.spark import iceberg_java
 from pgcdc.spark.iceberg_java import (
+    TableState,
     commit_in_transaction,
     data_file,
     footer_metrics,
+    holds_equality_deletes,
     iceberg_classes,
     steps_where_cheapest,
 )
@@ -88,11 +90,37 @@ class RowDeltaWriter(TableWriter):
     """One mirror as the row-delta writer sees it for one batch: the Iceberg table as it stands now, and its Parquet
     layout (kept from the batch before while the table's shape is the same: a schema change is followed)."""
 
-    def __init__(self, spark: SparkSession, table: Any, known: Layout | None = None) -> None:
+    def __init__(self, spark: SparkSession, table: Any, known: Layout | None = None,
+                 state: TableState | None = None) -> None:
         """``table``: the mirror's ``org.apache.iceberg.Table``, loaded or refreshed for this batch; ``known``: its
-        layout as the last batch read it."""
-        super().__init__(spark, table, known)
-        self.start_snapshot = self.table.currentSnapshot()
+        layout as the last batch read it; ``state``: what its refresh read
+        (:func:`~pgcdc.spark.iceberg_java.refreshed_state`), else it is asked of the table."""
+        super().__init__(spark, table, known, None if state is None else state.shape)
+        self.state = state
+        if state is None:
+            self._start_snapshot = self.table.currentSnapshot()
+            self.start_snapshot_id = None if self._start_snapshot is None else int(self._start_snapshot.snapshotId())
+            self.equality_deletes = holds_equality_deletes(self._start_snapshot)
+        else:
+            self._start_snapshot = None
+            self.start_snapshot_id = state.snapshot_id
+            self.equality_deletes = state.equality_deletes
+
+    @property
+    def start_snapshot(self) -> Any:
+        """The table's snapshot this writer started from (Iceberg's ``Snapshot``; None: the table has none), asked
+        of the JVM when first needed."""
+        if self._start_snapshot is None and self.start_snapshot_id is not None:
+            self._start_snapshot = self.table.snapshot(self.start_snapshot_id)
+        return self._start_snapshot
+
+    def _steps_in_calling_thread(self, removes_files: bool) -> bool:
+        """Whether the commit runs its steps in the calling thread (``steps_where_cheapest``): by the manifests the
+        refresh counted, when it read the table's state."""
+        if self.state is None:
+            return iceberg_java.steps_in_calling_thread(self.table, self.start_snapshot, removes_files)
+        return iceberg_java.steps_in_calling_thread(self.table, self.state.snapshot_id, removes_files,
+                                                    manifests=self.state.manifests)
 
     def unwritable(self, key_columns: list[str]) -> str | None:
         """Why the row-delta writer cannot write this mirror (the MERGE writer does), or None when it can.
@@ -136,8 +164,7 @@ class RowDeltaWriter(TableWriter):
             delete_files = [] if replace_all else self._delete_files(deletes, written)
             clock.lap("delete file")
             injection_point("apply.delta-commit")
-            start = validate_from if validate_from is not None else (
-                None if self.start_snapshot is None else int(self.start_snapshot.snapshotId()))
+            start = validate_from if validate_from is not None else self.start_snapshot_id
             referenced = list(deletes.files) if isinstance(deletes, PositionDeletes) else []
             if replace_all:
                 snapshot_id, parent = self._replace_all(added, properties, table_properties)
@@ -181,8 +208,7 @@ class RowDeltaWriter(TableWriter):
             self.table, -1 if start is None else start, _joined(referenced),
             _one_or_list([file.data_file for file in added]), _one_or_list(delete_files), _one_or_list(removed),
             _one_or_list(removed_deletes), _joined(_flat(summary)), _joined(_flat(table_properties or {})),
-            iceberg_java.steps_in_calling_thread(self.table, self.start_snapshot,
-                                                 bool(removed) or bool(removed_deletes)), read_back)
+            self._steps_in_calling_thread(bool(removed) or bool(removed_deletes)), read_back)
         snapshot_id, parent = (int(part) for part in str(committed.ids()).split())
         if read_back:
             data_file = committed.dataFile()

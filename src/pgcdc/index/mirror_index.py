@@ -59,7 +59,7 @@ from pgcdc.index.disk_runs import (
 )
 from pgcdc.index.key_codes import Codes, KeyCoder
 from pgcdc.index.key_index import KeyIndex, Located
-from pgcdc.spark.iceberg_java import holds_equality_deletes, java_items
+from pgcdc.spark.iceberg_java import TableState, holds_equality_deletes, java_items
 
 log = logging.getLogger("pgcdc.index.mirror_index")
 
@@ -208,9 +208,12 @@ class MirrorIndex:
                  "removed since", table.name(), keys.rows, manifest.snapshot_id, len(added), len(gone))
         return True
 
-    def refresh(self, table: Any, files: FileReader) -> None:
+    def refresh(self, table: Any, files: FileReader, *, state: TableState | None = None) -> None:
         """Bring the index up to ``table``'s current snapshot (see the module); built again when the snapshots in
-        between cannot be followed."""
+        between cannot be followed. ``state``: what the table's refresh read, when the caller has it: an index that
+        describes its snapshot asks the JVM nothing."""
+        if state is not None and state.snapshot_id == self.snapshot_id:
+            return
         current = table.currentSnapshot()
         current_id = None if current is None else int(current.snapshotId())
         if current_id == self.snapshot_id:
@@ -665,9 +668,10 @@ class IndexBudget:
 
 
 def index_for(mirror_index: MirrorIndex | None, table: Any, key_names: list[str], layout: pa.Schema, *,
-              multiset: bool, budget: IndexBudget | None) -> MirrorIndex:
-    """The mirror's index, brought up to ``table``'s current snapshot: in memory when it fits the budget, else on
-    disk (opened from what was saved, or built). Raises :class:`Unindexable` when its files are out of reach."""
+              multiset: bool, budget: IndexBudget | None, state: TableState | None = None) -> MirrorIndex:
+    """The mirror's index, brought up to ``table``'s current snapshot (``state``: what its refresh read, when the
+    caller has it): in memory when it fits the budget, else on disk (opened from what was saved, or built). Raises
+    :class:`Unindexable` when its files are out of reach."""
     if mirror_index is not None and not mirror_index.consistent:  # a failure left it half-way: never trusted
         if budget is not None:
             budget.release(mirror_index)
@@ -691,7 +695,7 @@ def index_for(mirror_index: MirrorIndex | None, table: Any, key_names: list[str]
         if budget is not None:
             budget.add(mirror_index, reserved)
         return mirror_index
-    mirror_index.refresh(table, mirror_index.files)
+    mirror_index.refresh(table, mirror_index.files, state=state)
     if budget is not None and mirror_index.disk is None and budget.exceeded():
         # the mirror grew: its index moves to disk, within a share of memory
         log.info("%s: the key indexes grew to %d MB with their mirrors, past the %d MB they may take "

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pgcdc.errors import MetadataUnreadable
@@ -116,9 +118,30 @@ class _StaticMembers:
         self._java_class = java_class
 
     def __getattr__(self, name: str) -> Any:
-        member = getattr(self._java_class, name)
+        member = _Unconverted(getattr(self._java_class, name))
         setattr(self, name, member)
         return member
+
+
+class _Unconverted:
+    """A static method called without py4j's input converters when every argument is one py4j sends as it is (a
+    Java object, a string, a number, a bool, bytes, None): before each call py4j asks every converter (PySpark's
+    among them) whether it takes each argument, most through ``inspect.getattr_static`` — ~0.2 ms of the GIL for
+    a commit's dozen arguments, a mirror every batch. Other arguments (a Python list, a dict) are converted as
+    before."""
+
+    def __init__(self, member: Any) -> None:
+        from py4j.java_gateway import JavaObject
+
+        self._member = member
+        self._plain = copy.copy(member)
+        self._plain.converters = None
+        self._sent_as_they_are = (str, int, float, bool, bytes, bytearray, type(None), JavaObject)
+
+    def __call__(self, *args: Any) -> Any:
+        if all(isinstance(arg, self._sent_as_they_are) for arg in args):
+            return self._plain(*args)
+        return self._member(*args)
 
 
 _CLASSES: weakref.WeakKeyDictionary[Any, IcebergClasses] = weakref.WeakKeyDictionary()
@@ -393,6 +416,31 @@ def schema_json(table: Any) -> dict[str, Any]:
     return dict(json.loads(str(iceberg_classes().schema_json(table.schema()))))
 
 
+@dataclass(frozen=True)
+class TableState:
+    """What a batch asks of a mirror's table before it writes, read with its refresh in one call into the JVM
+    (``pgcdc.iceberg.Commits.refreshed``): its current snapshot, whether equality-delete files are among its live
+    files, how many manifests that snapshot lists, and its shape (``Commits.shape``: what its writer's layout is
+    read from)."""
+
+    snapshot_id: int | None
+    equality_deletes: bool
+    manifests: int
+    shape: str
+
+
+def refreshed_state(table: Any) -> TableState | None:
+    """``table`` refreshed, and its :class:`TableState`; None (refreshed all the same) in a session without pgcdc's
+    jar, where each question is asked on its own."""
+    commits = iceberg_classes().commits
+    if commits is None:
+        table.refresh()
+        return None
+    facts, _, shape = str(commits.refreshed(table)).partition("\0")
+    snapshot_id, equality_deletes, manifests = (int(part) for part in facts.split())
+    return TableState(None if snapshot_id == -1 else snapshot_id, equality_deletes == 1, manifests, shape)
+
+
 def holds_equality_deletes(snapshot: Any) -> bool:
     """Whether a snapshot's table holds equality-delete files (its summary's total): they apply to every data file
     older than they are, by sequence number, so a file rewritten from older ones would escape them."""
@@ -507,13 +555,15 @@ def steps_where_cheapest(operation: Any, table: Any, snapshot: Any, *, removes_f
     return operation
 
 
-def steps_in_calling_thread(table: Any, snapshot: Any, removes_files: bool) -> bool:
-    """Whether a commit of ``table`` at ``snapshot`` runs its steps in the calling thread (steps_where_cheapest)."""
+def steps_in_calling_thread(table: Any, snapshot: Any, removes_files: bool, *, manifests: int | None = None) -> bool:
+    """Whether a commit of ``table`` at ``snapshot`` runs its steps in the calling thread (steps_where_cheapest).
+    ``manifests``: how many ``snapshot`` lists, when the caller knows (:class:`TableState`)."""
     if not removes_files or snapshot is None:
         return True
-    commits = iceberg_classes().commits
-    manifests = commits.manifests(table, snapshot) if commits is not None else \
-        java_count(snapshot.allManifests(table.io()))
+    if manifests is None:
+        commits = iceberg_classes().commits
+        manifests = commits.manifests(table, snapshot) if commits is not None else \
+            java_count(snapshot.allManifests(table.io()))
     return manifests <= MANIFESTS_READ_IN_TURN
 
 

@@ -75,10 +75,12 @@ class Layout:
     locations: Any  # the table's LocationProvider
 
     @classmethod
-    def of(cls, table: Any, known: Layout | None = None) -> Layout:
-        """``table``'s layout: ``known`` when the table's shape is still the one it was read at, else read now."""
+    def of(cls, table: Any, known: Layout | None = None, shape: str | None = None) -> Layout:
+        """``table``'s layout: ``known`` when the table's shape is still the one it was read at, else read now.
+        ``shape``: the table's, when the caller read it already (:func:`~pgcdc.spark.iceberg_java.refreshed_state`)."""
         classes = iceberg_classes()
-        shape = None if classes.commits is None else str(classes.commits.shape(table))
+        if shape is None and classes.commits is not None:
+            shape = str(classes.commits.shape(table))
         if known is not None and shape is not None and known.shape == shape:
             return known
         layout_problem: str | None = None
@@ -108,12 +110,13 @@ class TableWriter:
     """One Iceberg table as a writer of its data files sees it now: its schema and field ids (a schema change
     between two writes is followed), its Parquet layout, codec and partition spec (:class:`Layout`)."""
 
-    def __init__(self, spark: SparkSession, table: Any, known: Layout | None = None) -> None:
+    def __init__(self, spark: SparkSession, table: Any, known: Layout | None = None, shape: str | None = None
+                 ) -> None:
         """``table``: the ``org.apache.iceberg.Table``, loaded or refreshed for this write; ``known``: its layout
-        as the last write read it (kept while the table's shape is the same)."""
+        as the last write read it (kept while the table's shape is the same); ``shape``: the table's, when known."""
         self.spark = spark
         self.table = table
-        self.layout = layout = Layout.of(table, known)
+        self.layout = layout = Layout.of(table, known, shape)
         self.schema = layout.schema
         self.layout_problem = layout.layout_problem
         self.compression = layout.compression
