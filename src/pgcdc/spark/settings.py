@@ -112,6 +112,10 @@ def spark_settings(
                                    catalog_uri=catalog_uri),
                 "spark.sql.session.timeZone": "UTC",
                 "spark.ui.showConsoleProgress": "false",
+                # s3a deletes the directory markers above each file it writes, in a request of its own, for clients
+                # older than Hadoop 3.2.2 that took a directory holding one for empty: Iceberg's writes make no
+                # markers, so each commit made five requests that deleted nothing (a third of a small commit's)
+                "spark.hadoop.fs.s3a.directory.marker.retention": "keep",
                 "spark.sql.adaptive.enabled": "true",
                 # Python workers forked with the copy's modules already imported (spark/worker_daemon.py)
                 "spark.python.daemon.module": "pgcdc.spark.worker_daemon",

@@ -166,7 +166,8 @@ class TableWriter:
         write_parquet(rows.to_batches(), sink, schema, self.compression)
         content = sink.getvalue().to_pybytes()
         footer = parquet_footer(io.BytesIO(content), len(content))
-        stream = self.table.io().newOutputFile(path).create()
+        # a new name: s3a's create would first ask the store whether a file is there (a request of its own)
+        stream = self.table.io().newOutputFile(path).createOrOverwrite()
         try:
             stream.write(bytearray(content))
         finally:
