@@ -199,6 +199,35 @@ def test_a_batch_to_a_mirror_nobody_else_changed_asks_its_table_once_and_follows
                                                   (500, "ours", None, None)]
 
 
+def test_the_row_delta_writer_puts_its_files_where_the_table_s_location_provider_says(spark, mirrors, tmp_path):
+    """The writer's files go where the table's location provider puts them: under the table's data directory by
+    default (built without asking the JVM for each file), under ``write.data.path`` once a user sets it, and where
+    Iceberg's object-storage provider spreads them once it is enabled; every reader reads the rows each time."""
+    mirror = mirrors.ensure(TableSpec("public", "placed", SCHEMA, ("id",)))
+    identifier = mirror.identifier
+    expected = {}
+
+    def batch(lsn: int) -> set[str]:
+        apply(spark, mirror, changes(("I", lsn, 0, {"id": lsn, "name": f"n{lsn}"})), lsn=Lsn(lsn), writer="delta")
+        expected[lsn] = (lsn, f"n{lsn}", None, None)
+        assert rows_of(spark, identifier) == sorted(expected.values())
+        assert assert_reads_alike(spark, identifier, hadoop_table(spark, identifier)) == len(expected)
+        return {r.file_path for r in spark.sql(f"SELECT file_path FROM {identifier}.files").collect()}
+
+    location = str(load_table(spark, identifier).location())
+    assert all(path.startswith(f"{location}/data/") and path.count("/") == location.count("/") + 2
+               for path in batch(1))
+    elsewhere = tmp_path / "elsewhere"
+    spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ('write.data.path' = '{elsewhere.as_uri()}')")
+    assert any(path.startswith(f"{elsewhere.as_uri()}/") or path.startswith(f"file:{elsewhere}/")
+               for path in batch(2))
+    spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ('write.object-storage.enabled' = 'true')")
+    paths = batch(3)
+    # the object-storage provider's: hashed directories between the data path and the file's name
+    spread = [path for path in paths if "elsewhere" in path and path.count("/") > str(elsewhere).count("/") + 2]
+    assert spread, paths
+
+
 def test_full_identity_without_key_matches_whole_rows(spark, mirrors, writer):
     mirror = mirrors.ensure(TableSpec("public", "log", SCHEMA, (), "f"))
     apply(spark, mirror, changes(

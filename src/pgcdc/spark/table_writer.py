@@ -73,6 +73,9 @@ class Layout:
     metrics: Any  # the table's MetricsConfig, for data files
     position_metrics: Any  # for position-delete files
     locations: Any  # the table's LocationProvider
+    # where Iceberg's default location provider puts the table's new files of no partition (None: another
+    # provider, which is asked for each file's location)
+    data_directory: str | None = None
 
     @classmethod
     def of(cls, table: Any, known: Layout | None = None, shape: str | None = None) -> Layout:
@@ -100,10 +103,21 @@ class Layout:
                 partition_problem = f"its partition spec holds {exc}"
             if classes.partitions is None:
                 partition_problem = str(PartitionsUnavailable())
+        locations = table.locationProvider()
         return cls(shape, layout_schema(columns), layout_problem, parquet_compression(table), spec, partitioned,
                    partition_fields, partition_problem, int(table.operations().current().formatVersion()),
-                   classes.metrics_for_table(table), classes.metrics_for_position_deletes(table),
-                   table.locationProvider())
+                   classes.metrics_for_table(table), classes.metrics_for_position_deletes(table), locations,
+                   _default_data_directory(locations))
+
+
+def _default_data_directory(locations: Any) -> str | None:
+    """The directory Iceberg's default ``LocationProvider`` puts each new file of no partition in (its
+    ``newDataLocation(name)`` is that directory, a slash and the name: a round trip into the JVM a file saved), or
+    None for any other provider (``write.object-storage.enabled``, a user's ``write.location-provider.impl``)."""
+    if not str(locations.getClass().getName()).endswith("LocationProviders$DefaultLocationProvider"):
+        return None
+    probe = str(locations.newDataLocation("name"))
+    return probe.removesuffix("/name") if probe.endswith("/name") else None
 
 
 class TableWriter:
@@ -152,8 +166,12 @@ class TableWriter:
         table (under its partition's, when given); returns its path, size and footer."""
         name = f"{uuid.uuid4()}.parquet"
         provider = self.layout.locations
-        path = str(provider.newDataLocation(spec or self.spec, partition, name) if partition is not None
-                   else provider.newDataLocation(name))
+        if partition is not None:
+            path = str(provider.newDataLocation(spec or self.spec, partition, name))
+        elif self.layout.data_directory is not None:
+            path = f"{self.layout.data_directory}/{name}"
+        else:
+            path = str(provider.newDataLocation(name))
         written.append(path)
         local = local_path(path)
         if local is not None:
