@@ -34,15 +34,6 @@ REST_SERVER_SOURCE = Path(__file__).with_name("objectstore") / "RestCatalogServe
 BUCKET = "pgcdc-mirrors"  # the shared S3 server's bucket (conftest.py)
 
 
-def s3a_requests(spark) -> dict[str, int]:
-    """The requests Hadoop's s3a client made from this Spark's JVM so far, by kind: its storage statistics as
-    Hadoop's global registry holds them (none before the first s3a file system is made: asking for one here would
-    make it before a catalog's settings reach it)."""
-    statistics = spark._jvm.org.apache.hadoop.fs.FileSystem.getGlobalStorageStatistics().get("S3AStorageStatistics")
-    return {kind: 0 if statistics is None else int(statistics.getLong(f"object_{kind}_request") or 0)
-            for kind in ("bulk_delete", "delete", "metadata", "list", "put")}
-
-
 def require_object_store() -> None:
     missing = missing_parts()
     if missing:
