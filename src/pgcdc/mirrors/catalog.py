@@ -312,10 +312,14 @@ class MirrorCatalog(MirrorNames):
         self._looks.clear()
         self._missing_beside.clear()
 
-    def _drop(self, identifier: str, *, if_exists: bool = False) -> None:
-        self._readable.discard(identifier)
+    def _unlook(self, identifier: str) -> None:
+        """Forget what a look at the mirror ``identifier`` found (its table, what its listing said beside it)."""
         self._looks.pop(identifier, None)
         self._missing_beside.pop(identifier, None)
+
+    def _drop(self, identifier: str, *, if_exists: bool = False) -> None:
+        self._readable.discard(identifier)
+        self._unlook(identifier)
         self.positions.forget(identifier)
         self.spark.sql(f"DROP TABLE {'IF EXISTS ' if if_exists else ''}{identifier}")
 
@@ -461,8 +465,7 @@ class MirrorCatalog(MirrorNames):
     def _create(self, identifier: str, spec: TableSpec) -> Any:
         """The mirror of ``spec`` made, with its key's columns required and declared Iceberg's identifier fields,
         and the partition spec --partition-by gives it; returns its Iceberg ``Table``."""
-        self._looks.pop(identifier, None)
-        self._missing_beside.pop(identifier, None)
+        self._unlook(identifier)
         missing = [k for k in spec.key_columns if k not in spec.spark_schema.names]
         if missing:
             raise ConfigError(f"{spec.source}: key columns {missing} are not among its columns")
@@ -557,8 +560,7 @@ class MirrorCatalog(MirrorNames):
 
     def forget(self, source_schema: str, source_table: str) -> None:
         """Open the mirror of this source table afresh the next time (its metadata changed behind this catalog)."""
-        self._looks.pop(self.identifier_for(source_schema, source_table), None)
-        self._missing_beside.pop(self.identifier_for(source_schema, source_table), None)
+        self._unlook(self.identifier_for(source_schema, source_table))
         self._tables.pop((source_schema, source_table), None)
 
     def known(self) -> list[MirrorTable]:

@@ -452,7 +452,20 @@ def data_directory(table: Any) -> str | None:
     whose files only Spark's writer places."""
     if table.spec().isPartitioned():
         return None
-    return str(table.locationProvider().newDataLocation("probe.parquet")).rsplit("/", 1)[0]
+    return _new_file_directory(table.locationProvider())
+
+
+def default_data_directory(locations: Any) -> str | None:
+    """The directory Iceberg's default ``LocationProvider`` (``locations``, a table's) puts every new file of no
+    partition in — its ``newDataLocation(name)`` is that directory, a slash and the name — or None for any other
+    provider (``write.object-storage.enabled``, a user's ``write.location-provider.impl``), whose locations vary."""
+    if not str(locations.getClass().getName()).endswith("LocationProviders$DefaultLocationProvider"):
+        return None
+    return _new_file_directory(locations)
+
+
+def _new_file_directory(locations: Any) -> str:
+    return str(locations.newDataLocation("probe.parquet")).rsplit("/", 1)[0]
 
 
 def local_data_directory(table: Any) -> str | None:

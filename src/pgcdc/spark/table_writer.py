@@ -29,6 +29,7 @@ from pgcdc.spark.iceberg_java import (
     PartitionsUnavailable,
     commit_outcome_unknown,
     data_file,
+    default_data_directory,
     iceberg_classes,
     parquet_compression,
     parquet_layout,
@@ -73,8 +74,8 @@ class Layout:
     metrics: Any  # the table's MetricsConfig, for data files
     position_metrics: Any  # for position-delete files
     locations: Any  # the table's LocationProvider
-    # where Iceberg's default location provider puts the table's new files of no partition (None: another
-    # provider, which is asked for each file's location)
+    # where Iceberg's default location provider puts the table's new files of no partition, each named here without
+    # a round trip into the JVM (None: another provider, which is asked for each file's location)
     data_directory: str | None = None
 
     @classmethod
@@ -107,17 +108,7 @@ class Layout:
         return cls(shape, layout_schema(columns), layout_problem, parquet_compression(table), spec, partitioned,
                    partition_fields, partition_problem, int(table.operations().current().formatVersion()),
                    classes.metrics_for_table(table), classes.metrics_for_position_deletes(table), locations,
-                   _default_data_directory(locations))
-
-
-def _default_data_directory(locations: Any) -> str | None:
-    """The directory Iceberg's default ``LocationProvider`` puts each new file of no partition in (its
-    ``newDataLocation(name)`` is that directory, a slash and the name: a round trip into the JVM a file saved), or
-    None for any other provider (``write.object-storage.enabled``, a user's ``write.location-provider.impl``)."""
-    if not str(locations.getClass().getName()).endswith("LocationProviders$DefaultLocationProvider"):
-        return None
-    probe = str(locations.newDataLocation("name"))
-    return probe.removesuffix("/name") if probe.endswith("/name") else None
+                   default_data_directory(locations))
 
 
 class TableWriter:
